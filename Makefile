@@ -1,0 +1,26 @@
+# Every target is self-sufficient on a fresh machine: it builds .venv on first use.
+PY      := .venv/bin/python
+STAMP   := .venv/.installed
+TORCH   ?= torch==2.13.0
+
+.PHONY: install test demo clean
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and pinned: a looser pin pulls gigabytes of CUDA wheels.
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+demo: $(STAMP)
+	$(PY) -m llava_norm.cli demo
+
+clean:
+	rm -rf .venv runs

@@ -1,0 +1,102 @@
+"""LLaVA with a norm-alignment layer, as thin subclasses of transformers' Llava classes.
+
+Owns ``LlavaNormConfig`` (Llava's config plus the arm, T and projector type),
+``LlavaNormModel`` (Llava's model with ``NormAlignedProjector``) and
+``LlavaNormForConditionalGeneration``. Image-token scattering, generation and KV caching
+are transformers' own; this file only adds the projector swap, weight init for the norm
+layer, a per-sample image-token check and Auto-class registration.
+"""
+
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForImageTextToText,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    LlavaModel,
+)
+from transformers import initialization as hf_init
+from transformers.models.llava.modeling_llava import LlavaPreTrainedModel
+
+from llava_norm.model.norm_align import GlobalWeightCompensatedLayerNorm
+from llava_norm.model.projector import NormAlignedProjector
+
+
+class LlavaNormConfig(LlavaConfig):
+    """Llava config plus the norm-alignment arm.
+
+    norm_alignment: one of ``none``, ``ln_default``, ``ln_textnorm``, ``ln_textnorm_gwc``.
+    text_norm: T, measured from the LLM input embeddings when the model is first built.
+    """
+
+    model_type = "llava_norm"
+
+    norm_alignment: str = "none"
+    text_norm: float | None = None
+    gwc_clamp: float = 1e-6
+    norm_eps: float = 1e-5
+    projector_type: str = "mlp2x_gelu"
+
+
+def check_image_tokens(input_ids: torch.Tensor, image_token_id: int, n_images: int, tokens_per_image: int) -> None:
+    """Raise a ValueError naming the batch row whose image-token count cannot match the features."""
+    counts = (input_ids == image_token_id).sum(dim=-1).tolist()
+    for row, count in enumerate(counts):
+        if count % tokens_per_image:
+            raise ValueError(
+                f"batch sample {row}: {count} image tokens is not a multiple of {tokens_per_image} "
+                "features per image"
+            )
+    if sum(counts) != n_images * tokens_per_image:
+        expected = n_images * tokens_per_image
+        rows = [row for row, count in enumerate(counts) if count]
+        raise ValueError(
+            f"batch has {sum(counts)} image tokens in samples {rows} but {n_images} images give {expected} "
+            "features; every image needs exactly one <image> placeholder"
+        )
+
+
+class LlavaNormPreTrainedModel(LlavaPreTrainedModel):
+    config_class = LlavaNormConfig
+
+    def _init_weights(self, module):
+        # transformers' default init sets anything named "*LayerNorm*" to gain 1, which
+        # would silently turn the text-norm arms into the default-init arm.
+        if isinstance(module, GlobalWeightCompensatedLayerNorm):
+            hf_init.constant_(module.weight, module.init_gain)
+            hf_init.zeros_(module.bias)
+        else:
+            super()._init_weights(module)
+
+
+class LlavaNormModel(LlavaNormPreTrainedModel, LlavaModel):
+    def __init__(self, config: LlavaNormConfig):
+        LlavaNormPreTrainedModel.__init__(self, config)
+        self.vision_tower = AutoModel.from_config(config.vision_config)
+        self.multi_modal_projector = NormAlignedProjector(config)
+        self.language_model = AutoModel.from_config(config.text_config)
+        self.post_init()
+
+    def forward(self, input_ids=None, pixel_values=None, **kwargs):
+        if input_ids is not None and pixel_values is not None and kwargs.get("inputs_embeds") is None:
+            check_image_tokens(input_ids, self.config.image_token_id, pixel_values.shape[0], self.config.image_seq_length)
+        return super().forward(input_ids=input_ids, pixel_values=pixel_values, **kwargs)
+
+
+class LlavaNormForConditionalGeneration(LlavaNormPreTrainedModel, LlavaForConditionalGeneration):
+    def __init__(self, config: LlavaNormConfig):
+        LlavaNormPreTrainedModel.__init__(self, config)
+        self.model = LlavaNormModel(config)
+        self.lm_head = torch.nn.Linear(config.text_config.hidden_size, config.text_config.vocab_size, bias=False)
+        self.post_init()
+
+    @property
+    def norm_layer(self) -> GlobalWeightCompensatedLayerNorm | None:
+        return self.model.multi_modal_projector.norm
+
+
+AutoConfig.register(LlavaNormConfig.model_type, LlavaNormConfig, exist_ok=True)
+AutoModel.register(LlavaNormConfig, LlavaNormModel, exist_ok=True)
+AutoModelForImageTextToText.register(LlavaNormConfig, LlavaNormForConditionalGeneration, exist_ok=True)

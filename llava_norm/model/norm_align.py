@@ -1,0 +1,135 @@
+"""The norm-alignment layer (paper Sec. 5, App. D) and the text-norm target T.
+
+Owns: ``GlobalWeightCompensatedLayerNorm`` (LayerNorm whose backward pass into its input is
+rescaled by 1/max(mean|g|, clamp)), ``text_embedding_norm`` (T), and the table of the four
+ablation arms, so the rest of the code never spells an arm's meaning twice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class NormArm:
+    """One row of the paper's ablation table."""
+
+    name: str
+    has_norm: bool
+    text_norm_init: bool
+    gwc: bool
+
+
+NORM_ARMS: dict[str, NormArm] = {
+    arm.name: arm
+    for arm in (
+        NormArm("none", has_norm=False, text_norm_init=False, gwc=False),
+        NormArm("ln_default", has_norm=True, text_norm_init=False, gwc=False),
+        NormArm("ln_textnorm", has_norm=True, text_norm_init=True, gwc=False),
+        NormArm("ln_textnorm_gwc", has_norm=True, text_norm_init=True, gwc=True),
+    )
+}
+
+
+def get_arm(name: str) -> NormArm:
+    try:
+        return NORM_ARMS[name]
+    except KeyError:
+        raise ValueError(f"unknown norm_alignment arm {name!r}; choose one of {sorted(NORM_ARMS)}") from None
+
+
+@torch.no_grad()
+def text_embedding_norm(embedding_weight: torch.Tensor) -> float:
+    """T = mean L2 norm over the rows of the input-embedding matrix that are not all zero.
+
+    Qwen2.5 pads its vocabulary with zero rows; counting them would drag T down.
+    """
+    norms = embedding_weight.detach().float().norm(dim=-1)
+    nonzero = norms > 0
+    if not bool(nonzero.any()):
+        raise ValueError("embedding matrix has no non-zero rows; cannot compute the text norm T")
+    return float(norms[nonzero].mean())
+
+
+class _ScaleGradient(torch.autograd.Function):
+    """Identity forward; multiplies the incoming gradient by ``factor`` on the way back."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.factor, None
+
+
+class GlobalWeightCompensatedLayerNorm(nn.Module):
+    """LayerNorm over the last dim, y = g * x_hat + b, with Global Weight Compensation.
+
+    With ``compensate=True`` and in training mode, the gradient flowing back through x_hat
+    (into the projector and the vision tower) is divided by s = max(mean|g|, clamp). The
+    gradients of ``weight`` (g) and ``bias`` (b) are those of plain LayerNorm. The forward
+    pass is plain LayerNorm in every mode.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        init_gain: float = 1.0,
+        compensate: bool = True,
+        clamp: float = 1e-6,
+        eps: float = 1e-5,
+    ):
+        super().__init__()
+        if clamp <= 0:
+            raise ValueError(f"GWC clamp must be positive, got {clamp}")
+        self.hidden_size = hidden_size
+        self.init_gain = float(init_gain)
+        self.compensate = compensate
+        self.clamp = float(clamp)
+        self.eps = eps
+        self.weight = nn.Parameter(torch.full((hidden_size,), self.init_gain))
+        self.bias = nn.Parameter(torch.zeros(hidden_size))
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.weight.fill_(self.init_gain)
+            self.bias.zero_()
+
+    def compensation_scale(self) -> float:
+        """s = max(mean|g|, clamp), read from the current gain (gathered under ZeRO-3 in forward)."""
+        return max(float(self.weight.detach().abs().float().mean()), self.clamp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_hat = F.layer_norm(x, (self.hidden_size,), eps=self.eps)
+        if self.compensate and self.training and torch.is_grad_enabled():
+            x_hat = _ScaleGradient.apply(x_hat, 1.0 / self.compensation_scale())
+        return x_hat * self.weight + self.bias
+
+    @torch.no_grad()
+    def gain_statistics(self) -> dict[str, float]:
+        """The paper's Table 5 columns: ||g||, mean|g|, std|g|, mean|b|."""
+        g = self.weight.detach().float()
+        return {
+            "gain_l2": float(g.norm()),
+            "gain_abs_mean": float(g.abs().mean()),
+            "gain_abs_std": float(g.abs().std()),
+            "bias_abs_mean": float(self.bias.detach().float().abs().mean()),
+        }
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.hidden_size}, init_gain={self.init_gain:.4g}, compensate={self.compensate}, "
+            f"clamp={self.clamp:g}, eps={self.eps:g}"
+        )
+
+
+def text_norm_gain(text_norm: float, hidden_size: int) -> float:
+    """Per-entry gain g = T / sqrt(d), so that ||g * x_hat|| ~ T (x_hat has norm ~ sqrt(d))."""
+    return text_norm / math.sqrt(hidden_size)
