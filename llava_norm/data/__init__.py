@@ -1,0 +1,1 @@
+"""Data stage of the data flow: prompt formats, tokenisation with labels, datasets, batching."""

@@ -1,0 +1,164 @@
+"""One tokenisation and masking path for training and evaluation prompts.
+
+Owns: turning a conversation (system/user/assistant messages, ``<image>`` placeholders) into
+``input_ids`` and ``labels``. Chat formats are read off the tokenizer's *own* chat template by
+rendering sentinel contents, so the text is exactly what ``apply_chat_template`` gives for
+any LLM (Llama-3.2, Qwen2.5, ...), with no per-model code. Each piece is tokenised on its own,
+so labels are right by construction: assistant contents and the end-of-turn token that closes
+them are supervised, nothing else (ANCHORS pain points 1-3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+IMAGE_PLACEHOLDER = "<image>"
+IGNORE_INDEX = -100
+ROLES = ("system", "user", "assistant")
+_SENTINEL = "\ue000{}\ue001"  # private-use code points: never in real text, never trimmed
+
+
+@dataclass(frozen=True)
+class Segment:
+    text: str
+    supervised: bool
+    is_content: bool  # message content (may hold <image>) as opposed to template text
+
+
+@dataclass
+class Encoded:
+    input_ids: list[int]
+    labels: list[int]
+    n_images: int
+    # Token offsets just after each assistant turn (its end-of-turn token included): safe truncation points.
+    turn_ends: list[int] = field(default_factory=list)
+
+
+class ChatTemplateFormat:
+    """Segments a conversation with the tokenizer's own chat template.
+
+    template_kwargs are passed to the template (e.g. ``date_string`` for Llama-3, whose
+    template otherwise stamps today's date into every sample).
+    """
+
+    def __init__(self, tokenizer, template_kwargs: dict | None = None, end_of_turn: str | None = None):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("tokenizer has no chat_template; use the 'plain' format or a chat tokenizer")
+        self.tokenizer = tokenizer
+        self.template_kwargs = dict(template_kwargs or {})
+        self.end_of_turn = end_of_turn or tokenizer.eos_token
+        probe = self.render([{"role": "user", "content": " " + _SENTINEL.format(0) + " "}], False)
+        self.trims_content = " " + _SENTINEL.format(0) + " " not in probe
+
+    def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **self.template_kwargs
+        )
+
+    def segments(self, messages: list[dict], add_generation_prompt: bool = False) -> list[Segment]:
+        probe = [{"role": m["role"], "content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
+        text = self.render(probe, add_generation_prompt)
+        out: list[Segment] = []
+        pos, after_assistant = 0, False
+        for i, message in enumerate(messages):
+            start = text.find(_SENTINEL.format(i), pos)
+            if start < 0:
+                raise ValueError(f"chat template dropped message {i} (role {message['role']!r})")
+            out.extend(self._template_piece(text[pos:start], after_assistant))
+            content = message["content"].strip() if self.trims_content else message["content"]
+            out.append(Segment(content, supervised=message["role"] == "assistant", is_content=True))
+            after_assistant = message["role"] == "assistant"
+            pos = start + len(_SENTINEL.format(i))
+        out.extend(self._template_piece(text[pos:], after_assistant))
+        return out
+
+    def _template_piece(self, text: str, after_assistant: bool) -> list[Segment]:
+        if not after_assistant:
+            return [Segment(text, False, False)] if text else []
+        if not text.startswith(self.end_of_turn):
+            raise ValueError(
+                f"chat template does not close an assistant turn with {self.end_of_turn!r} (got {text[:40]!r}); "
+                "set end_of_turn in the config"
+            )
+        cut = len(self.end_of_turn)
+        rest = [Segment(text[cut:], False, False)] if text[cut:] else []
+        return [Segment(text[:cut], True, False), *rest]
+
+
+class PlainFormat:
+    """LLaVA's stage-1 'plain' format: image tokens, then the caption and eos, supervised.
+
+    The human instruction is dropped, as LLaVA-1.5 does for feature alignment.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.bos = tokenizer.bos_token or ""
+
+    def segments(self, messages: list[dict], add_generation_prompt: bool = False) -> list[Segment]:
+        turns = [m for m in messages if m["role"] != "system"]
+        if not turns or turns[0]["role"] != "user":
+            raise ValueError("plain format needs a user turn first")
+        image = IMAGE_PLACEHOLDER if IMAGE_PLACEHOLDER in turns[0]["content"] else ""
+        out = [Segment(self.bos + image, False, True)]
+        if add_generation_prompt:
+            return out
+        if len(turns) < 2 or turns[1]["role"] != "assistant":
+            raise ValueError("plain format needs an assistant caption after the user turn")
+        return out + [Segment(turns[1]["content"].strip(), True, True),
+                      Segment(self.tokenizer.eos_token, True, False)]
+
+
+class ConversationTokenizer:
+    """Encodes messages into ids/labels, expanding each ``<image>`` into the model's image tokens."""
+
+    def __init__(self, tokenizer, prompt_format, image_token_id: int, tokens_per_image: int):
+        self.tokenizer = tokenizer
+        self.format = prompt_format
+        self.image_token_id = image_token_id
+        self.tokens_per_image = tokens_per_image
+        self._template_ids: dict[str, list[int]] = {}  # template text recurs: tokenise it once
+
+    def _ids(self, segment: Segment) -> list[int]:
+        if not segment.is_content:
+            if segment.text not in self._template_ids:
+                self._template_ids[segment.text] = self.tokenizer.encode(segment.text, add_special_tokens=False)
+            return self._template_ids[segment.text]
+        ids = self.tokenizer.encode(segment.text, add_special_tokens=False)
+        if self.image_token_id not in ids:
+            return ids
+        expanded: list[int] = []
+        for token in ids:
+            expanded.extend([token] * self.tokens_per_image if token == self.image_token_id else [token])
+        return expanded
+
+    def encode(self, messages: list[dict], add_generation_prompt: bool = False) -> Encoded:
+        encoded = Encoded([], [], n_images=sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages))
+        segments = self.format.segments(messages, add_generation_prompt)
+        for index, segment in enumerate(segments):
+            ids = self._ids(segment)
+            encoded.input_ids.extend(ids)
+            encoded.labels.extend(ids if segment.supervised else [IGNORE_INDEX] * len(ids))
+            closes_turn = segment.supervised and (index + 1 == len(segments) or not segments[index + 1].supervised)
+            if closes_turn:
+                encoded.turn_ends.append(len(encoded.input_ids))
+        return encoded
+
+    def render_text(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        return "".join(s.text for s in self.format.segments(messages, add_generation_prompt))
+
+
+def truncate(encoded: Encoded, max_length: int) -> Encoded | None:
+    """Cut at the last whole assistant turn that fits; None if even the first does not fit.
+
+    Cutting only at turn ends never splits image tokens (they sit in the first user turn)
+    and never leaves a sample with no supervised token.
+    """
+    if len(encoded.input_ids) <= max_length:
+        return encoded
+    fitting = [end for end in encoded.turn_ends if end <= max_length]
+    if not fitting:
+        return None
+    end = fitting[-1]
+    return Encoded(encoded.input_ids[:end], encoded.labels[:end], encoded.n_images,
+                   [e for e in encoded.turn_ends if e <= end])

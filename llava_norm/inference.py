@@ -1,0 +1,113 @@
+"""Batched greedy generation and log-likelihood scoring with a LlavaNorm bundle.
+
+Owns the inference-time use of the shared tokenisation path: prompts are encoded by the same
+``ConversationTokenizer`` that builds training samples (with the generation prompt appended),
+left-padded, and decoded up to the end-of-turn token. Log-likelihoods for text-only tasks
+run the LLM inside the trained model on raw text and return true summed log-probabilities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+
+from llava_norm.data.collate import Example, collate
+from llava_norm.data.conversation import IMAGE_PLACEHOLDER, ChatTemplateFormat, ConversationTokenizer, PlainFormat
+from llava_norm.data.images import preprocess
+
+
+@dataclass
+class Prompt:
+    text: str  # the user turn, without <image>
+    image: Image.Image | None = None
+    system: str | None = None
+
+    def messages(self) -> list[dict]:
+        content = f"{IMAGE_PLACEHOLDER}\n{self.text}" if self.image is not None else self.text
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        return system + [{"role": "user", "content": content}]
+
+
+def make_prompt_format(tokenizer, name: str, template_kwargs: dict | None = None):
+    if name == "plain":
+        return PlainFormat(tokenizer)
+    if name == "chat":
+        return ChatTemplateFormat(tokenizer, template_kwargs)
+    raise ValueError(f"prompt format must be 'chat' or 'plain', got {name!r}")
+
+
+def conversation_tokenizer(bundle, prompt_format: str = "chat", template_kwargs: dict | None = None):
+    config = bundle.model.config
+    return ConversationTokenizer(bundle.tokenizer, make_prompt_format(bundle.tokenizer, prompt_format, template_kwargs),
+                                 config.image_token_id, config.image_seq_length)
+
+
+class Predictor:
+    def __init__(self, bundle, prompt_format: str = "chat", template_kwargs: dict | None = None,
+                 image_aspect: str = "resize", device: str | torch.device | None = None):
+        self.bundle = bundle
+        self.model = bundle.model.eval()
+        self.device = torch.device(device) if device else next(self.model.parameters()).device
+        self.encoder = conversation_tokenizer(bundle, prompt_format, template_kwargs)
+        self.image_aspect = image_aspect
+        tokenizer = bundle.tokenizer
+        eos = self.model.generation_config.eos_token_id
+        self.stop_ids = sorted({tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos] if eos else [])})
+
+    def _example(self, prompt: Prompt) -> Example:
+        encoded = self.encoder.encode(prompt.messages(), add_generation_prompt=True)
+        pixels = None
+        if prompt.image is not None:
+            pixels = preprocess([prompt.image], self.bundle.image_processor, self.image_aspect)
+        return Example(encoded.input_ids, encoded.labels, pixels)
+
+    def _to_device(self, batch: dict) -> dict:
+        dtype = self.model.dtype
+        return {k: (v.to(self.device, dtype) if k == "pixel_values" else v.to(self.device)) for k, v in batch.items()}
+
+    def generate(self, prompts: list[Prompt], max_new_tokens: int, batch_size: int = 8) -> list[str]:
+        decode = self.bundle.tokenizer.decode
+        return [decode(ids, skip_special_tokens=True).strip()
+                for ids in self.generate_ids(prompts, max_new_tokens, batch_size)]
+
+    @torch.no_grad()
+    def generate_ids(self, prompts: list[Prompt], max_new_tokens: int, batch_size: int = 8) -> list[list[int]]:
+        """Greedy continuations, cut before the first stop token."""
+        tokenizer = self.bundle.tokenizer
+        replies: list[list[int]] = []
+        for start in range(0, len(prompts), batch_size):
+            examples = [self._example(p) for p in prompts[start:start + batch_size]]
+            batch = self._to_device(collate(examples, tokenizer.pad_token_id, padding_side="left"))
+            batch.pop("labels")
+            output = self.model.generate(
+                **batch, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+                eos_token_id=self.stop_ids, pad_token_id=tokenizer.pad_token_id,
+            )
+            for row in output[:, batch["input_ids"].shape[1]:].tolist():
+                cut = next((i for i, t in enumerate(row) if t in self.stop_ids), len(row))
+                replies.append(row[:cut])
+        return replies
+
+    @torch.no_grad()
+    def loglikelihood(self, pairs: list[tuple[str, str]], batch_size: int = 8) -> list[float]:
+        """Summed log p(continuation | context) with the LLM on raw text (BOS first if the LLM has one)."""
+        tokenizer = self.bundle.tokenizer
+        bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+        scores: list[float] = []
+        for start in range(0, len(pairs), batch_size):
+            examples = []
+            for context, continuation in pairs[start:start + batch_size]:
+                ctx = bos + tokenizer.encode(context, add_special_tokens=False)
+                cont = tokenizer.encode(continuation, add_special_tokens=False)
+                examples.append(Example(ctx + cont, [-100] * len(ctx) + cont, None))
+            batch = self._to_device(collate(examples, tokenizer.pad_token_id, padding_side="right"))
+            labels = batch.pop("labels")
+            logits = self.model(**batch).logits.float()
+            logprobs = torch.log_softmax(logits[:, :-1], dim=-1)
+            targets = labels[:, 1:]
+            mask = targets != -100
+            picked = logprobs.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+            scores.extend((picked * mask).sum(dim=-1).tolist())
+        return scores

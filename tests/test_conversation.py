@@ -1,0 +1,98 @@
+"""Masking property tests: labels are right by construction for every template."""
+
+import random
+
+import pytest
+
+from llava_norm.data.conversation import IGNORE_INDEX, ChatTemplateFormat, ConversationTokenizer, PlainFormat, truncate
+from llava_norm.model.builder import load_tokenizer
+
+WORDS = ["red", "circle", "square", "the", "is", "where", "how many", "A.", "(B)", "yes", "no", "12", "word",
+         "\n", "  ", "Answer:", "ÿ", "top left", "option"]
+TEMPLATE_KWARGS = {"date_string": "26 Jul 2024"}
+
+
+def _text(rng):
+    # Stripped: each piece is tokenised on its own (as at inference, where the generation prompt
+    # ends the prompt), so a leading "\n" would not merge with the template's "\n" as it does
+    # when the whole string is tokenised at once.
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12))).strip() or "ok"
+
+
+def _conversation(rng, with_image):
+    messages = []
+    if rng.random() < 0.3:
+        messages.append({"role": "system", "content": _text(rng)})
+    for turn in range(rng.randint(1, 4)):
+        user = _text(rng)
+        if with_image and turn == 0:
+            user = rng.choice(["<image>\n" + user, user + "\n<image>", user + " <image> " + _text(rng)])
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": _text(rng)}]
+    return messages
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def chat(request, tiny_dir):
+    tokenizer = load_tokenizer(str(tiny_dir / request.param))
+    image_id = tokenizer.convert_tokens_to_ids("<image>")
+    fmt = ChatTemplateFormat(tokenizer, TEMPLATE_KWARGS)
+    return tokenizer, ConversationTokenizer(tokenizer, fmt, image_id, tokens_per_image=5)
+
+
+def test_chat_masking_property(chat):
+    tokenizer, encoder = chat
+    eot = tokenizer.convert_tokens_to_ids(encoder.format.end_of_turn)
+    rng = random.Random(0)
+    for case in range(150):
+        messages = _conversation(rng, with_image=case % 2 == 0)
+        text = encoder.render_text(messages)
+        assert text == tokenizer.apply_chat_template(messages, tokenize=False, **TEMPLATE_KWARGS)
+        encoded = encoder.encode(messages)
+        # Same ids as tokenising the whole rendered text, once images are expanded.
+        whole = tokenizer.encode(text, add_special_tokens=False)
+        expanded = [t for tok in whole for t in ([tok] * 5 if tok == encoder.image_token_id else [tok])]
+        assert encoded.input_ids == expanded
+        # Supervised tokens are exactly: each assistant content, then its end-of-turn token.
+        expected = []
+        for m in messages:
+            if m["role"] == "assistant":
+                content = m["content"].strip() if encoder.format.trims_content else m["content"]
+                expected += tokenizer.encode(content, add_special_tokens=False) + [eot]
+        assert [t for t, l in zip(encoded.input_ids, encoded.labels) if l != IGNORE_INDEX] == expected
+        assert all(l in (IGNORE_INDEX, t) for t, l in zip(encoded.input_ids, encoded.labels))
+        assert encoded.input_ids.count(encoder.image_token_id) == 5 * encoded.n_images
+
+
+def test_generation_prompt_matches_template(chat):
+    tokenizer, encoder = chat
+    messages = [{"role": "user", "content": "<image>\nWhat is this?"}]
+    assert encoder.render_text(messages, add_generation_prompt=True) == tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **TEMPLATE_KWARGS)
+    assert all(label == IGNORE_INDEX for label in encoder.encode(messages, add_generation_prompt=True).labels)
+
+
+def test_plain_format_supervises_caption_and_eos(tiny_dir):
+    for llm in ("llama", "qwen2"):
+        tokenizer = load_tokenizer(str(tiny_dir / llm))
+        image_id = tokenizer.convert_tokens_to_ids("<image>")
+        encoder = ConversationTokenizer(tokenizer, PlainFormat(tokenizer), image_id, tokens_per_image=4)
+        messages = [{"role": "user", "content": "Describe the image.\n<image>"},
+                    {"role": "assistant", "content": "a red circle on a striped background"}]
+        encoded = encoder.encode(messages)
+        caption = tokenizer.encode("a red circle on a striped background", add_special_tokens=False)
+        bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+        assert encoded.input_ids == bos + [image_id] * 4 + caption + [tokenizer.eos_token_id]
+        assert [l for l in encoded.labels if l != IGNORE_INDEX] == caption + [tokenizer.eos_token_id]
+
+
+def test_truncation_keeps_whole_turns_or_skips(chat):
+    _, encoder = chat
+    messages = [{"role": "user", "content": "<image>\nq one"}, {"role": "assistant", "content": "a one"},
+                {"role": "user", "content": "q two"}, {"role": "assistant", "content": "a two two two"}]
+    encoded = encoder.encode(messages)
+    first_end, last_end = encoded.turn_ends
+    assert last_end >= len(encoded.input_ids) - 1  # Qwen closes with "<|im_end|>" + "\n"
+    cut = truncate(encoded, last_end - 1)
+    assert cut.input_ids == encoded.input_ids[:first_end] and cut.labels == encoded.labels[:first_end]
+    assert truncate(encoded, first_end - 1) is None
+    assert truncate(encoded, len(encoded.input_ids)) is encoded
