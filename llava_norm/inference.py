@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from llava_norm.data.collate import Example, collate
-from llava_norm.data.conversation import IMAGE_PLACEHOLDER, ChatTemplateFormat, ConversationTokenizer, PlainFormat
+from llava_norm.data.conversation import IMAGE_PLACEHOLDER, conversation_tokenizer
 from llava_norm.data.images import preprocess
 
 
@@ -28,20 +28,6 @@ class Prompt:
         content = f"{IMAGE_PLACEHOLDER}\n{self.text}" if self.image is not None else self.text
         system = [{"role": "system", "content": self.system}] if self.system else []
         return system + [{"role": "user", "content": content}]
-
-
-def make_prompt_format(tokenizer, name: str, template_kwargs: dict | None = None):
-    if name == "plain":
-        return PlainFormat(tokenizer)
-    if name == "chat":
-        return ChatTemplateFormat(tokenizer, template_kwargs)
-    raise ValueError(f"prompt format must be 'chat' or 'plain', got {name!r}")
-
-
-def conversation_tokenizer(bundle, prompt_format: str = "chat", template_kwargs: dict | None = None):
-    config = bundle.model.config
-    return ConversationTokenizer(bundle.tokenizer, make_prompt_format(bundle.tokenizer, prompt_format, template_kwargs),
-                                 config.image_token_id, config.image_seq_length)
 
 
 class Predictor:

@@ -7,7 +7,7 @@ samples contribute none).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,6 +20,7 @@ class Example:
     labels: list[int]
     pixel_values: torch.Tensor | None  # (n_images, C, H, W) or None for text-only
     sample_id: str = ""
+    skipped: list[str] = field(default_factory=list)  # bad samples this one replaced
 
 
 def collate(examples: list[Example], pad_token_id: int, padding_side: str = "right") -> dict:
@@ -36,6 +37,8 @@ def collate(examples: list[Example], pad_token_id: int, padding_side: str = "rig
         labels[row, span] = torch.tensor(example.labels, dtype=torch.long)
         attention_mask[row, span] = 1
     batch = {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+    if any(e.skipped for e in examples):
+        batch["skipped_samples"] = [msg for e in examples for msg in e.skipped]
     images = [e.pixel_values for e in examples if e.pixel_values is not None]
     if images:
         batch["pixel_values"] = torch.cat(images, dim=0)

@@ -162,3 +162,17 @@ def truncate(encoded: Encoded, max_length: int) -> Encoded | None:
     end = fitting[-1]
     return Encoded(encoded.input_ids[:end], encoded.labels[:end], encoded.n_images,
                    [e for e in encoded.turn_ends if e <= end])
+
+
+def make_prompt_format(tokenizer, name: str, template_kwargs: dict | None = None):
+    if name == "plain":
+        return PlainFormat(tokenizer)
+    if name == "chat":
+        return ChatTemplateFormat(tokenizer, template_kwargs)
+    raise ValueError(f"prompt format must be 'chat' or 'plain', got {name!r}")
+
+
+def conversation_tokenizer(bundle, prompt_format: str = "chat", template_kwargs: dict | None = None):
+    config = bundle.model.config
+    return ConversationTokenizer(bundle.tokenizer, make_prompt_format(bundle.tokenizer, prompt_format, template_kwargs),
+                                 config.image_token_id, config.image_seq_length)

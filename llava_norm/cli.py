@@ -1,0 +1,72 @@
+"""The ``llava-norm`` command line: one subcommand per stage of the data flow.
+
+Owns argument parsing only; every subcommand calls into the module that does the work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _make_tiny(args) -> None:
+    from llava_norm.model.tiny import make_tiny
+
+    paths = make_tiny(args.out_dir, seed=args.seed)
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+
+
+def _train(args) -> None:
+    from llava_norm.config import ConfigError, load_config
+    from llava_norm.train.run import run_training
+
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as error:
+        sys.exit(f"config error: {error}")
+    run_training(config)
+
+
+def _demo(args) -> None:
+    from llava_norm.demo import run_demo
+
+    run_demo(args.out_dir)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llava-norm", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="show library warnings and info logs")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("make-tiny", help="write tiny random SigLIP/CLIP/Llama/Qwen2 backbones (offline)")
+    p.add_argument("out_dir")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_make_tiny)
+
+    p = sub.add_parser("train", help="run stage 1 or 2 from a YAML config")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=2e-5 train.max_steps=10")
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("demo", help="the offline tiny pipeline")
+    p.add_argument("--out-dir", default="runs/demo")
+    p.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+    logging.getLogger("llava_norm").setLevel(logging.INFO)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
