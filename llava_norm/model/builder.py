@@ -127,8 +127,15 @@ def build_model(spec: ModelSpec) -> Bundle:
 
     text_norm = text_embedding_norm(llm.get_input_embeddings().weight)  # before the <image> row exists
     image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
-    if image_token_id >= llm.get_input_embeddings().num_embeddings:
-        llm.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
+    old_rows = llm.get_input_embeddings().num_embeddings
+    if image_token_id >= old_rows:
+        # Zero rows, like Qwen's padding: <image> is never an input embedding (features replace it)
+        # nor a label, and zero rows keep builds bit-reproducible and T unchanged.
+        llm.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64, mean_resizing=False)
+        with torch.no_grad():
+            llm.get_input_embeddings().weight[old_rows:] = 0
+            if not llm.config.tie_word_embeddings:
+                llm.get_output_embeddings().weight[old_rows:] = 0
 
     config = LlavaNormConfig(
         vision_config=tower.config, text_config=llm.config, image_token_id=image_token_id,

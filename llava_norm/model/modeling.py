@@ -82,7 +82,19 @@ class LlavaNormModel(LlavaNormPreTrainedModel, LlavaModel):
     def forward(self, input_ids=None, pixel_values=None, **kwargs):
         if input_ids is not None and pixel_values is not None and kwargs.get("inputs_embeds") is None:
             check_image_tokens(input_ids, self.config.image_token_id, pixel_values.shape[0], self.config.image_seq_length)
+        if pixel_values is None and input_ids is not None and self.training and torch.is_grad_enabled():
+            # A text-only batch must still run the vision tower and projector: under DeepSpeed every
+            # rank has to reduce (ZeRO-2) and gather (ZeRO-3) the same parameters in every step.
+            kwargs["inputs_embeds"] = self.get_input_embeddings()(input_ids) + self._zero_image_term()
+            input_ids = None
         return super().forward(input_ids=input_ids, pixel_values=pixel_values, **kwargs)
+
+    def _zero_image_term(self) -> torch.Tensor:
+        cfg = self.config.vision_config
+        tower = self.vision_tower
+        blank = torch.zeros(1, cfg.num_channels, cfg.image_size, cfg.image_size, dtype=tower.dtype, device=tower.device)
+        features = self.get_image_features(pixel_values=blank).pooler_output[0]
+        return features.sum() * 0.0
 
 
 class LlavaNormForConditionalGeneration(LlavaNormPreTrainedModel, LlavaForConditionalGeneration):

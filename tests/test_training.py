@@ -1,0 +1,98 @@
+"""Both training stages under DeepSpeed ZeRO-2/3 with 2 CPU processes; exact resume."""
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from launch import REPO, env, run_train, step_losses, torchrun_command
+from tinydata import write_dataset
+
+from llava_norm.model.builder import ModelSpec, build_model
+from llava_norm.train.params import learning_rates, module_of
+from llava_norm.config import OptimConfig
+
+
+def _config(tmp: Path, tiny_dir: Path, stage: int, text_only_every: int = 0) -> Path:
+    data, images = write_dataset(tmp / "data", n=32, text_only_every=text_only_every)
+    fmt = "plain" if stage == 1 else "chat"
+    path = tmp / f"stage{stage}.yaml"
+    path.write_text(f"""
+model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama, norm_alignment: ln_textnorm_gwc}}
+data: {{mixture: [{{path: {data}, image_folder: {images}}}], prompt_format: {fmt}, num_workers: 0, max_length: 256}}
+optim: {{lr: 2.0e-3, lr_vision_tower: 1.0e-4, lr_projector: 3.0e-3, lr_norm: 4.0e-3, warmup_ratio: 0.0,
+        scheduler: constant_with_warmup}}
+train: {{stage: {stage}, per_device_batch_size: 2, grad_accum: 2, save_steps: 100, report_to: [],
+        norm_stats_steps: 2, logging_steps: 1}}
+""")
+    return path
+
+
+def _initial_state(tiny_dir):
+    model = build_model(ModelSpec(f"{tiny_dir}/siglip", f"{tiny_dir}/llama", norm_alignment="ln_textnorm_gwc")).model
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _falls(losses: dict[int, float]) -> bool:
+    values = [losses[s] for s in sorted(losses)]
+    return sum(values[-3:]) / 3 < sum(values[:3]) / 3
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_stage1_then_stage2_under_deepspeed(tmp_path, tiny_dir, zero):
+    ds = REPO / f"configs/deepspeed/zero{zero}.json"
+    out1 = tmp_path / "s1"
+    s1 = run_train(_config(tmp_path, tiny_dir, 1), [f"train.output_dir={out1}", "train.max_steps=10",
+                                                    f"train.deepspeed={ds}"])
+    assert _falls(step_losses(s1)), step_losses(s1)
+    # Stage 1 trains projector + norm only: the backbones are bit-identical to the start.
+    start, after = _initial_state(tiny_dir), load_file(str(out1 / "model" / "model.safetensors"))
+    assert set(start) - set(after) <= {"lm_head.weight"}  # tied to the embeddings, saved once
+    start = {k: v for k, v in start.items() if k in after}
+    changed = {module_of(k) for k in start if not torch.equal(start[k], after[k])}
+    assert changed == {"projector", "norm"}, changed
+    assert set(load_file(str(out1 / "projector.safetensors"))) == {
+        k for k in start if module_of(k) in ("projector", "norm")}
+    logged = next(e for e in s1["log_history"] if "lr/projector" in e)
+    assert {k for k in logged if k.startswith("lr/")} == {"lr/projector", "lr/norm"}
+    assert "norm/gain_abs_mean" in next(e for e in s1["log_history"] if e.get("step") == 2)
+
+    out2 = tmp_path / "s2"
+    s2 = run_train(_config(tmp_path, tiny_dir, 2, text_only_every=3), [
+        f"train.output_dir={out2}", "train.max_steps=10", f"train.deepspeed={ds}",
+        f"model.pretrained_projector={out1 / 'projector.safetensors'}"])
+    assert _falls(step_losses(s2)), step_losses(s2)
+    logged = next(e for e in s2["log_history"] if "lr/llm" in e)
+    expected = learning_rates(OptimConfig(lr=2e-3, lr_vision_tower=1e-4, lr_projector=3e-3, lr_norm=4e-3))
+    assert {k[3:]: v for k, v in logged.items() if k.startswith("lr/")} == pytest.approx(expected)
+    final = load_file(str(out2 / "model" / "model.safetensors"))
+    changed = {module_of(k) for k in start if not torch.equal(after[k], final[k])}
+    assert changed == {"projector", "norm", "llm", "vision_tower"}
+
+
+def test_killed_run_resumes_with_identical_losses(tmp_path, tiny_dir):
+    config = _config(tmp_path, tiny_dir, 2, text_only_every=3)
+    common = ["train.max_steps=12", "train.save_steps=2", "train.save_total_limit=10",
+              f"train.deepspeed={REPO / 'configs/deepspeed/zero2.json'}"]
+    reference = step_losses(run_train(config, [f"train.output_dir={tmp_path / 'ref'}", *common]))
+    assert sorted(reference) == list(range(1, 13))
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(torchrun_command(config, [f"train.output_dir={out}", *common]), cwd=REPO, env=env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 240
+    while not (out / "checkpoint-4" / "checkpoint_complete").exists():
+        assert proc.poll() is None and time.time() < deadline, "run ended before its checkpoint-4"
+        time.sleep(0.05)
+    import os
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "train_summary.json").exists(), "the run finished before it was killed"
+
+    resumed = step_losses(run_train(config, [f"train.output_dir={out}", *common]))
+    assert resumed == reference  # exact, per step, fp32 on CPU
