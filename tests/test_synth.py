@@ -446,6 +446,14 @@ def test_rebuild_on_change_or_damage(tmp_path):
     assert files == set(m2["files"]) | {"manifest.json", "keep.txt"}  # stale files gone, others kept
 
 
+def test_rejects_bad_settings(tmp_path):
+    with pytest.raises(ValueError):
+        build_world(tmp_path, holdout_pct=0)
+    with pytest.raises(ValueError):
+        build_world(tmp_path, bench_sizes={"mmbenchh": 3})
+    assert not any(tmp_path.iterdir())
+
+
 def test_small_build_is_fast(worlds):
     assert worlds["build_s"] < 3.0
 

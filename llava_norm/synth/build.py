@@ -64,6 +64,10 @@ def build_world(out_dir, seed: int = 0, *, image_size: int = 64, n_pretrain: int
     (POPE: per category; MMLU: test questions per subject; MMBench: base questions, each
     with 3 circular copies); ``bench_sizes`` overrides it per benchmark name."""
     root = Path(out_dir)
+    if not 0 < holdout_pct < 100:
+        raise ValueError("holdout_pct must be in 1..99 (both splits need scenes)")
+    if min(n_pretrain, n_instruct, n_text, n_bench, *(bench_sizes or {}).values()) < 0:
+        raise ValueError("sizes must be >= 0")
     sizes = {name: int((bench_sizes or {}).get(name, n_bench)) for name in RNG_STREAMS if RNG_STREAMS[name] > 10}
     unknown = set(bench_sizes or {}) - set(sizes)
     if unknown:
