@@ -1,0 +1,176 @@
+"""``build_world``: write the whole synthetic world (images, corpora, mini benchmarks, scene
+records, manifest) into one directory, deterministically and idempotently.
+
+Each component draws from its own generator ``numpy.random.default_rng([seed, k])``, so the
+benchmarks do not change when a corpus size changes. The manifest is written last (atomic
+rename); a later call with the same settings returns it untouched when every file it lists
+is present with its recorded size. Otherwise the files of the old manifest (and only
+those) are removed and the world is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from llava_norm.synth import benchmarks as B
+from llava_norm.synth.corpora import instruct_row, pretrain_row, text_corpus, text_instruct_row
+from llava_norm.synth.facts import fact_sentences, hellaswag_split, mmlu_split
+from llava_norm.synth.render import scene_png
+from llava_norm.synth.world import sample_split_scene
+
+SCHEMA_VERSION = 1
+GENERATOR_VERSION = "synth-1"  # bump whenever generated content changes
+MANIFEST = "manifest.json"
+IMAGE_FOLDER = "images"
+CORPUS_PATHS = {"pretrain": "pretrain/synth_pretrain.json", "instruct": "instruct/synth_instruct.json",
+                "text": "text/corpus.jsonl"}
+RNG_STREAMS = {"pretrain": 1, "instruct": 2, "text": 3, "mmbench": 11, "mmstar": 12, "ocrbench": 13,
+               "seedbench_2_plus": 14, "scienceqa_img": 15, "ai2d": 16, "pope": 17, "hellaswag": 18,
+               "mmlu": 19}
+
+
+def _json(obj) -> bytes:
+    return (json.dumps(obj, ensure_ascii=False, indent=1) + "\n").encode()
+
+
+def _jsonl(rows) -> bytes:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
+
+
+def _complete(root: Path, manifest: dict) -> bool:
+    files = manifest.get("files") or {}
+    return bool(files) and all((root / p).is_file() and (root / p).stat().st_size == meta["size"]
+                               for p, meta in files.items())
+
+
+def _remove_listed(root: Path, manifest: dict) -> None:
+    for rel in (manifest.get("files") or {}):
+        p = root / rel
+        if p.is_file():
+            p.unlink()
+
+
+def build_world(out_dir, seed: int = 0, *, image_size: int = 64, n_pretrain: int = 3000,
+                n_instruct: int = 2000, n_text: int = 4000, n_bench: int = 60,
+                bench_sizes: dict[str, int] | None = None, holdout_pct: int = 20,
+                text_prob: float = 0.25, text_only_frac: float = 0.1) -> dict:
+    """Write the synthetic world under ``out_dir`` and return its manifest (also saved as
+    ``out_dir/manifest.json``). ``n_bench`` is the default item count of every benchmark
+    (POPE: per category; MMLU: test questions per subject; MMBench: base questions, each
+    with 3 circular copies); ``bench_sizes`` overrides it per benchmark name."""
+    root = Path(out_dir)
+    if not 0 < holdout_pct < 100:
+        raise ValueError("holdout_pct must be in 1..99 (both splits need scenes)")
+    if min(n_pretrain, n_instruct, n_text, n_bench, *(bench_sizes or {}).values()) < 0:
+        raise ValueError("sizes must be >= 0")
+    sizes = {name: int((bench_sizes or {}).get(name, n_bench)) for name in RNG_STREAMS if RNG_STREAMS[name] > 10}
+    unknown = set(bench_sizes or {}) - set(sizes)
+    if unknown:
+        raise ValueError(f"unknown benchmarks in bench_sizes: {sorted(unknown)}")
+    settings = {"seed": int(seed), "image_size": int(image_size), "n_pretrain": int(n_pretrain),
+                "n_instruct": int(n_instruct), "n_text": int(n_text), "bench_sizes": sizes,
+                "holdout_pct": int(holdout_pct), "text_prob": float(text_prob),
+                "text_only_frac": float(text_only_frac), "generator_version": GENERATOR_VERSION}
+    mpath = root / MANIFEST
+    if mpath.is_file():
+        try:
+            old = json.loads(mpath.read_text())
+        except (OSError, ValueError):
+            old = {}
+        if old.get("settings") == settings and _complete(root, old):
+            return old
+        _remove_listed(root, old)
+        mpath.unlink()
+
+    files: dict[str, dict] = {}
+
+    def write(rel: str, data: bytes) -> None:
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        files[rel] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+    def rng(name: str) -> np.random.Generator:
+        return np.random.default_rng([int(seed), RNG_STREAMS[name]])
+
+    train_records = []
+
+    def train_images(kind: str, n: int, g: np.random.Generator):
+        out = []
+        for i in range(n):
+            scene = sample_split_scene(g, "train", holdout_pct, text_prob=text_prob)
+            rel = f"{kind}/{i:06d}.png"
+            write(f"{IMAGE_FOLDER}/{rel}", scene_png(scene, image_size))
+            train_records.append({"image": rel, "scene": scene.to_dict()})
+            out.append((rel, scene))
+        return out
+
+    # --- stage-1 captions
+    g = rng("pretrain")
+    rows = [pretrain_row(f"pt-{i:06d}", rel, scene, g)
+            for i, (rel, scene) in enumerate(train_images("pretrain", n_pretrain, g))]
+    write(CORPUS_PATHS["pretrain"], _json(rows))
+    # --- stage-2 instructions (text-only rows interleaved at a fixed stride)
+    g = rng("instruct")
+    mmlu_train, hs_train = mmlu_split(holdout_pct)["train"], hellaswag_split(holdout_pct)["train"]
+    n_text_only = int(round(n_instruct * text_only_frac))
+    stride = max(1, n_instruct // max(1, n_text_only))
+    images = iter(train_images("instruct", n_instruct - n_text_only, g))
+    facts, rows, k = fact_sentences(), [], 0
+    for i in range(n_instruct):
+        if k < n_text_only and i % stride == stride - 1:
+            rows.append(text_instruct_row(f"it-{i:06d}", mmlu_train, facts, g))
+            k += 1
+        else:
+            rel, scene = next(images, (None, None))
+            if rel is None:
+                rows.append(text_instruct_row(f"it-{i:06d}", mmlu_train, facts, g))
+                k += 1
+                continue
+            rows.append(instruct_row(f"it-{i:06d}", rel, scene, g))
+    write(CORPUS_PATHS["instruct"], _json(rows))
+    # --- text-only corpus
+    g = rng("text")
+    scenes = [sample_split_scene(g, "train", holdout_pct, text_prob=text_prob) for _ in range(max(1, n_text // 5))]
+    write(CORPUS_PATHS["text"], _jsonl(text_corpus(n_text, scenes, mmlu_train, hs_train, g)))
+
+    # --- benchmarks
+    bench_entries, bench_records = {}, []
+    for name, writer in B.VISION_WRITERS.items():
+        entry, bfiles, recs = writer(rng(name), sizes[name], image_size, holdout_pct)
+        for rel, data in bfiles.items():
+            write(rel, data)
+        bench_entries[name], bench_records = entry, bench_records + recs
+    for name, writer in B.TEXT_WRITERS.items():
+        entry, bfiles, _ = writer(rng(name), sizes[name], holdout_pct)
+        for rel, data in bfiles.items():
+            write(rel, data)
+        bench_entries[name] = entry
+    write("meta/train_scenes.jsonl", _jsonl(train_records))
+    write("meta/bench_scenes.jsonl", _jsonl(bench_records))
+
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "settings": settings,
+        "image_folder": IMAGE_FOLDER,
+        "corpora": {
+            "pretrain": {"path": CORPUS_PATHS["pretrain"], "format": "llava_json", "image_folder": IMAGE_FOLDER,
+                         "rows": n_pretrain},
+            "instruct": {"path": CORPUS_PATHS["instruct"], "format": "llava_json", "image_folder": IMAGE_FOLDER,
+                         "rows": n_instruct, "text_only_rows": k},
+            "text": {"path": CORPUS_PATHS["text"], "format": "jsonl_text", "rows": n_text},
+        },
+        "benchmarks": bench_entries,
+        "meta": {"train_scenes": "meta/train_scenes.jsonl", "bench_scenes": "meta/bench_scenes.jsonl",
+                 "holdout": f"sha256(scene key or question stem) % 100 < {holdout_pct} -> benchmark"},
+        "files": dict(sorted(files.items())),
+    }
+    tmp = root / (MANIFEST + ".tmp")
+    tmp.write_bytes(_json(manifest))
+    os.replace(tmp, mpath)
+    return json.loads(mpath.read_text())
