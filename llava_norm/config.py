@@ -78,6 +78,8 @@ class TrainConfig:
     max_steps: int = -1
     per_device_batch_size: int = 2
     grad_accum: int = 2
+    # If set, grad_accum is derived at launch: global / (per_device_batch_size x world size).
+    global_batch_size: Optional[int] = None
     gradient_checkpointing: bool = False
     precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     deepspeed: Optional[str] = None  # path to a DeepSpeed JSON (configs/deepspeed/zero{2,3}.json)
@@ -179,6 +181,19 @@ def validate(config: RunConfig, check_paths: bool = True) -> None:
         _must_exist(config.model.pretrained_projector, "model.pretrained_projector")
     if config.train.deepspeed:
         _must_exist(config.train.deepspeed, "train.deepspeed")
+
+
+def effective_grad_accum(train: TrainConfig, world_size: int) -> int:
+    """The accumulation that gives ``global_batch_size`` on this many processes (or ``grad_accum``)."""
+    if train.global_batch_size is None:
+        return train.grad_accum
+    per_step = train.per_device_batch_size * world_size
+    if train.global_batch_size % per_step:
+        raise ConfigError(
+            f"key 'train.global_batch_size': {train.global_batch_size} is not a multiple of per_device_batch_size "
+            f"{train.per_device_batch_size} x {world_size} processes"
+        )
+    return train.global_batch_size // per_step
 
 
 def _looks_local(value: str) -> bool:

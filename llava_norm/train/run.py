@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import TrainingArguments, set_seed
 
-from llava_norm.config import RunConfig, to_yaml
+from llava_norm.config import RunConfig, effective_grad_accum, to_yaml
 from llava_norm.data.collate import collate
 from llava_norm.data.conversation import conversation_tokenizer
 from llava_norm.data.dataset import SupervisedDataset
@@ -60,10 +61,11 @@ def use_bf16(precision: str) -> bool:
 
 def training_arguments(config: RunConfig) -> TrainingArguments:
     t = config.train
+    grad_accum = effective_grad_accum(t, int(os.environ.get("WORLD_SIZE", "1")))
     return TrainingArguments(
         output_dir=t.output_dir, run_name=t.run_name, seed=t.seed, data_seed=t.seed,
         num_train_epochs=t.epochs, max_steps=t.max_steps,
-        per_device_train_batch_size=t.per_device_batch_size, gradient_accumulation_steps=t.grad_accum,
+        per_device_train_batch_size=t.per_device_batch_size, gradient_accumulation_steps=grad_accum,
         learning_rate=config.optim.lr, weight_decay=config.optim.weight_decay,
         lr_scheduler_type=config.optim.scheduler, warmup_steps=config.optim.warmup_ratio,
         max_grad_norm=config.optim.max_grad_norm,

@@ -1,0 +1,84 @@
+"""Bad input: each case names the file and row id; skip mode counts; grouped sampler properties."""
+
+import json
+
+import pytest
+
+from tinydata import write_dataset
+
+from llava_norm.config import DataSource
+from llava_norm.data.conversation import conversation_tokenizer
+from llava_norm.data.dataset import BadSampleError, SupervisedDataset
+from llava_norm.data.sampler import ModalityLengthGroupedSampler, grouped_order
+from llava_norm.model.builder import ModelSpec, build_model
+
+GOOD = {"id": "ok", "image": "0001.png", "conversations": [
+    {"from": "human", "value": "<image>\nWhat colour?"}, {"from": "gpt", "value": "Red."}]}
+BAD_ROWS = {
+    "malformed": ({"id": "m1", "conversations": "not a list"}, "missing or empty 'conversations'"),
+    "empty": ({"id": "e1", "conversations": []}, "missing or empty 'conversations'"),
+    "role": ({"id": "r1", "conversations": [{"from": "robot", "value": "hi"}, {"from": "gpt", "value": "x"}]},
+             "unknown role 'robot'"),
+    "count": ({"id": "c1", "image": "0001.png", "conversations": [
+        {"from": "human", "value": "<image> <image> two?"}, {"from": "gpt", "value": "x"}]}, "2 '<image>' placeholders"),
+    "no_placeholder": ({"id": "c2", "image": "0001.png", "conversations": [
+        {"from": "human", "value": "where is it"}, {"from": "gpt", "value": "x"}]}, "0 '<image>' placeholders"),
+}
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny_dir):
+    return build_model(ModelSpec(f"{tiny_dir}/siglip", f"{tiny_dir}/llama"))
+
+
+def _dataset(bundle, rows, tmp_path, policy, max_length=512):
+    _, images = write_dataset(tmp_path, n=2)
+    (images / "broken.png").write_bytes(b"\x89PNG not really")
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows))
+    encoder = conversation_tokenizer(bundle, "chat", {"date_string": "26 Jul 2024"})
+    return path, SupervisedDataset([DataSource(path=str(path), image_folder=str(images))], encoder,
+                                   bundle.image_processor, max_length, on_bad_sample=policy)
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ROWS))
+def test_malformed_rows_name_file_and_row(bundle, tmp_path, case):
+    row, message = BAD_ROWS[case]
+    with pytest.raises(BadSampleError, match=rf"rows.json: row {row['id']}: .*{message}"):
+        _dataset(bundle, [GOOD, row], tmp_path, "error")
+    path, dataset = _dataset(bundle, [GOOD, row], tmp_path, "skip")
+    assert len(dataset) == 1 and len(dataset.rejected) == 1 and row["id"] in dataset.rejected[0]
+
+
+@pytest.mark.parametrize("image,message", [("missing.png", "image not found"), ("broken.png", "cannot decode image")])
+def test_bad_images_are_skipped_and_counted_or_raise(bundle, tmp_path, image, message):
+    bad = {**GOOD, "id": "img1", "image": image}
+    _, dataset = _dataset(bundle, [bad, GOOD], tmp_path, "error")
+    with pytest.raises(BadSampleError, match=rf"rows.json: row img1: {message}"):
+        dataset[0]
+    _, dataset = _dataset(bundle, [bad, GOOD], tmp_path, "skip")
+    example = dataset[0]  # replaced by the next good row, the skip recorded
+    assert example.sample_id == "ok" and len(example.skipped) == 1 and "img1" in example.skipped[0]
+    assert any(label != -100 for label in example.labels)
+
+
+def test_sample_too_long_is_skipped(bundle, tmp_path):
+    _, dataset = _dataset(bundle, [GOOD, {**GOOD, "id": "two"}], tmp_path, "error", max_length=20)
+    with pytest.raises(BadSampleError, match="row ok: first turn does not fit max_length=20"):
+        dataset[0]
+
+
+def test_grouped_sampler_properties():
+    lengths = [100 + i for i in range(37)] + [-(5 + i) for i in range(23)]
+    order = grouped_order(lengths, megabatch_size=4, seed=42, epoch=0)
+    assert sorted(order) == list(range(60))
+    assert order == grouped_order(lengths, 4, seed=42, epoch=0)
+    assert order != grouped_order(lengths, 4, seed=42, epoch=1)
+    full_batches = [order[i:i + 4] for i in range(0, 56, 4)]
+    mixed = [b for b in full_batches if len({lengths[i] > 0 for i in b}) > 1]
+    assert len(mixed) <= 1  # only the tail megabatch may mix modalities
+    for single_modality in ([7] * 10, [-7] * 10):
+        assert sorted(ModalityLengthGroupedSampler(single_modality, 3).__iter__()) == list(range(10))
+    sampler = ModalityLengthGroupedSampler(lengths, batch_size=2, world_size=2, seed=1)
+    sampler.set_epoch(3)
+    assert list(sampler) == grouped_order(lengths, 4, seed=1, epoch=3)
