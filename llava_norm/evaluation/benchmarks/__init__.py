@@ -1,8 +1,8 @@
-"""Benchmark formats, prompts and community scoring rules for the paper's benchmarks.
+"""Benchmark formats, prompts and community scoring rules for the paper's nine benchmarks.
 
 Owns: one module per benchmark (loader, prompt builder, scorer, settings), the shared item
 types and registry (``base``), file/row/image reading (``tabular``) and the multiple-choice
-helpers every MCQ scorer uses (``mcq``). Importing this package registers them all:
+helpers every MCQ scorer uses (``mcq``). Importing this package registers all nine:
 
     bench = get_benchmark("ai2d", variant="no_mask")
     items = bench.load("/data/ai2d-no-mask")
@@ -28,6 +28,8 @@ from llava_norm.evaluation.benchmarks.seedbench2plus import SEEDBench2Plus
 from llava_norm.evaluation.benchmarks.scienceqa import ScienceQAImg
 from llava_norm.evaluation.benchmarks.ai2d import AI2D
 from llava_norm.evaluation.benchmarks.pope import POPE
+from llava_norm.evaluation.benchmarks.hellaswag import HellaSwag
+from llava_norm.evaluation.benchmarks.mmlu import MMLU
 
 __all__ = [
     "AI2D",
@@ -35,9 +37,11 @@ __all__ = [
     "Benchmark",
     "EncodedImage",
     "GenerationItem",
+    "HellaSwag",
     "Item",
     "LoglikelihoodItem",
     "MMBenchEnDev",
+    "MMLU",
     "MMStar",
     "OCRBench",
     "POPE",
