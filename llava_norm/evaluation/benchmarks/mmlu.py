@@ -173,9 +173,9 @@ class MMLU(Benchmark):
             "num_fewshot": self.num_fewshot,
             "fewshot_split": "dev",
             "fewshot_sampler": "first_n (dev file order, same subject)",
-            "prompt_template": "The following are multiple choice questions (with answers) about {subject with _ -> space}.\\n\\n"
-            "[{shot question}\\nA. ..\\nB. ..\\nC. ..\\nD. ..\\nAnswer: {letter}\\n\\n]*"
-            "{question.strip()}\\nA. ..\\nB. ..\\nC. ..\\nD. ..\\nAnswer:",
+            "prompt_template": "The following are multiple choice questions (with answers) about {subject with _ -> space}.\n\n"
+            "[{shot question}\nA. ..\nB. ..\nC. ..\nD. ..\nAnswer: {letter}\n\n]*"
+            "{question.strip()}\nA. ..\nB. ..\nC. ..\nD. ..\nAnswer:",
             "continuations": CONTINUATIONS,
             "scoring": "acc = argmax of summed log-prob over ' A'..' D' (lm-eval)",
             "aggregation": "acc = micro over all questions (lm-eval group 'mmlu', weight_by_size); acc_macro_subjects = mean of subject accuracies",

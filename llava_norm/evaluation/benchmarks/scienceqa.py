@@ -97,7 +97,7 @@ class ScienceQAImg(Benchmark):
         return {
             "benchmark": self.name,
             "data": "lmms-lab/ScienceQA config 'ScienceQA-IMG' split 'test' (parquet) or VLMEvalKit ScienceQA_TEST.tsv; rows without an image are skipped",
-            "prompt_template": "[Context: {hint}\\n]" + build_prompt("{question}", None, {"A": "..", "B": ".."}),
+            "prompt_template": "[Context: {hint}\n]" + build_prompt("{question}", None, {"A": "..", "B": ".."}),
             "hint": "Context line only when the hint is non-empty",
             "max_new_tokens": self.max_new_tokens,
             "scoring": "stripped reply equals the letter (any case), or matches ^[A-Z]\\. with the right letter; else wrong (lmms-eval, fixed 2025-07-04 #723)",
