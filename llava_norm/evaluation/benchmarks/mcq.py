@@ -1,0 +1,141 @@
+"""Multiple-choice helpers shared by the MCQ benchmarks.
+
+Owns: reading a row's options (list column or A/B/C/... columns) and its gold letter,
+formatting "A. ..\\nB. .." option blocks, every reply -> letter rule the community scorers
+use (one place, so no benchmark grows its own variant), and grouped accuracy.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import defaultdict
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+
+from llava_norm.evaluation.benchmarks.base import mean
+from llava_norm.evaluation.benchmarks.tabular import Row
+
+LETTERS = string.ascii_uppercase
+ANSWER_WITH_LETTER = "Answer with the option's letter from the given choices directly."
+
+
+def options_from_row(row: Row, list_columns: Sequence[str] = ("options", "choices"), max_letters: int = 5) -> dict[str, str]:
+    """Letter -> option text.
+
+    HF layouts store a list column (options/choices); VLMEvalKit TSVs store one column per
+    letter, with empty cells for options a question does not have. Only present options are
+    kept, in letter order.
+    """
+    list_column = row.first_present(*list_columns)
+    if list_column is not None:
+        texts = row.string_list(list_column)
+        if len(texts) > len(LETTERS):
+            raise row.bad_value(list_column, f"has more than {len(LETTERS)} options")
+        return {LETTERS[i]: text for i, text in enumerate(texts)}
+    options = {letter: str(row.values[letter]) for letter in LETTERS[:max_letters] if row.has(letter)}
+    if not options:
+        names = ", ".join(repr(c) for c in list_columns)
+        raise ValueError(f"{row.where}: no options: neither a list column ({names}) nor letter columns 'A', 'B', ...")
+    return options
+
+
+def gold_letter(row: Row, options: Mapping[str, str], column: str = "answer") -> str:
+    """The gold answer as a letter; accepts a letter or a 0-based index (HF layouts)."""
+    value = str(row.require(column)).strip()
+    if value.isdigit():
+        position = int(value)
+        if position >= len(options):
+            raise row.bad_value(column, f"index is out of range for {len(options)} options")
+        return LETTERS[position]
+    letter = value.upper()
+    if letter not in options:
+        raise row.bad_value(column, f"must be one of {sorted(options)} or an option index")
+    return letter
+
+
+def format_options(options: Mapping[str, str]) -> str:
+    """"A. text\\nB. text" in letter order."""
+    return "\n".join(f"{letter}. {text}" for letter, text in options.items())
+
+
+# ----------------------------------------------------------------------------------------
+# reply -> letter rules
+
+
+_OPTION_TOKEN_PUNCTUATION = str.maketrans({c: " " for c in ".()[],:;!*#{}"})
+
+
+def infer_option_letter(reply: str, options: Mapping[str, str]) -> str | None:
+    """VLMEvalKit's rule-based ``can_infer`` (the rule its ``exact_matching`` judge uses).
+
+    1. Blank out ``.()[],:;!*#{}`` and split on whitespace; if exactly one option letter
+       appears as a whole token ("B", "B.", "(B)", "B:", ...), that is the answer.
+    2. Otherwise, if the text of exactly one option occurs in the reply (case-insensitive),
+       that is the answer.
+    3. Otherwise the reply is unparsable: ``None`` (scored wrong; no LLM judge here).
+    """
+    tokens = set(reply.translate(_OPTION_TOKEN_PUNCTUATION).split())
+    letters = [letter for letter in options if letter in tokens]
+    if len(letters) == 1:
+        return letters[0]
+    lowered = reply.lower()
+    by_text = [letter for letter, text in options.items() if text.strip() and text.lower() in lowered]
+    return by_text[0] if len(by_text) == 1 else None
+
+
+_LEADING_LETTER_DOT = re.compile(r"^\s*([A-Z])\.")
+
+
+def leading_letter_dot(reply: str) -> str:
+    """lmms-eval AI2D filter: the letter of a reply starting "X.", else the reply unchanged."""
+    match = _LEADING_LETTER_DOT.match(reply)
+    return match.group(1) if match else reply
+
+
+def normalised_for_exact_match(text: str) -> str:
+    """lmms-eval ``exact_match`` with ignore_case and ignore_punctuation (plus a strip)."""
+    return text.strip().lower().translate(str.maketrans("", "", string.punctuation))
+
+
+def first_character(reply: str) -> str:
+    """lmms-eval SEED-Bench rule: the first character of the stripped reply ("" if empty)."""
+    return reply.strip()[:1]
+
+
+def scienceqa_reply_correct(reply: str, letter: str) -> bool:
+    """lmms-eval ScienceQA rule: the stripped reply equals the letter (any case), or it
+    starts ``^[A-Z]\\.`` with the right letter. Anything else is wrong."""
+    stripped = reply.strip()
+    if stripped.lower() == letter.lower():
+        return True
+    return bool(re.match(r"[A-Z]\.", stripped)) and stripped[0] == letter.upper()
+
+
+def mmstar_paper_era_correct(reply: str, letter: str) -> bool:
+    """lmms-eval MMStar rule until commit #1274 (2026-04-11): lowercase, then right if the
+    first character is the letter, or the reply starts "(x", "option x" or "the answer is x"."""
+    answer = letter.lower().replace("\n", " ").strip()
+    predicted = reply.lower().replace("\n", " ").strip()
+    for prefix in ("", "(", "option ", "the answer is "):
+        if predicted.startswith(prefix) and predicted[len(prefix): len(prefix) + 1] == answer:
+            return True
+    return False
+
+
+# ----------------------------------------------------------------------------------------
+# aggregation
+
+
+def grouped_accuracy(keys: Iterable[Hashable], correct: Iterable[bool]) -> dict[str, float]:
+    """Accuracy per group key, keys sorted for stable output."""
+    hits: dict[Hashable, list[float]] = defaultdict(list)
+    for key, ok in zip(keys, correct, strict=True):
+        hits[key].append(float(ok))
+    return {str(key): mean(hits[key]) for key in sorted(hits, key=str)}
+
+
+def grouped_counts(keys: Iterable[Hashable]) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    for key in keys:
+        counts[str(key)] += 1
+    return dict(sorted(counts.items()))

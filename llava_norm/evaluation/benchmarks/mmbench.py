@@ -1,0 +1,155 @@
+"""MMBench-EN dev: loader, prompt and CircularEval scoring.
+
+Owns: reading the lmms-lab/MMBench ``en`` ``dev`` parquet or VLMEvalKit's
+``MMBench_DEV_EN.tsv`` (4,329 rows = 1,164 questions plus option-rotated copies at
+index + k * 1e6), the two community prompts, and CircularEval: a question counts only if
+every rotated copy is answered correctly, with letters read by VLMEvalKit's rule-based
+``can_infer`` (no GPT judge; an unparsable reply is wrong and counted).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from llava_norm.evaluation.benchmarks.base import (
+    Benchmark,
+    GenerationItem,
+    check_limit,
+    generated_replies,
+    mean,
+    register_benchmark,
+)
+from llava_norm.evaluation.benchmarks.mcq import (
+    ANSWER_WITH_LETTER,
+    format_options,
+    gold_letter,
+    grouped_accuracy,
+    infer_option_letter,
+    options_from_row,
+)
+from llava_norm.evaluation.benchmarks.tabular import (
+    Row,
+    encoded_image,
+    image_index,
+    read_rows,
+    resolve_files,
+)
+
+CIRCULAR_STRIDE = 1_000_000
+PROMPT_VARIANTS = ("llava", "lmms_eval")
+FILE_PATTERNS = ("MMBench_DEV_EN*.tsv", "en/dev-*.parquet", "dev-*.parquet", "*.tsv", "*.parquet")
+
+
+def build_prompt(question: str, hint: str | None, options: Mapping[str, str], variant: str) -> str:
+    """``llava``: LLaVA's model_vqa_mmbench / VLMEvalKit-LLaVA layout,
+    ``hint\\nquestion\\nA. ..\\nB. ..\\n<instruction>``.
+    ``lmms_eval``: ``hint question There are several options:\\nA. ..\\n\\n<instruction>``
+    (its blank line before the instruction included)."""
+    if variant == "llava":
+        head = question if hint is None else f"{hint}\n{question}"
+        return f"{head}\n{format_options(options)}\n{ANSWER_WITH_LETTER}"
+    head = question if hint is None else f"{hint} {question}"
+    return f"{head} There are several options:\n{format_options(options)}\n\n{ANSWER_WITH_LETTER}"
+
+
+@register_benchmark
+@dataclass(frozen=True)
+class MMBenchEnDev(Benchmark):
+    """Options: ``prompt_variant`` "llava" (default) or "lmms_eval"."""
+
+    name: ClassVar[str] = "mmbench_en_dev"
+    kind: ClassVar[str] = "generate"
+    max_new_tokens: ClassVar[int] = 1024  # lmms-eval mmbench_en_dev
+
+    prompt_variant: str = "llava"
+
+    def __post_init__(self) -> None:
+        if self.prompt_variant not in PROMPT_VARIANTS:
+            raise ValueError(f"mmbench_en_dev: prompt_variant must be one of {PROMPT_VARIANTS}, got {self.prompt_variant!r}")
+
+    def load(self, path: str | Path, limit: int | None = None) -> list[GenerationItem]:
+        """``limit`` keeps the first ``limit`` *questions* with all of their rotated copies,
+        so circular scoring of a limited run is still circular."""
+        check_limit(limit)
+        rows = read_rows(resolve_files(path, FILE_PATTERNS, "MMBench-EN dev"))
+        by_index = image_index(rows)
+        items = [self._item(row, by_index) for row in rows]
+        repeated = sorted(i for i, n in Counter(item.item_id for item in items).items() if n > 1)
+        if repeated:
+            raise ValueError(f"{path}: MMBench 'index' values repeat: {repeated[:5]}")
+        if limit is not None:
+            # dict keeps first-seen order: the first `limit` questions of the file
+            first_groups = list(dict.fromkeys(item.meta["group"] for item in items))[:limit]
+            kept = set(first_groups)
+            items = [item for item in items if item.meta["group"] in kept]
+        return items
+
+    def _item(self, row: Row, by_index: Mapping[str, Any]) -> GenerationItem:
+        index = row.integer("index")
+        options = options_from_row(row, list_columns=(), max_letters=5)
+        question = row.text("question")
+        hint = row.optional_text("hint")
+        image = encoded_image(row, "image", by_index)
+        if image is None:
+            raise ValueError(f"{row.where}: missing or empty column 'image'")
+        return GenerationItem(
+            benchmark=self.name,
+            item_id=str(index),
+            prompt=build_prompt(question, hint, options, self.prompt_variant),
+            image=image,
+            max_new_tokens=self.max_new_tokens,
+            meta={
+                "index": index,
+                "group": index % CIRCULAR_STRIDE,
+                "answer": gold_letter(row, options),
+                "options": options,
+                "category": row.text("category"),
+                "l2_category": row.optional_text("L2-category", "l2-category", "l2_category") or "unknown",
+            },
+        )
+
+    def score(self, items: Sequence[GenerationItem], predictions: Mapping[str, Any]) -> dict[str, Any]:
+        replies = generated_replies(self.name, items, predictions)
+        extracted = [infer_option_letter(reply, item.meta["options"]) for item, reply in zip(items, replies)]
+        row_correct = [letter == item.meta["answer"] for item, letter in zip(items, extracted)]
+
+        group_rows: dict[int, list[bool]] = defaultdict(list)
+        group_base: dict[int, GenerationItem] = {}
+        for item, ok in zip(items, row_correct):
+            group = item.meta["group"]
+            group_rows[group].append(ok)
+            # The question's own row (index < 1e6) carries its categories; fall back to the
+            # first copy seen if a file lacks it.
+            if item.meta["index"] == group or group not in group_base:
+                group_base[group] = item
+        groups = sorted(group_rows)
+        group_correct = [all(group_rows[g]) for g in groups]
+        return {
+            "circular_accuracy": mean([float(ok) for ok in group_correct]),
+            "num_questions": len(groups),
+            "num_rows": len(items),
+            "rows_per_question": {str(n): sum(1 for g in groups if len(group_rows[g]) == n) for n in sorted({len(v) for v in group_rows.values()})},
+            "per_category": grouped_accuracy((group_base[g].meta["category"] for g in groups), group_correct),
+            "per_l2_category": grouped_accuracy((group_base[g].meta["l2_category"] for g in groups), group_correct),
+            "unparsable_replies": sum(1 for letter in extracted if letter is None),
+            "per_row_accuracy_not_mmbench_score": mean([float(ok) for ok in row_correct]),
+            "scale": "0-1",
+        }
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "benchmark": self.name,
+            "data": "lmms-lab/MMBench config 'en' split 'dev' (parquet) or VLMEvalKit MMBench_DEV_EN.tsv",
+            "prompt_variant": self.prompt_variant,
+            "prompt_template": build_prompt("{question}", "{hint}", {"A": "..", "B": ".."}, self.prompt_variant),
+            "hint": "omitted when empty or NaN",
+            "max_new_tokens": self.max_new_tokens,
+            "scoring": "CircularEval: a question (index < 1e6) is right only if every row with index % 1e6 == it is right",
+            "letter_extraction": "VLMEvalKit can_infer: one standalone option-letter token, else exactly one option text in the reply; no GPT judge",
+            "unparsable_reply": "scored wrong and counted in unparsable_replies",
+            "headline_metric": "circular_accuracy (0-1)",
+        }

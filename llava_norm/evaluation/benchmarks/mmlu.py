@@ -1,0 +1,184 @@
+"""MMLU (57 subjects, test 14,042; text only): lm-eval prompt with 0..5 dev-split shots.
+
+Owns: reading cais/mmlu parquet (``all/`` or per-subject directories, also
+hails/mmlu_no_train) and the original hendrycks CSVs (``data/test/*_test.csv``,
+headerless), building lm-eval's prompt (description, first-n dev shots, question,
+"Answer:") with continuations " A".." D", and accuracy: micro over all questions (lm-eval's
+size-weighted ``mmlu``), macro over subjects (the old hendrycksTest number), per subject.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from llava_norm.evaluation.benchmarks.base import (
+    Benchmark,
+    LoglikelihoodItem,
+    check_limit,
+    continuation_logprobs,
+    mean,
+    register_benchmark,
+)
+from llava_norm.evaluation.benchmarks.mcq import LETTERS, grouped_accuracy
+from llava_norm.evaluation.benchmarks.tabular import Row, read_rows, resolve_files
+
+# (test glob, dev glob) per layout; for a directory the first glob that matches wins.
+LAYOUTS = (
+    ("all/test-*.parquet", "all/dev-*.parquet"),
+    ("test-*.parquet", "dev-*.parquet"),
+    ("*/test-*.parquet", "*/dev-*.parquet"),
+    ("data/test/*_test.csv", "data/dev/*_dev.csv"),
+    ("test/*_test.csv", "dev/*_dev.csv"),
+    ("*_test.csv", "*_dev.csv"),
+)
+CONTINUATIONS = [" A", " B", " C", " D"]
+MAX_SHOTS = 5  # the dev split holds 5 questions per subject
+
+
+@dataclass(frozen=True)
+class MMLUQuestion:
+    subject: str
+    question: str
+    choices: list[str]
+    answer: int  # 0-3
+
+
+def question_block(q: MMLUQuestion) -> str:
+    """lm-eval doc_to_text: the question is stripped, the choices are not."""
+    lines = [q.question.strip()] + [f"{LETTERS[i]}. {choice}" for i, choice in enumerate(q.choices)]
+    return "\n".join(lines) + "\nAnswer:"
+
+
+def build_context(q: MMLUQuestion, shots: Sequence[MMLUQuestion]) -> str:
+    description = f"The following are multiple choice questions (with answers) about {q.subject.replace('_', ' ')}.\n\n"
+    examples = "".join(f"{question_block(shot)} {LETTERS[shot.answer]}\n\n" for shot in shots)
+    return description + examples + question_block(q)
+
+
+def _hendrycks_csv(path: Path) -> bool:
+    """The original release's CSVs have no header row: the first line is already a question."""
+    if path.suffix.lower() != ".csv":
+        return False
+    with path.open(encoding="utf-8", newline="") as handle:
+        first_row = next(csv.reader(handle), [])
+    return not {"question", "answer"} <= {cell.strip().lower() for cell in first_row}
+
+
+def _question(row: Row) -> MMLUQuestion:
+    if _hendrycks_csv(row.source):
+        # headerless: question, A, B, C, D, answer letter; the subject is in the file name
+        subject = row.source.stem.rsplit("_", 1)[0]
+        question, choices, answer = row.text("0"), [row.text_allow_empty(str(i)) for i in range(1, 5)], row.text("5").strip()
+        answer_column = "5"
+    else:
+        subject, question, choices = row.text("subject"), row.text("question"), row.string_list("choices")
+        answer, answer_column = str(row.require("answer")).strip(), "answer"
+    if len(choices) != 4:
+        raise row.bad_value("choices", "must hold 4 choices")
+    if answer.isdigit() and int(answer) < 4:
+        index = int(answer)
+    elif answer.upper() in ("A", "B", "C", "D"):
+        index = LETTERS.index(answer.upper())
+    else:
+        raise row.bad_value(answer_column, "must be 0-3 or A-D")
+    return MMLUQuestion(subject=subject, question=question, choices=choices, answer=index)
+
+
+def _questions(path: Path, split: str) -> list[MMLUQuestion]:
+    """All questions of ``split`` ("test" or "dev") that ``path`` (file or directory) holds."""
+    column = ("test", "dev").index(split)
+    files = resolve_files(path, [pair[column] for pair in LAYOUTS], f"MMLU {split}")
+    # hendrycks CSVs have no header row; every other layout has one
+    rows = [row for f in files for row in read_rows([f], csv_header=not _hendrycks_csv(f))]
+    return [_question(row) for row in rows]
+
+
+@register_benchmark
+@dataclass(frozen=True)
+class MMLU(Benchmark):
+    """Options: ``num_fewshot`` 0 (lm-eval default) .. 5 (classic); ``dev_path`` for the dev
+    split when ``load`` gets a single test file rather than a directory."""
+
+    name: ClassVar[str] = "mmlu"
+    kind: ClassVar[str] = "loglikelihood"
+
+    num_fewshot: int = 0
+    dev_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_fewshot, int) or not 0 <= self.num_fewshot <= MAX_SHOTS:
+            raise ValueError(f"mmlu: num_fewshot must be an int in 0..{MAX_SHOTS}, got {self.num_fewshot!r}")
+
+    def load(self, path: str | Path, limit: int | None = None) -> list[LoglikelihoodItem]:
+        """Items in file order (subjects alphabetical in the official files); ``limit`` keeps
+        the first ``limit`` test questions."""
+        check_limit(limit)
+        path = Path(path)
+        test = _questions(path, "test")[:limit]
+        shots = self._shots(path, {q.subject for q in test}) if self.num_fewshot else {}
+        items, seen_per_subject = [], defaultdict(int)
+        for q in test:
+            position = seen_per_subject[q.subject]
+            seen_per_subject[q.subject] += 1
+            items.append(
+                LoglikelihoodItem(
+                    benchmark=self.name,
+                    item_id=f"{q.subject}#{position}",
+                    context=build_context(q, shots.get(q.subject, [])),
+                    continuations=list(CONTINUATIONS),
+                    gold=q.answer,
+                    meta={"subject": q.subject},
+                )
+            )
+        return items
+
+    def _shots(self, test_path: Path, subjects: set[str]) -> dict[str, list[MMLUQuestion]]:
+        if self.dev_path is not None:
+            dev_source = Path(self.dev_path)
+        elif test_path.is_dir():
+            dev_source = test_path
+        else:
+            raise ValueError(f"mmlu: num_fewshot={self.num_fewshot} needs the dev split; pass a directory or dev_path= (got the single file {test_path})")
+        by_subject: dict[str, list[MMLUQuestion]] = defaultdict(list)
+        for q in _questions(dev_source, "dev"):
+            by_subject[q.subject].append(q)  # file order = lm-eval's first_n sampler
+        short = sorted(s for s in subjects if len(by_subject[s]) < self.num_fewshot)
+        if short:
+            raise ValueError(f"mmlu: dev split in {dev_source} has fewer than {self.num_fewshot} questions for subject(s) {short}")
+        return {s: by_subject[s][: self.num_fewshot] for s in subjects}
+
+    def score(self, items: Sequence[LoglikelihoodItem], predictions: Mapping[str, Any]) -> dict[str, Any]:
+        logprobs = continuation_logprobs(self.name, items, predictions)
+        # first maximum wins, like numpy.argmax
+        correct = [max(range(4), key=lambda i: (s[i], -i)) == item.gold for item, s in zip(items, logprobs)]
+        per_subject = grouped_accuracy((item.meta["subject"] for item in items), correct)
+        return {
+            "acc": mean([float(ok) for ok in correct]),
+            "acc_macro_subjects": mean(list(per_subject.values())),
+            "per_subject": per_subject,
+            "num_items": len(items),
+            "num_fewshot": self.num_fewshot,
+            "scale": "0-1",
+        }
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "benchmark": self.name,
+            "data": "cais/mmlu config 'all' split 'test' (shots: split 'dev'), or hendrycks data/test/*_test.csv + data/dev/*_dev.csv",
+            "num_fewshot": self.num_fewshot,
+            "fewshot_split": "dev",
+            "fewshot_sampler": "first_n (dev file order, same subject)",
+            "prompt_template": "The following are multiple choice questions (with answers) about {subject with _ -> space}.\n\n"
+            "[{shot question}\nA. ..\nB. ..\nC. ..\nD. ..\nAnswer: {letter}\n\n]*"
+            "{question.strip()}\nA. ..\nB. ..\nC. ..\nD. ..\nAnswer:",
+            "continuations": CONTINUATIONS,
+            "scoring": "acc = argmax of summed log-prob over ' A'..' D' (lm-eval)",
+            "aggregation": "acc = micro over all questions (lm-eval group 'mmlu', weight_by_size); acc_macro_subjects = mean of subject accuracies",
+            "headline_metric": "acc (0-1)",
+        }
+

@@ -1,0 +1,171 @@
+"""MMStar (val, 1,500 items): loader, lmms-eval prompt, two scoring variants.
+
+Owns: reading ``Lin-Chen/MMStar`` parquet (options inline in the question) or VLMEvalKit's
+``MMStar.tsv`` (A-D columns), the lmms-eval prompt, and scoring with either the paper-era
+lmms-eval rule (default) or VLMEvalKit's ``can_infer``; reports micro accuracy and
+lmms-eval's macro means over L2 axes, overall and per core category.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from llava_norm.evaluation.benchmarks.base import (
+    Benchmark,
+    GenerationItem,
+    check_limit,
+    generated_replies,
+    mean,
+    register_benchmark,
+)
+from llava_norm.evaluation.benchmarks.mcq import (
+    LETTERS,
+    grouped_accuracy,
+    infer_option_letter,
+    mmstar_paper_era_correct,
+)
+from llava_norm.evaluation.benchmarks.tabular import (
+    Row,
+    assign_item_ids,
+    encoded_image,
+    image_index,
+    read_rows,
+    resolve_files,
+)
+
+# lmms-eval's post_prompt for MMStar: note there is no final period.
+INSTRUCTION = "\nAnswer with the option's letter from the given choices directly"
+YES_NO_SUFFIX = " Please answer yes or no."
+SCORING_VARIANTS = ("lmms_eval_paper_era", "vlmevalkit_can_infer")
+FILE_PATTERNS = ("MMStar*.tsv", "mmstar*.parquet", "**/mmstar*.parquet", "val-*.parquet", "**/val-*.parquet", "*.tsv", "*.parquet")
+
+
+def split_inline_options(question: str) -> dict[str, str]:
+    """Options from MMStar's inline form "...\\nOptions: A: x, B: y, C: z, D: w".
+
+    Markers are searched in order (", B: " after "A: " ...), so commas inside an option's
+    text survive. Returns {} when the question has no such block.
+    """
+    start = question.rfind("Options:")
+    if start < 0:
+        return {}
+    block = question[start + len("Options:"):].strip()
+    if not block.startswith("A: "):
+        return {}
+    letters, cuts, cursor = ["A"], [0], 0
+    for letter in LETTERS[1:]:
+        position = block.find(f", {letter}: ", cursor)
+        if position < 0:
+            break
+        letters.append(letter)
+        cuts.append(position)
+        cursor = position + 1
+    cuts.append(len(block))
+    options = {}
+    for i, letter in enumerate(letters):
+        begin = cuts[i] + (len("A: ") if i == 0 else len(f", {letter}: "))
+        options[letter] = block[begin: cuts[i + 1]]
+    return options
+
+
+def build_prompt(question: str) -> str:
+    return question.strip().replace(YES_NO_SUFFIX, "") + INSTRUCTION
+
+
+@register_benchmark
+@dataclass(frozen=True)
+class MMStar(Benchmark):
+    """Options: ``scoring`` "lmms_eval_paper_era" (default) or "vlmevalkit_can_infer"."""
+
+    name: ClassVar[str] = "mmstar"
+    kind: ClassVar[str] = "generate"
+    max_new_tokens: ClassVar[int] = 1024  # the task sets none; lmms-eval's llava default
+
+    scoring: str = "lmms_eval_paper_era"
+
+    def __post_init__(self) -> None:
+        if self.scoring not in SCORING_VARIANTS:
+            raise ValueError(f"mmstar: scoring must be one of {SCORING_VARIANTS}, got {self.scoring!r}")
+
+    def load(self, path: str | Path, limit: int | None = None) -> list[GenerationItem]:
+        check_limit(limit)
+        rows = read_rows(resolve_files(path, FILE_PATTERNS, "MMStar"))[:limit]
+        by_index = image_index(rows)
+        ids = assign_item_ids(rows, ("index",))
+        return [self._item(row, item_id, by_index) for row, item_id in zip(rows, ids)]
+
+    def _item(self, row: Row, item_id: str, by_index: Mapping[str, Any]) -> GenerationItem:
+        question = row.text("question")
+        column_options = {letter: str(row.values[letter]) for letter in "ABCD" if row.has(letter)}
+        inline_options = split_inline_options(question)
+        if column_options and not inline_options:
+            # VLMEvalKit's TSV keeps options in columns; rebuild the inline block the HF
+            # data carries so both layouts give the model the same prompt.
+            question = question.rstrip() + "\nOptions: " + ", ".join(f"{k}: {v}" for k, v in column_options.items())
+        options = column_options or inline_options
+        answer = row.text("answer").strip().upper()
+        if answer not in ("A", "B", "C", "D"):
+            raise row.bad_value("answer", "must be one of A, B, C, D")
+        image = encoded_image(row, "image", by_index)
+        if image is None:
+            raise ValueError(f"{row.where}: missing or empty column 'image'")
+        return GenerationItem(
+            benchmark=self.name,
+            item_id=item_id,
+            prompt=build_prompt(question),
+            image=image,
+            max_new_tokens=self.max_new_tokens,
+            meta={
+                "answer": answer,
+                "options": options,
+                "category": row.text("category"),
+                "l2_category": row.text("l2_category", "l2-category", "L2-category"),
+            },
+        )
+
+    def _correct(self, item: GenerationItem, reply: str) -> bool:
+        if self.scoring == "lmms_eval_paper_era":
+            return mmstar_paper_era_correct(reply, item.meta["answer"])
+        options = item.meta["options"] or {letter: "" for letter in "ABCD"}
+        return infer_option_letter(reply, options) == item.meta["answer"]
+
+    def score(self, items: Sequence[GenerationItem], predictions: Mapping[str, Any]) -> dict[str, Any]:
+        replies = generated_replies(self.name, items, predictions)
+        correct = [self._correct(item, reply) for item, reply in zip(items, replies)]
+        per_l2 = grouped_accuracy((item.meta["l2_category"] for item in items), correct)
+        l2_by_category: dict[str, set[str]] = defaultdict(set)
+        for item in items:
+            l2_by_category[item.meta["category"]].add(item.meta["l2_category"])
+        per_category_micro = grouped_accuracy((item.meta["category"] for item in items), correct)
+        per_category_macro_l2 = {
+            category: mean([per_l2[l2] for l2 in sorted(l2s)]) for category, l2s in sorted(l2_by_category.items())
+        }
+        return {
+            "average_macro_l2": mean(list(per_l2.values())),
+            "accuracy_micro": mean([float(ok) for ok in correct]),
+            "per_category_macro_l2": per_category_macro_l2,
+            "per_category_micro": per_category_micro,
+            "per_l2_category": per_l2,
+            "num_items": len(items),
+            "scale": "0-1",
+        }
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "benchmark": self.name,
+            "data": "Lin-Chen/MMStar split 'val' (parquet, options inline) or VLMEvalKit MMStar.tsv (A-D columns, rebuilt inline)",
+            "prompt_template": "{question.strip() without ' Please answer yes or no.'}" + INSTRUCTION,
+            "max_new_tokens": self.max_new_tokens,
+            "scoring": self.scoring,
+            "scoring_rule": {
+                "lmms_eval_paper_era": "lowercase; right if the first char is the letter or the reply starts '(x', 'option x', 'the answer is x' (lmms-eval before #1274)",
+                "vlmevalkit_can_infer": "VLMEvalKit can_infer letter/option-text extraction; unparsable = wrong",
+            }[self.scoring],
+            "aggregation": "average_macro_l2 = lmms-eval 'average' (mean of the 18 L2-axis accuracies); "
+            "per_category_macro_l2 = lmms-eval per-category metrics; accuracy_micro = VLMEvalKit Overall (/100)",
+            "headline_metric": "average_macro_l2 (0-1)",
+        }

@@ -1,0 +1,137 @@
+"""OCRBench v1 (1,000 items): loader, bare-question prompt, substring scoring.
+
+Owns: reading ``echo840/OCRBench`` parquet (answer is a list) or VLMEvalKit's
+``OCRBench.tsv`` (answer is a Python-literal list string, type in ``category``), and the
+community rule: right if any gold answer is a substring of the normalised prediction, with
+the handwritten-maths (HME100k) normalisation that keeps case and drops all spaces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from llava_norm.evaluation.benchmarks.base import (
+    Benchmark,
+    GenerationItem,
+    check_limit,
+    generated_replies,
+    register_benchmark,
+)
+from llava_norm.evaluation.benchmarks.tabular import (
+    Row,
+    assign_item_ids,
+    encoded_image,
+    image_index,
+    read_rows,
+    resolve_files,
+)
+
+HMER = "Handwritten Mathematical Expression Recognition"
+# Question types with their share of the 1,000 points; the first six form Text Recognition.
+QUESTION_TYPE_CAPS = {
+    "Regular Text Recognition": 50,
+    "Irregular Text Recognition": 50,
+    "Artistic Text Recognition": 50,
+    "Handwriting Recognition": 50,
+    "Digit String Recognition": 50,
+    "Non-Semantic Text Recognition": 50,
+    "Scene Text-centric VQA": 200,
+    "Doc-oriented VQA": 200,
+    "Key Information Extraction": 200,
+    HMER: 100,
+}
+TEXT_RECOGNITION_TYPES = tuple(QUESTION_TYPE_CAPS)[:6]
+FILE_PATTERNS = ("OCRBench*.tsv", "test-*.parquet", "**/test-*.parquet", "*.tsv", "*.parquet")
+
+
+def normalise_handwritten_math(text: str) -> str:
+    """HME100k: strip, then remove every newline and space; case is kept (LaTeX is
+    case-sensitive). Paper-era lmms-eval lowercased the prediction here, a bug fixed in #1278."""
+    return text.strip().replace("\n", " ").replace(" ", "")
+
+
+def normalise_text(text: str) -> str:
+    """Every other source: lowercase, strip, newline -> space."""
+    return text.lower().strip().replace("\n", " ")
+
+
+def ocr_answer_correct(prediction: str, answers: Sequence[str], handwritten_math: bool) -> bool:
+    normalise = normalise_handwritten_math if handwritten_math else normalise_text
+    predicted = normalise(prediction)
+    return any(normalise(answer) in predicted for answer in answers)
+
+
+@register_benchmark
+@dataclass(frozen=True)
+class OCRBench(Benchmark):
+    name: ClassVar[str] = "ocrbench"
+    kind: ClassVar[str] = "generate"
+    max_new_tokens: ClassVar[int] = 128  # lmms-eval ocrbench
+
+    def load(self, path: str | Path, limit: int | None = None) -> list[GenerationItem]:
+        check_limit(limit)
+        rows = read_rows(resolve_files(path, FILE_PATTERNS, "OCRBench"))[:limit]
+        by_index = image_index(rows)
+        ids = assign_item_ids(rows, ("index", "id"))
+        return [self._item(row, item_id, by_index) for row, item_id in zip(rows, ids)]
+
+    def _item(self, row: Row, item_id: str, by_index: Mapping[str, Any]) -> GenerationItem:
+        question_type_column = row.first_present("question_type", "category") or "question_type"
+        question_type = row.text("question_type", "category")
+        if question_type not in QUESTION_TYPE_CAPS:
+            raise row.bad_value(question_type_column, f"must be one of the ten OCRBench question types {list(QUESTION_TYPE_CAPS)}")
+        source = row.optional_text("dataset")
+        image = encoded_image(row, "image", by_index)
+        if image is None:
+            raise ValueError(f"{row.where}: missing or empty column 'image'")
+        return GenerationItem(
+            benchmark=self.name,
+            item_id=item_id,
+            prompt=row.text("question").strip(),
+            image=image,
+            max_new_tokens=self.max_new_tokens,
+            meta={
+                "answers": row.string_list("answer"),
+                "question_type": question_type,
+                "source": source,
+                # HME100k is exactly the HMER type; the TSV has no source column, so VLMEvalKit
+                # keys the rule on the type and lmms-eval on the source. Either marks it.
+                "handwritten_math": source == "HME100k" or question_type == HMER,
+            },
+        )
+
+    def score(self, items: Sequence[GenerationItem], predictions: Mapping[str, Any]) -> dict[str, Any]:
+        replies = generated_replies(self.name, items, predictions)
+        points = {question_type: 0 for question_type in QUESTION_TYPE_CAPS}
+        counts = {question_type: 0 for question_type in QUESTION_TYPE_CAPS}
+        for item, reply in zip(items, replies):
+            counts[item.meta["question_type"]] += 1
+            if ocr_answer_correct(reply, item.meta["answers"], item.meta["handwritten_math"]):
+                points[item.meta["question_type"]] += 1
+        final_score = sum(points.values())
+        return {
+            "final_score": final_score,
+            "final_score_norm": final_score / 10,
+            "accuracy": final_score / len(items) if items else 0.0,
+            "text_recognition": sum(points[t] for t in TEXT_RECOGNITION_TYPES),
+            "per_question_type": points,
+            "items_per_question_type": counts,
+            "num_items": len(items),
+        }
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "benchmark": self.name,
+            "data": "echo840/OCRBench split 'test' (parquet) or VLMEvalKit OCRBench.tsv",
+            "prompt_template": "{question.strip()}",
+            "max_new_tokens": self.max_new_tokens,
+            "scoring": "right if any gold answer is a substring of the prediction after normalisation",
+            "normalisation": {
+                "HME100k / HMER": "strip, remove newlines and spaces, keep case (fixed rule, lmms-eval >= #1278, VLMEvalKit)",
+                "other": "lowercase, strip, newline -> space (no full-width folding; lmms-eval HEAD adds it, #1415)",
+            },
+            "headline_metric": "final_score (count out of 1000 on the full set); final_score_norm = /10 (0-100)",
+        }

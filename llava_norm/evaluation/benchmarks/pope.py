@@ -1,0 +1,170 @@
+"""POPE (COCO val2014; adversarial / popular / random, 3,000 each): loader, prompt, metrics.
+
+Owns: reading ``lmms-lab/POPE`` parquet (pooled ``test`` or the ``Full`` per-split files)
+or VLMEvalKit's ``POPE.tsv`` (comma-joined categories, "Yes"/"No"), the split filter, the
+yes/no reply rule, and accuracy / precision / recall / F1 (positive = yes) with the share
+of *predicted* yes, per split, as the mean over splits and pooled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from llava_norm.evaluation.benchmarks.base import (
+    Benchmark,
+    GenerationItem,
+    check_limit,
+    generated_replies,
+    mean,
+    register_benchmark,
+)
+from llava_norm.evaluation.benchmarks.tabular import (
+    Row,
+    assign_item_ids,
+    encoded_image,
+    image_index,
+    read_rows,
+    resolve_files,
+)
+
+SPLITS = ("adversarial", "popular", "random")
+INSTRUCTION = "\nAnswer the question using a single word or phrase."
+REPLY_RULES = {
+    "lmms_eval_strict": "lowercase + strip, then the reply must equal 'yes' or 'no'; anything else is unparsable and wrong",
+    "llava_first_sentence": "LLaVA eval_pope: keep the text before the first '.', drop commas; a word 'No', 'no' or 'not' means no, anything else yes",
+}
+FILE_PATTERNS = ("POPE*.tsv", "data/test-*.parquet", "test-*.parquet", "Full/*.parquet", "*.parquet", "*.tsv")
+
+
+def parse_yes_no(reply: str, rule: str) -> str | None:
+    """"yes", "no", or None when the rule cannot read the reply."""
+    if rule == "lmms_eval_strict":
+        answer = reply.lower().strip()
+        return answer if answer in ("yes", "no") else None
+    first_sentence = reply.split(".")[0].replace(",", "")
+    words = first_sentence.split(" ")
+    return "no" if ("No" in words or "no" in words or "not" in words) else "yes"
+
+
+def yes_no_metrics(gold: Sequence[str], predicted: Sequence[str | None]) -> dict[str, float | int]:
+    """Positive class = yes. Recall's denominator is every gold-yes item, so an unreadable
+    reply to a yes question is a miss (lmms-eval only counts an exact "no" as a miss)."""
+    pairs = list(zip(gold, predicted, strict=True))
+    true_pos = sum(1 for g, p in pairs if g == "yes" and p == "yes")
+    false_pos = sum(1 for g, p in pairs if g == "no" and p == "yes")
+    gold_yes = sum(1 for g in gold if g == "yes")
+    predicted_yes = sum(1 for p in predicted if p == "yes")
+    precision = true_pos / (true_pos + false_pos) if true_pos + false_pos else 0.0
+    recall = true_pos / gold_yes if gold_yes else 0.0
+    n = len(pairs)
+    return {
+        "accuracy": mean([float(g == p) for g, p in pairs]),
+        "precision": precision,
+        "recall": recall,
+        "f1": 2 * precision * recall / (precision + recall) if precision + recall else 0.0,
+        "predicted_yes_share": predicted_yes / n if n else 0.0,
+        "gold_yes_share": gold_yes / n if n else 0.0,
+        "unparsable": sum(1 for p in predicted if p is None),
+        "num_items": n,
+    }
+
+
+def _splits_of(row: Row) -> tuple[str, ...]:
+    if row.has("category"):
+        names = tuple(part.strip().lower() for part in str(row.values["category"]).split(","))
+        column = "category"
+    else:  # lmms-lab/POPE "Full" files are named after their split
+        names = tuple(s for s in SPLITS if s in row.source.name.lower())
+        column = "category (or a split name in the file name)"
+    if not names or any(name not in SPLITS for name in names):
+        raise ValueError(f"{row.where}: {column} must name one or more of {SPLITS}, got {row.values.get('category')!r}")
+    return names
+
+
+@register_benchmark
+@dataclass(frozen=True)
+class POPE(Benchmark):
+    """Options: ``split`` "all" (default) or one of adversarial / popular / random;
+    ``reply_rule`` "lmms_eval_strict" (default) or "llava_first_sentence"."""
+
+    name: ClassVar[str] = "pope"
+    kind: ClassVar[str] = "generate"
+    max_new_tokens: ClassVar[int] = 128  # lmms-eval pope
+
+    split: str = "all"
+    reply_rule: str = "lmms_eval_strict"
+
+    def __post_init__(self) -> None:
+        if self.split not in SPLITS + ("all",):
+            raise ValueError(f"pope: split must be 'all' or one of {SPLITS}, got {self.split!r}")
+        if self.reply_rule not in REPLY_RULES:
+            raise ValueError(f"pope: reply_rule must be one of {sorted(REPLY_RULES)}, got {self.reply_rule!r}")
+
+    def load(self, path: str | Path, limit: int | None = None) -> list[GenerationItem]:
+        check_limit(limit)
+        rows = read_rows(resolve_files(path, FILE_PATTERNS, "POPE"))
+        ids = assign_item_ids(rows, ("index", "id"))
+        by_index = image_index(rows)
+        items = []
+        for row, item_id in zip(rows, ids):
+            if limit is not None and len(items) >= limit:
+                break
+            splits = _splits_of(row)
+            if self.split == "all" or self.split in splits:
+                items.append(self._item(row, item_id, splits, by_index))
+        return items
+
+    def _item(self, row: Row, item_id: str, splits: tuple[str, ...], by_index: Mapping[str, Any]) -> GenerationItem:
+        answer = row.text("answer").strip().lower()
+        if answer not in ("yes", "no"):
+            raise row.bad_value("answer", "must be yes or no")
+        image = encoded_image(row, "image", by_index)
+        if image is None:
+            raise ValueError(f"{row.where}: missing or empty column 'image'")
+        return GenerationItem(
+            benchmark=self.name,
+            item_id=item_id,
+            prompt=row.text("question").strip() + INSTRUCTION,
+            image=image,
+            max_new_tokens=self.max_new_tokens,
+            meta={"answer": answer, "splits": list(splits), "question_id": row.optional_text("question_id")},
+        )
+
+    def score(self, items: Sequence[GenerationItem], predictions: Mapping[str, Any]) -> dict[str, Any]:
+        replies = generated_replies(self.name, items, predictions)
+        parsed = [parse_yes_no(reply, self.reply_rule) for reply in replies]
+        # An item listed under several splits (VLMEvalKit's comma-joined category) counts
+        # once in each, as VLMEvalKit's explode does; "pooled" is over those (item, split) pairs.
+        pairs = [(split, item.meta["answer"], p) for item, p in zip(items, parsed) for split in item.meta["splits"]]
+        per_split = {}
+        for split in SPLITS:
+            chosen = [(g, p) for s, g, p in pairs if s == split]
+            if chosen:
+                per_split[split] = yes_no_metrics([g for g, _ in chosen], [p for _, p in chosen])
+        metric_names = ("accuracy", "precision", "recall", "f1", "predicted_yes_share", "gold_yes_share")
+        return {
+            "per_split": per_split,
+            "mean_over_splits": {m: mean([float(per_split[s][m]) for s in per_split]) for m in metric_names},
+            "pooled": yes_no_metrics([g for _, g, _ in pairs], [p for _, _, p in pairs]),
+            "unparsable_replies": sum(1 for p in parsed if p is None),
+            "num_items": len(items),
+            "scale": "0-1",
+        }
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "benchmark": self.name,
+            "data": "lmms-lab/POPE (config 'default' split 'test' pooled, or config 'Full' splits adversarial/popular/random) or VLMEvalKit POPE.tsv",
+            "split": self.split,
+            "prompt_template": "{question.strip()}" + INSTRUCTION,
+            "max_new_tokens": self.max_new_tokens,
+            "reply_rule": self.reply_rule,
+            "reply_rule_description": REPLY_RULES[self.reply_rule],
+            "metrics": "accuracy, precision, recall, f1 with yes as positive; recall over all gold-yes items; "
+            "predicted_yes_share = share of replies read as yes (lmms-eval's pope_yes_ratio is the gold share, a bug; "
+            "we report it separately as gold_yes_share)",
+            "headline_metric": "mean_over_splits.f1 (LLaVA's 85.9 style) or pooled.accuracy; say which",
+        }

@@ -1,0 +1,230 @@
+"""Reading benchmark files: which files a path means, their rows, cells and images.
+
+Owns: resolving a file-or-directory argument against a benchmark's accepted file globs,
+reading TSV (VLMEvalKit), CSV, parquet (HF datasets / lmms-eval), JSON and JSONL into
+``Row`` objects whose accessors raise a ``ValueError`` naming the file, the row and the
+column, turning image cells (HF ``{"bytes", "path"}`` dicts, raw bytes, VLMEvalKit base64
+with its by-index references) into ``EncodedImage``, and choosing stable item ids.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import binascii
+import io
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow.parquet as pq
+from PIL import Image
+
+from llava_norm.evaluation.benchmarks.base import EncodedImage
+
+TABLE_SUFFIXES = (".tsv", ".csv", ".parquet", ".jsonl", ".json")
+
+
+def is_missing(value: Any) -> bool:
+    """None, NaN, or a blank / "nan" string (how TSVs and pandas spell an empty cell)."""
+    if value is None:
+        return True
+    if isinstance(value, float) and math.isnan(value):
+        return True
+    return isinstance(value, str) and value.strip().lower() in ("", "nan")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One record of a benchmark file, with accessors that fail with a precise message."""
+
+    source: Path
+    number: int  # 0-based position among the file's data rows (header excluded)
+    values: Mapping[str, Any]
+
+    @property
+    def where(self) -> str:
+        index = self.values.get("index")
+        suffix = f" (index {index})" if index is not None and not is_missing(index) else ""
+        return f"{self.source}: row {self.number}{suffix}"
+
+    def has(self, column: str) -> bool:
+        return column in self.values and not is_missing(self.values[column])
+
+    def first_present(self, *columns: str) -> str | None:
+        """Name of the first of ``columns`` this row has a value for."""
+        return next((c for c in columns if self.has(c)), None)
+
+    def get(self, *columns: str) -> Any:
+        """Value of the first present column among the aliases, or None."""
+        column = self.first_present(*columns)
+        return None if column is None else self.values[column]
+
+    def require(self, *columns: str) -> Any:
+        column = self.first_present(*columns)
+        if column is None:
+            names = " or ".join(repr(c) for c in columns)
+            raise ValueError(f"{self.where}: missing or empty column {names}")
+        return self.values[column]
+
+    def text(self, *columns: str) -> str:
+        return str(self.require(*columns))
+
+    def text_allow_empty(self, column: str) -> str:
+        """A text column that must exist but may be empty (e.g. HellaSwag's ctx_b)."""
+        if column not in self.values:
+            raise ValueError(f"{self.where}: missing column {column!r}")
+        return "" if is_missing(self.values[column]) else str(self.values[column])
+
+    def optional_text(self, *columns: str) -> str | None:
+        value = self.get(*columns)
+        return None if value is None else str(value)
+
+    def integer(self, *columns: str) -> int:
+        value = self.require(*columns)
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            raise ValueError(f"{self.where}: column {columns[0]!r} must be an integer, got {value!r}") from None
+        return number
+
+    def string_list(self, *columns: str) -> list[str]:
+        """A list-of-strings cell: a real list (parquet/JSON) or a Python-literal list string
+        (VLMEvalKit TSV). Parsed with ``ast.literal_eval``, never ``eval``."""
+        value = self.require(*columns)
+        if isinstance(value, str):
+            stripped = value.strip()
+            if not stripped.startswith("["):
+                return [value]
+            try:
+                value = ast.literal_eval(stripped)
+            except (ValueError, SyntaxError) as exc:
+                raise ValueError(f"{self.where}: column {columns[0]!r} is not a Python list literal: {exc}") from None
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, (str, int, float)) for v in value):
+            raise ValueError(f"{self.where}: column {columns[0]!r} must be a list of strings, got {value!r}")
+        return [str(v) for v in value]
+
+    def bad_value(self, column: str, problem: str) -> ValueError:
+        return ValueError(f"{self.where}: column {column!r} {problem}, got {self.values.get(column)!r}")
+
+
+def resolve_files(path: str | Path, patterns: Sequence[str], what: str) -> list[Path]:
+    """The data files ``path`` stands for.
+
+    A file is used as given. For a directory, ``patterns`` (globs relative to it) are tried
+    in order and the first one that matches wins, so a full hub snapshot that also holds
+    other configs or splits does not get mixed in.
+    """
+    path = Path(path)
+    if path.is_file():
+        if path.suffix.lower() not in TABLE_SUFFIXES:
+            raise ValueError(f"{path}: unsupported file type for {what}; expected one of {TABLE_SUFFIXES}")
+        return [path]
+    if not path.is_dir():
+        raise ValueError(f"{path}: no such file or directory (expected {what} data)")
+    for pattern in patterns:
+        found = sorted(p for p in path.glob(pattern) if p.is_file() and p.suffix.lower() in TABLE_SUFFIXES)
+        if found:
+            return found
+    raise ValueError(f"{path}: no {what} data file found; looked for {list(patterns)}")
+
+
+def read_rows(paths: Iterable[Path], csv_header: bool = True) -> list[Row]:
+    rows: list[Row] = []
+    for path in paths:
+        records = _read_records(path, csv_header)
+        rows.extend(Row(path, number, record) for number, record in enumerate(records))
+    return rows
+
+
+def _read_records(path: Path, csv_header: bool) -> list[dict[str, Any]]:
+    suffix = path.suffix.lower()
+    try:
+        if suffix in (".tsv", ".csv"):
+            # Everything as text, and only truly empty cells are missing: pandas' default NA
+            # list would turn an option reading "None" or "NA" into a missing option.
+            frame = pd.read_csv(
+                path,
+                sep="\t" if suffix == ".tsv" else ",",
+                dtype=str,
+                keep_default_na=False,
+                header=0 if csv_header else None,
+            )
+            if not csv_header:
+                frame.columns = [str(c) for c in frame.columns]
+            return frame.to_dict("records")
+        if suffix == ".parquet":
+            return pq.read_table(path).to_pylist()
+        if suffix == ".jsonl":
+            with path.open(encoding="utf-8") as handle:
+                return [json.loads(line) for line in handle if line.strip()]
+        if suffix == ".json":
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+                raise ValueError("a .json file must hold a list of objects")
+            return data
+    except ValueError as exc:
+        raise ValueError(f"{path}: cannot read file: {exc}") from exc
+    raise ValueError(f"{path}: unsupported file type; expected one of {TABLE_SUFFIXES}")
+
+
+def image_index(rows: Sequence[Row], column: str = "image") -> dict[str, Any]:
+    """index -> image cell, for VLMEvalKit TSVs where a repeated image is stored once and
+    other rows hold that row's index (a short string) instead of base64."""
+    return {str(r.values["index"]).strip(): r.values.get(column) for r in rows if r.has("index")}
+
+
+def encoded_image(row: Row, column: str = "image", by_index: Mapping[str, Any] | None = None) -> EncodedImage | None:
+    """The row's image, kept compressed; None when the cell is empty."""
+    cell = row.values.get(column)
+    if is_missing(cell):
+        return None
+    data = _image_bytes(row, column, cell, by_index or {})
+    try:
+        with Image.open(io.BytesIO(data)) as probe:  # reads the header only
+            probe.verify()
+    except Exception as exc:
+        raise ValueError(f"{row.where}: column {column!r} does not hold a decodable image ({exc})") from None
+    return EncodedImage(data, origin=f"{row.where}, column {column!r}")
+
+
+def _image_bytes(row: Row, column: str, cell: Any, by_index: Mapping[str, Any]) -> bytes:
+    if isinstance(cell, dict):
+        if cell.get("bytes"):
+            return bytes(cell["bytes"])
+        if cell.get("path"):
+            image_path = Path(cell["path"])
+            if not image_path.is_absolute():
+                image_path = row.source.parent / image_path
+            if image_path.is_file():
+                return image_path.read_bytes()
+        raise ValueError(f"{row.where}: column {column!r} has neither image bytes nor a readable path: {cell.get('path')!r}")
+    if isinstance(cell, (bytes, bytearray, memoryview)):
+        return bytes(cell)
+    if isinstance(cell, str):
+        text = cell.strip()
+        if len(text) <= 64:  # VLMEvalKit's rule: a short value is another row's index
+            target = by_index.get(text)
+            if not isinstance(target, str) or len(target.strip()) <= 64:
+                raise ValueError(f"{row.where}: column {column!r} holds {text!r}, which is neither base64 nor the index of a row with an image")
+            text = target.strip()
+        try:
+            return base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError(f"{row.where}: column {column!r} is not valid base64 ({exc})") from None
+    raise ValueError(f"{row.where}: column {column!r} has unsupported image value of type {type(cell).__name__}")
+
+
+def assign_item_ids(rows: Sequence[Row], id_columns: Sequence[str]) -> list[str]:
+    """Stable ids: the first of ``id_columns`` that every row has and that is unique across
+    all rows; otherwise "<file name>#<row>" (unique and stable for the same files)."""
+    for column in id_columns:
+        if rows and all(r.has(column) for r in rows):
+            ids = [str(r.values[column]).strip() for r in rows]
+            if len(set(ids)) == len(ids):
+                return ids
+    return [f"{r.source.name}#{r.number}" for r in rows]
