@@ -29,10 +29,18 @@ def _train(args) -> None:
     run_training(config)
 
 
+def _synth(args) -> None:
+    from llava_norm.synth import build_world
+
+    manifest = build_world(args.out_dir, seed=args.seed)
+    print(f"synthetic world in {args.out_dir}: {len(manifest['benchmarks'])} benchmarks, "
+          f"{manifest['corpora']['pretrain']['rows']} captions, {manifest['corpora']['instruct']['rows']} instructions")
+
+
 def _demo(args) -> None:
     from llava_norm.demo import run_demo
 
-    run_demo(args.out_dir)
+    run_demo()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,8 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=2e-5 train.max_steps=10")
     p.set_defaults(func=_train)
 
-    p = sub.add_parser("demo", help="the offline tiny pipeline")
-    p.add_argument("--out-dir", default="runs/demo")
+    p = sub.add_parser("synth", help="write the seeded synthetic world: images, corpora, mini benchmarks")
+    p.add_argument("out_dir")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_synth)
+
+    p = sub.add_parser("demo", help="the offline tiny pipeline (writes under runs/tiny)")
     p.set_defaults(func=_demo)
     return parser
 

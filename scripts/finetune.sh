@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# Stage 2 (full fine-tune). Usage: scripts/finetune.sh CONFIG [key=value ...]
+set -euo pipefail
+config=${1:?usage: scripts/finetune.sh CONFIG [key=value ...]}; shift
+exec "$(dirname "$0")/_launch.sh" train "$config" train.stage=2 "$@"

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Stage 1 (projector + norm layer). Usage: scripts/pretrain.sh CONFIG [key=value ...]
+# e.g. scripts/pretrain.sh configs/llama3.2-3b/ln_textnorm_gwc/stage1.yaml optim.lr=5e-4
+set -euo pipefail
+config=${1:?usage: scripts/pretrain.sh CONFIG [key=value ...]}; shift
+exec "$(dirname "$0")/_launch.sh" train "$config" train.stage=1 "$@"
