@@ -46,6 +46,8 @@ def _demo(args) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llava-norm", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="show library warnings and info logs")
+    # The `deepspeed` launcher passes --local_rank; the rank itself is read from the environment.
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("make-tiny", help="write tiny random SigLIP/CLIP/Llama/Qwen2 backbones (offline)")

@@ -1,0 +1,37 @@
+"""Single-process training: logging backends, activation checkpointing, checkpoint completeness."""
+
+import os
+
+from tinydata import write_dataset
+
+from llava_norm.config import load_config
+from llava_norm.train.run import resolve_resume, run_training
+from llava_norm.train.trainer import COMPLETE_MARKER, complete_checkpoints
+
+
+def test_logs_to_tensorboard_and_offline_wandb_with_checkpointing(tmp_path, tiny_dir, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    data, images = write_dataset(tmp_path / "data", n=8, text_only_every=3)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"""
+model: {{vision_tower: {tiny_dir}/clip, llm: {tiny_dir}/qwen2, norm_alignment: ln_default}}
+data: {{mixture: [{{path: {data}, image_folder: {images}}}], num_workers: 0, max_length: 256}}
+train: {{stage: 2, output_dir: {tmp_path}/out, max_steps: 2, per_device_batch_size: 2, grad_accum: 1,
+        gradient_checkpointing: true, report_to: [tensorboard, wandb], save_steps: 1}}
+""")
+    run_training(load_config(config))
+    assert list((tmp_path / "out").rglob("events.out.tfevents*"))
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
+    assert [p.name for p in complete_checkpoints(tmp_path / "out")] == ["checkpoint-1", "checkpoint-2"]
+
+
+def test_incomplete_checkpoint_is_never_resumed(tmp_path):
+    for step in (2, 4, 6):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    for step in (2, 4):
+        (tmp_path / f"checkpoint-{step}" / COMPLETE_MARKER).write_text(str(step))
+    # checkpoint-6 was being written when the run died: no marker.
+    assert resolve_resume("auto", str(tmp_path)) == os.path.join(tmp_path, "checkpoint-4")
+    assert resolve_resume("none", str(tmp_path)) is None
+    assert resolve_resume("auto", str(tmp_path / "fresh")) is None
