@@ -17,12 +17,11 @@ from typing import Any, ClassVar
 from llava_norm.evaluation.benchmarks.base import (
     Benchmark,
     LoglikelihoodItem,
-    check_limit,
     continuation_logprobs,
     mean,
     register_benchmark,
 )
-from llava_norm.evaluation.benchmarks.tabular import Row, assign_item_ids, read_rows, resolve_files
+from llava_norm.evaluation.benchmarks.tabular import Row, read_benchmark_rows
 
 FILE_PATTERNS = (
     "hellaswag_val.jsonl",
@@ -59,9 +58,7 @@ class HellaSwag(Benchmark):
     kind: ClassVar[str] = "loglikelihood"
 
     def load(self, path: str | Path, limit: int | None = None) -> list[LoglikelihoodItem]:
-        check_limit(limit)
-        rows = read_rows(resolve_files(path, FILE_PATTERNS, "HellaSwag validation"))[:limit]
-        ids = assign_item_ids(rows, ("ind", "index", "id"))
+        rows, ids = read_benchmark_rows(path, FILE_PATTERNS, "HellaSwag validation", ("ind", "index", "id"), limit)
         return [self._item(row, item_id) for row, item_id in zip(rows, ids)]
 
     def _item(self, row: Row, item_id: str) -> LoglikelihoodItem:

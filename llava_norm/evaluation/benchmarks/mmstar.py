@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 from llava_norm.evaluation.benchmarks.base import (
     Benchmark,
     GenerationItem,
-    check_limit,
     generated_replies,
     mean,
     register_benchmark,
@@ -30,11 +29,9 @@ from llava_norm.evaluation.benchmarks.mcq import (
 )
 from llava_norm.evaluation.benchmarks.tabular import (
     Row,
-    assign_item_ids,
     encoded_image,
     image_index,
-    read_rows,
-    resolve_files,
+    read_benchmark_rows,
 )
 
 # lmms-eval's post_prompt for MMStar: note there is no final period.
@@ -92,10 +89,8 @@ class MMStar(Benchmark):
             raise ValueError(f"mmstar: scoring must be one of {SCORING_VARIANTS}, got {self.scoring!r}")
 
     def load(self, path: str | Path, limit: int | None = None) -> list[GenerationItem]:
-        check_limit(limit)
-        rows = read_rows(resolve_files(path, FILE_PATTERNS, "MMStar"))[:limit]
+        rows, ids = read_benchmark_rows(path, FILE_PATTERNS, "MMStar", ("index",), limit)
         by_index = image_index(rows)
-        ids = assign_item_ids(rows, ("index",))
         return [self._item(row, item_id, by_index) for row, item_id in zip(rows, ids)]
 
     def _item(self, row: Row, item_id: str, by_index: Mapping[str, Any]) -> GenerationItem:

@@ -16,17 +16,14 @@ from typing import Any, ClassVar
 from llava_norm.evaluation.benchmarks.base import (
     Benchmark,
     GenerationItem,
-    check_limit,
     generated_replies,
     register_benchmark,
 )
 from llava_norm.evaluation.benchmarks.tabular import (
     Row,
-    assign_item_ids,
     encoded_image,
     image_index,
-    read_rows,
-    resolve_files,
+    read_benchmark_rows,
 )
 
 HMER = "Handwritten Mathematical Expression Recognition"
@@ -72,10 +69,8 @@ class OCRBench(Benchmark):
     max_new_tokens: ClassVar[int] = 128  # lmms-eval ocrbench
 
     def load(self, path: str | Path, limit: int | None = None) -> list[GenerationItem]:
-        check_limit(limit)
-        rows = read_rows(resolve_files(path, FILE_PATTERNS, "OCRBench"))[:limit]
+        rows, ids = read_benchmark_rows(path, FILE_PATTERNS, "OCRBench", ("index", "id"), limit)
         by_index = image_index(rows)
-        ids = assign_item_ids(rows, ("index", "id"))
         return [self._item(row, item_id, by_index) for row, item_id in zip(rows, ids)]
 
     def _item(self, row: Row, item_id: str, by_index: Mapping[str, Any]) -> GenerationItem:

@@ -16,7 +16,6 @@ from typing import Any, ClassVar
 from llava_norm.evaluation.benchmarks.base import (
     Benchmark,
     GenerationItem,
-    check_limit,
     generated_replies,
     mean,
     register_benchmark,
@@ -31,11 +30,9 @@ from llava_norm.evaluation.benchmarks.mcq import (
 )
 from llava_norm.evaluation.benchmarks.tabular import (
     Row,
-    assign_item_ids,
     encoded_image,
     image_index,
-    read_rows,
-    resolve_files,
+    read_benchmark_rows,
 )
 
 IMAGE_TYPES = ("chart", "map", "web")
@@ -54,10 +51,8 @@ class SEEDBench2Plus(Benchmark):
     max_new_tokens: ClassVar[int] = 16  # lmms-eval seedbench_2_plus
 
     def load(self, path: str | Path, limit: int | None = None) -> list[GenerationItem]:
-        check_limit(limit)
-        rows = read_rows(resolve_files(path, FILE_PATTERNS, "SEED-Bench-2-Plus"))[:limit]
+        rows, ids = read_benchmark_rows(path, FILE_PATTERNS, "SEED-Bench-2-Plus", ("question_id", "index"), limit)
         by_index = image_index(rows)
-        ids = assign_item_ids(rows, ("question_id", "index"))
         return [self._item(row, item_id, by_index) for row, item_id in zip(rows, ids)]
 
     def _item(self, row: Row, item_id: str, by_index: Mapping[str, Any]) -> GenerationItem:

@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 from PIL import Image
 
-from llava_norm.evaluation.benchmarks.base import EncodedImage
+from llava_norm.evaluation.benchmarks.base import EncodedImage, check_limit
 
 TABLE_SUFFIXES = (".tsv", ".csv", ".parquet", ".jsonl", ".json")
 
@@ -228,3 +228,11 @@ def assign_item_ids(rows: Sequence[Row], id_columns: Sequence[str]) -> list[str]
             if len(set(ids)) == len(ids):
                 return ids
     return [f"{r.source.name}#{r.number}" for r in rows]
+
+
+def read_benchmark_rows(path: str | Path, patterns: Sequence[str], label: str, id_columns: Sequence[str],
+                        limit: int | None = None) -> tuple[list[Row], list[str]]:
+    """The first ``limit`` rows of a benchmark's files, with their stable item ids."""
+    check_limit(limit)
+    rows = read_rows(resolve_files(path, patterns, label))[:limit]
+    return rows, assign_item_ids(rows, id_columns)
