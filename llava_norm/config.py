@@ -157,8 +157,9 @@ def _describe(error: OmegaConfBaseException) -> str:
 
 
 def validate(config: RunConfig, check_paths: bool = True) -> None:
+    tree = OmegaConf.structured(config)
     for dotted, allowed in CHOICES.items():
-        value = OmegaConf.select(OmegaConf.structured(config), dotted)
+        value = OmegaConf.select(tree, dotted)
         if value not in allowed:
             raise ConfigError(f"key '{dotted}': {value!r} is not one of {list(allowed)}")
     if config.train.stage not in (1, 2):
@@ -166,7 +167,7 @@ def validate(config: RunConfig, check_paths: bool = True) -> None:
     if not config.data.mixture:
         raise ConfigError("key 'data.mixture': list at least one data file")
     for i, source in enumerate(config.data.mixture):
-        _parse_take(source.take, f"data.mixture[{i}].take")
+        parse_take(source.take, f"data.mixture[{i}].take")
     if not check_paths:
         return
     for i, source in enumerate(config.data.mixture):
@@ -206,7 +207,7 @@ def _must_exist(path: str, key: str) -> None:
         raise ConfigError(f"key '{key}': path does not exist: {path}")
 
 
-def _parse_take(take: str, key: str) -> tuple[str, float]:
+def parse_take(take: str, key: str) -> tuple[str, float]:
     """'all' -> ('all', 0); 'first:N' -> ('count', N); 'first:P%' -> ('percent', P)."""
     if take == "all":
         return "all", 0
@@ -222,9 +223,6 @@ def _parse_take(take: str, key: str) -> tuple[str, float]:
         except ValueError:
             pass
     raise ConfigError(f"key '{key}': {take!r} is not 'all', 'first:N' or 'first:P%'")
-
-
-parse_take = _parse_take
 
 
 def to_yaml(config: RunConfig) -> str:

@@ -22,7 +22,7 @@ from transformers import (
     AutoTokenizer,
 )
 
-from llava_norm.model.modeling import LlavaNormConfig, LlavaNormForConditionalGeneration
+from llava_norm.model.modeling import LlavaNormConfig, LlavaNormForConditionalGeneration, blank_image
 from llava_norm.model.norm_align import get_arm, text_embedding_norm
 from llava_norm.model.projector import NormAlignedProjector
 
@@ -95,8 +95,7 @@ def load_vision_tower(vision: str, dtype: torch.dtype, trust_remote_code: bool =
 def tower_layout(tower) -> tuple[int, int]:
     """(tokens the tower emits per image, patch tokens per image), measured with one blank image."""
     cfg = tower.config
-    pixels = torch.zeros(1, cfg.num_channels, cfg.image_size, cfg.image_size, dtype=tower.dtype, device=tower.device)
-    emitted = tower(pixel_values=pixels).last_hidden_state.shape[1]
+    emitted = tower(pixel_values=blank_image(tower)).last_hidden_state.shape[1]
     return emitted, (cfg.image_size // cfg.patch_size) ** 2
 
 

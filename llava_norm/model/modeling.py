@@ -40,6 +40,12 @@ class LlavaNormConfig(LlavaConfig):
     projector_type: str = "mlp2x_gelu"
 
 
+def blank_image(tower) -> torch.Tensor:
+    """One all-zero image at the tower's resolution, dtype and device."""
+    cfg = tower.config
+    return torch.zeros(1, cfg.num_channels, cfg.image_size, cfg.image_size, dtype=tower.dtype, device=tower.device)
+
+
 def check_image_tokens(input_ids: torch.Tensor, image_token_id: int, n_images: int, tokens_per_image: int) -> None:
     """Raise a ValueError naming the batch row whose image-token count cannot match the features."""
     counts = (input_ids == image_token_id).sum(dim=-1).tolist()
@@ -90,10 +96,7 @@ class LlavaNormModel(LlavaNormPreTrainedModel, LlavaModel):
         return super().forward(input_ids=input_ids, pixel_values=pixel_values, **kwargs)
 
     def _zero_image_term(self) -> torch.Tensor:
-        cfg = self.config.vision_config
-        tower = self.vision_tower
-        blank = torch.zeros(1, cfg.num_channels, cfg.image_size, cfg.image_size, dtype=tower.dtype, device=tower.device)
-        features = self.get_image_features(pixel_values=blank).pooler_output[0]
+        features = self.get_image_features(pixel_values=blank_image(self.vision_tower)).pooler_output[0]
         return features.sum() * 0.0
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 
-import torch
 
 from llava_norm.config import OptimConfig
+from llava_norm.model.modeling import blank_image
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +34,11 @@ def unused_vision_parameters(model) -> set[str]:
     They are kept frozen: a trainable parameter with no gradient breaks DDP and wastes optimizer state.
     """
     tower = model.model.vision_tower
-    cfg = tower.config
-    pixels = torch.zeros(1, cfg.num_channels, cfg.image_size, cfg.image_size, dtype=tower.dtype, device=tower.device)
     saved = {n: p.requires_grad for n, p in tower.named_parameters()}
     for p in tower.parameters():
         p.requires_grad_(True)
         p.grad = None
-    features = model.model.get_image_features(pixel_values=pixels).pooler_output[0]
+    features = model.model.get_image_features(pixel_values=blank_image(tower)).pooler_output[0]
     model.model.multi_modal_projector.zero_grad(set_to_none=True)
     features.float().sum().backward()
     unused = {f"model.vision_tower.{n}" for n, p in tower.named_parameters() if p.grad is None}
