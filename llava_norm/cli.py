@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 
 def _make_tiny(args) -> None:
@@ -43,6 +44,58 @@ def _demo(args) -> None:
     run_demo()
 
 
+def _key_values(pairs: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            sys.exit(f"{flag} {pair!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def _eval(args) -> None:
+    import yaml
+
+    from llava_norm.evaluation.runner import (EvalConfig, default_run_name, resolve_benchmarks,
+                                              run_evaluation, training_prompt_settings)
+
+    options: dict[str, dict] = {}
+    for key, value in _key_values(args.option, "--option").items():
+        bench, sep, name = key.partition(".")
+        if not sep:
+            sys.exit(f"--option {key}={value}: expected BENCHMARK.OPTION=VALUE, e.g. mmlu.num_fewshot=5")
+        options.setdefault(bench, {})[name] = yaml.safe_load(value)
+    try:
+        requests = resolve_benchmarks(args.benchmarks.split(","), args.data_root,
+                                      _key_values(args.data, "--data"), options)
+    except (ValueError, FileNotFoundError) as error:
+        sys.exit(f"eval: {error}")
+    prompt = training_prompt_settings(args.checkpoint)
+    if args.prompt_format:
+        prompt.prompt_format = args.prompt_format
+    if args.system_prompt is not None:
+        prompt.system_prompt = args.system_prompt or None
+    out = args.out or str(Path(args.checkpoint).resolve().parent / "eval")
+    summary = run_evaluation(EvalConfig(
+        checkpoint=args.checkpoint, out_dir=out, benchmarks=requests,
+        run_name=args.name or default_run_name(args.checkpoint), prompt=prompt, batch_size=args.batch_size,
+        limit=args.limit, dtype=args.dtype, overwrite=args.overwrite, trust_remote_code=args.trust_remote_code))
+    if summary is not None:
+        print(f"results in {out}: " + ", ".join(summary["benchmarks"]))
+
+
+def _table(args) -> None:
+    from llava_norm.evaluation.table import write_table
+
+    try:
+        md, csv_path = write_table(args.eval_dirs, args.out, baseline=args.baseline)
+    except (ValueError, FileNotFoundError) as error:
+        sys.exit(f"table: {error}")
+    print(md.read_text())
+    print(f"written: {md} and {csv_path}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llava-norm", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="show library warnings and info logs")
@@ -64,6 +117,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out_dir")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_synth)
+
+    p = sub.add_parser("eval", help="evaluate a checkpoint on benchmarks (data-parallel under torchrun, resumable)")
+    p.add_argument("checkpoint", help="a saved model directory (e.g. runs/x/stage2/model)")
+    p.add_argument("--benchmarks", default="all", help="comma-separated names, or 'all'")
+    p.add_argument("--data-root", help="directory holding one sub-directory per benchmark (see eval/README.md)")
+    p.add_argument("--data", action="append", default=[], metavar="NAME=PATH", help="data path of one benchmark")
+    p.add_argument("--option", action="append", default=[], metavar="NAME.KEY=VALUE",
+                   help="benchmark option, e.g. mmlu.num_fewshot=5, ai2d.variant=no_mask, pope.split=adversarial")
+    p.add_argument("--out", help="output directory (default: <checkpoint>/../eval)")
+    p.add_argument("--name", help="run name in the results table (default: the run's arm)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--limit", type=int, default=None, help="first N items per benchmark (smoke runs)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--prompt-format", choices=["chat", "plain"], help="default: the training config's")
+    p.add_argument("--system-prompt", default=None, help="default: the training config's ('' for none)")
+    p.add_argument("--overwrite", action="store_true", help="recompute instead of resuming")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.set_defaults(func=_eval)
+
+    p = sub.add_parser("table", help="results table (Markdown + CSV) from eval output directories")
+    p.add_argument("eval_dirs", nargs="+")
+    p.add_argument("--baseline", help="run name the deltas are against (default: the first)")
+    p.add_argument("--out", default="results/table", help="output prefix: writes PREFIX.md and PREFIX.csv")
+    p.set_defaults(func=_table)
 
     p = sub.add_parser("demo", help="the offline tiny pipeline (writes under runs/tiny)")
     p.set_defaults(func=_demo)

@@ -1,0 +1,108 @@
+"""Per-sample prediction files: append-as-you-go JSONL that survives a kill at any moment.
+
+Owns the on-disk layout ``<run>/predictions/<benchmark>/rank<r>.jsonl`` plus ``settings.json``,
+and the three operations a resumable, data-parallel evaluation needs:
+
+- ``repair``: a process killed mid-write leaves a torn last line; it is cut off before the
+  owning rank appends again (otherwise the next record would be glued onto it);
+- ``read_all``: every rank's file, merged by ``item_id`` (the first record wins, a later
+  duplicate is counted, never scored twice); a torn line without its newline is ignored;
+- ``append``: one JSON object per line, flushed and fsynced per batch, so what was computed
+  before a kill is never computed again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class SettingsMismatchError(RuntimeError):
+    pass
+
+
+@dataclass
+class Merged:
+    predictions: dict[str, Any] = field(default_factory=dict)
+    duplicates: int = 0
+
+
+class PredictionStore:
+    def __init__(self, root: str | Path, benchmark: str):
+        self.dir = Path(root) / "predictions" / benchmark
+        self.benchmark = benchmark
+
+    def rank_file(self, rank: int) -> Path:
+        return self.dir / f"rank{rank}.jsonl"
+
+    def files(self) -> list[Path]:
+        return sorted(self.dir.glob("rank*.jsonl"))
+
+    def clear(self) -> None:
+        for path in self.files():
+            path.unlink()
+
+    def verify_settings(self, settings: dict) -> None:
+        """Refuse to mix predictions made under different settings (another checkpoint,
+        prompt or split) into one result."""
+        path = self.dir / "settings.json"
+        if not path.exists():
+            return
+        old = json.loads(path.read_text())
+        changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+        if changed:
+            key = changed[0]
+            raise SettingsMismatchError(
+                f"{path}: existing predictions were made with {key}={old.get(key)!r}, this run has "
+                f"{key}={settings.get(key)!r} (differing keys: {changed}). Pass --overwrite to recompute "
+                f"{self.benchmark}, or write to another --out directory.")
+
+    def write_settings(self, settings: dict) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / "settings.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(settings, indent=2, sort_keys=True))
+        os.replace(tmp, path)
+
+    def repair(self, rank: int) -> None:
+        """Cut a torn final line (no newline) left by a killed writer."""
+        path = self.rank_file(rank)
+        if not path.exists():
+            return
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with open(path, "r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
+
+    def read_all(self) -> Merged:
+        merged = Merged()
+        for path in self.files():
+            with open(path, encoding="utf-8") as f:
+                for number, line in enumerate(f, 1):
+                    if not line.endswith("\n"):
+                        break  # torn tail of a killed writer: not a finished record
+                    try:
+                        record = json.loads(line)
+                        item_id = record["item_id"]
+                        prediction = record["prediction"]
+                    except (json.JSONDecodeError, KeyError, TypeError) as error:
+                        raise ValueError(f"{path}:{number}: not a prediction record ({error}); "
+                                         "delete the file or pass --overwrite") from None
+                    if item_id in merged.predictions:
+                        merged.duplicates += 1
+                    else:
+                        merged.predictions[item_id] = prediction
+        return merged
+
+    def append(self, rank: int, records: list[dict]) -> None:
+        if not records:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        with open(self.rank_file(rank), "a", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())

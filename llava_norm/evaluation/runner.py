@@ -1,0 +1,267 @@
+"""``llava-norm eval``: one checkpoint on a list of benchmarks, data-parallel and resumable.
+
+Owns the evaluation run: which prompt settings apply (read from the training run's
+``config.yaml`` beside the checkpoint unless given), how items are split over ranks (the
+not-yet-predicted items, round-robin, identical on every rank), when predictions hit disk
+(per batch, via ``PredictionStore``), and the outputs of rank 0:
+
+- ``<out>/<benchmark>.json``: metrics plus the exact settings (checkpoint, data, prompt
+  variant, shots, split, decoding);
+- ``<out>/summary.json``: the run name and every benchmark's result, what ``table`` reads.
+
+A benchmark whose JSON already exists with the same settings is not recomputed; one with
+predictions on disk continues from them, so a killed evaluation loses at most one batch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from llava_norm.evaluation.benchmarks import BENCHMARKS, GenerationItem, get_benchmark
+from llava_norm.evaluation.distributed import Ranks
+from llava_norm.evaluation.predictions import PredictionStore
+
+# Sub-directory of --data-root per benchmark. `llava-norm synth` writes its mini benchmarks
+# under exactly these names, and eval/README.md tells users to lay real data out the same way.
+DATA_DIRS = {
+    "mmbench_en_dev": "mmbench", "mmstar": "mmstar", "ocrbench": "ocrbench",
+    "seedbench2_plus": "seedbench_2_plus", "scienceqa_img": "scienceqa", "ai2d": "ai2d",
+    "pope": "pope", "hellaswag": "hellaswag", "mmlu": "mmlu",
+}
+
+
+@dataclass
+class BenchmarkRequest:
+    name: str
+    path: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PromptSettings:
+    prompt_format: str = "chat"
+    template_kwargs: dict[str, str] = field(default_factory=dict)
+    system_prompt: str | None = None
+    image_aspect: str = "resize"
+
+
+@dataclass
+class EvalConfig:
+    checkpoint: str
+    out_dir: str
+    benchmarks: list[BenchmarkRequest]
+    run_name: str
+    prompt: PromptSettings
+    batch_size: int = 8
+    limit: int | None = None
+    dtype: str = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    overwrite: bool = False
+    trust_remote_code: bool = False
+
+
+def resolve_benchmarks(names: list[str], data_root: str | None, paths: dict[str, str],
+                       options: dict[str, dict[str, Any]]) -> list[BenchmarkRequest]:
+    """Benchmark names (or ``all``) -> requests with a data path and options each."""
+    if names in (["all"], []):
+        names = list(BENCHMARKS)
+    unknown = [n for n in [*names, *paths, *options] if n not in BENCHMARKS]
+    if unknown:
+        raise ValueError(f"unknown benchmark(s) {unknown}; valid names: {', '.join(BENCHMARKS)}")
+    requests = []
+    for name in names:
+        if name in paths:
+            path = paths[name]
+        elif data_root:
+            path = str(Path(data_root) / DATA_DIRS[name])
+        else:
+            raise ValueError(f"{name}: no data path; pass --data-root DIR (expects DIR/{DATA_DIRS[name]}) "
+                             f"or --data {name}=PATH")
+        if not Path(path).exists():
+            raise FileNotFoundError(f"{name}: data path does not exist: {path} (see eval/README.md for where to get it)")
+        get_benchmark(name, **options.get(name, {}))  # fail on a bad option before loading any model
+        requests.append(BenchmarkRequest(name, path, dict(options.get(name, {}))))
+    return requests
+
+
+def training_prompt_settings(checkpoint: str | Path) -> PromptSettings:
+    """The prompt settings the model was trained with: ``data.*`` of the run's config.yaml
+    (beside ``model/`` or a ``checkpoint-N/``), else the chat-template defaults."""
+    for candidate in (Path(checkpoint) / "config.yaml", Path(checkpoint).parent / "config.yaml"):
+        if candidate.is_file():
+            data = OmegaConf.load(candidate).get("data", {})
+            return PromptSettings(
+                prompt_format=data.get("prompt_format", "chat"),
+                template_kwargs=dict(data.get("template_kwargs", {}) or {}),
+                system_prompt=data.get("system_prompt"),
+                image_aspect=data.get("image_aspect", "resize"),
+            )
+    return PromptSettings()
+
+
+def default_run_name(checkpoint: str | Path) -> str:
+    """The training run's ``train.run_name``, else its arm (``model.norm_alignment``), else the
+    directory name: the table's rows are named after what differs between runs."""
+    for candidate in (Path(checkpoint) / "config.yaml", Path(checkpoint).parent / "config.yaml"):
+        if candidate.is_file():
+            tree = OmegaConf.load(candidate)
+            name = OmegaConf.select(tree, "train.run_name") or OmegaConf.select(tree, "model.norm_alignment")
+            if name:
+                return str(name)
+    return Path(checkpoint).resolve().name
+
+
+def checkpoint_fingerprint(checkpoint: str | Path) -> str:
+    """Names, sizes and mtimes of the weight files: retraining into the same directory changes
+    it, so stale predictions are never mixed with a new model's."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(checkpoint).glob("*.safetensors")):
+        stat = path.stat()
+        digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+    return digest.hexdigest()[:16]
+
+
+def _settings(config: EvalConfig, request: BenchmarkRequest, bench) -> dict[str, Any]:
+    """Everything that can change a prediction; batch size and world size cannot."""
+    return {
+        "checkpoint": str(Path(config.checkpoint).resolve()),
+        "checkpoint_fingerprint": checkpoint_fingerprint(config.checkpoint),
+        "data_path": str(Path(request.path).resolve()),
+        "limit": config.limit,
+        "benchmark": bench.settings(),
+        "prompt": asdict(config.prompt),
+        "dtype": config.dtype,
+        "decoding": "greedy",
+    }
+
+
+def _model_dtype(name: str) -> str:
+    if name == "auto":
+        return "bfloat16" if torch.cuda.is_available() else "float32"
+    return name
+
+
+def _predict_batch(predictor, bench_kind: str, batch: list) -> list[dict]:
+    from llava_norm.inference import Prompt
+
+    if bench_kind == "generate":
+        by_budget: dict[int, list[GenerationItem]] = {}
+        for item in batch:
+            by_budget.setdefault(item.max_new_tokens, []).append(item)
+        records = []
+        for budget, group in by_budget.items():
+            replies = predictor.generate([Prompt(i.prompt, i.image, predictor.system_prompt) for i in group],
+                                         max_new_tokens=budget, batch_size=len(group))
+            records += [{"item_id": i.item_id, "prediction": r} for i, r in zip(group, replies)]
+        return records
+    pairs = [(item.context, c) for item in batch for c in item.continuations]
+    scores = predictor.loglikelihood(pairs, batch_size=len(pairs))
+    records, at = [], 0
+    for item in batch:
+        records.append({"item_id": item.item_id, "prediction": scores[at:at + len(item.continuations)]})
+        at += len(item.continuations)
+    return records
+
+
+def _evaluate_one(config: EvalConfig, request: BenchmarkRequest, predictor, ranks: Ranks) -> dict | None:
+    bench = get_benchmark(request.name, **request.options)
+    out = Path(config.out_dir)
+    result_path = out / f"{request.name}.json"
+    settings = _settings(config, request, bench)
+    if result_path.exists() and not config.overwrite:
+        previous = json.loads(result_path.read_text())
+        if previous.get("settings") == settings:
+            return previous
+    items = bench.load(request.path, config.limit)
+    ids = [item.item_id for item in items]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{request.name}: {request.path} has duplicate item ids; predictions could not be matched")
+
+    store = PredictionStore(out, request.name)
+    if config.overwrite:
+        if ranks.is_main:
+            store.clear()
+    else:
+        store.verify_settings(settings)
+    ranks.barrier()
+    if ranks.is_main:
+        store.write_settings(settings)
+    store.repair(ranks.rank)
+    ranks.barrier()  # every torn line is cut before anyone reads: all ranks see the same done set
+    done = store.read_all().predictions
+    ranks.barrier()
+    todo = [item for item in items if item.item_id not in done]
+    mine = todo[ranks.rank::ranks.world_size]
+    step = config.batch_size if bench.kind == "generate" else max(1, config.batch_size // 4)
+    bar = tqdm(total=len(todo), desc=request.name, unit="item", initial=0, disable=not ranks.is_main,
+               dynamic_ncols=True)
+    bar.set_postfix_str(f"{len(done)} resumed" if done else "")
+    for start in range(0, len(mine), step):
+        batch = mine[start:start + step]
+        store.append(ranks.rank, _predict_batch(predictor, bench.kind, batch))
+        bar.update(min(len(batch) * ranks.world_size, len(todo) - bar.n))
+    bar.close()
+    ranks.barrier()
+    if not ranks.is_main:
+        return None
+    merged = store.read_all()
+    metrics = bench.score(items, merged.predictions)
+    result = {
+        "benchmark": request.name, "run_name": config.run_name, "metrics": metrics, "settings": settings,
+        "num_items": len(items), "duplicate_records_ignored": merged.duplicates,
+        "predictions": [str(p) for p in store.files()],
+        "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    _write_json(result_path, result)
+    return result
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False))
+    os.replace(tmp, path)
+
+
+def collect_results(out_dir: str | Path) -> dict[str, dict]:
+    """Every finished benchmark JSON in an output directory (from this or earlier invocations)."""
+    results = {}
+    for path in sorted(Path(out_dir).glob("*.json")):
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and data.get("benchmark") in BENCHMARKS and "metrics" in data:
+            results[data["benchmark"]] = {"metrics": data["metrics"], "settings": data["settings"]}
+    return {name: results[name] for name in BENCHMARKS if name in results}
+
+
+def run_evaluation(config: EvalConfig) -> dict | None:
+    """Evaluate; returns the summary on rank 0 (None on other ranks)."""
+    from llava_norm.inference import Predictor
+    from llava_norm.model.builder import load_bundle
+
+    ranks = Ranks.setup()
+    try:
+        Path(config.out_dir).mkdir(parents=True, exist_ok=True)
+        bundle = load_bundle(config.checkpoint, dtype=_model_dtype(config.dtype),
+                             trust_remote_code=config.trust_remote_code)
+        bundle.model.to(ranks.device)
+        predictor = Predictor(bundle, config.prompt.prompt_format, config.prompt.template_kwargs,
+                              config.prompt.image_aspect, device=ranks.device)
+        predictor.system_prompt = config.prompt.system_prompt
+        for request in config.benchmarks:
+            _evaluate_one(config, request, predictor, ranks)
+        if not ranks.is_main:
+            return None
+        summary = {"run_name": config.run_name, "checkpoint": str(Path(config.checkpoint).resolve()),
+                   "benchmarks": collect_results(config.out_dir)}
+        _write_json(Path(config.out_dir) / "summary.json", summary)
+        return summary
+    finally:
+        ranks.close()

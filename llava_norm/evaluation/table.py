@@ -1,0 +1,176 @@
+"""The results table (Table 4 layout): one row per run, one named column per benchmark.
+
+Owns which metric heads each benchmark's column (documented in the legend written under the
+table, since e.g. POPE has several candidates) and the deltas against the baseline run.
+Reads the ``<benchmark>.json`` files ``llava-norm eval`` writes; writes Markdown and CSV.
+All values are percentages.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from llava_norm.evaluation.benchmarks import BENCHMARKS
+
+
+@dataclass(frozen=True)
+class Headline:
+    column: str
+    metric: str  # dotted path into the metrics dict
+    legend: str
+
+    def label(self, settings: dict) -> str:
+        bench = settings.get("benchmark", {})
+        if "num_fewshot" in bench:
+            return f"{self.column} {bench['num_fewshot']}-shot"
+        if bench.get("variant") not in (None, "mask"):
+            return f"{self.column} ({bench['variant']})"
+        return self.column
+
+    def value(self, metrics: dict) -> float:
+        node = metrics
+        for key in self.metric.split("."):
+            node = node[key]
+        return 100.0 * float(node)
+
+
+HEADLINES: dict[str, Headline] = {
+    "mmbench_en_dev": Headline("MMBench-EN", "circular_accuracy", "CircularEval accuracy, dev split"),
+    "mmstar": Headline("MMStar", "average_macro_l2", "average over categories (macro over L2 categories)"),
+    "ocrbench": Headline("OCRBench", "accuracy", "share of items right (= final score / 10 on the full 1,000)"),
+    "seedbench2_plus": Headline("SEED-Bench-2-Plus", "all", "accuracy over chart, map and web"),
+    "scienceqa_img": Headline("ScienceQA-IMG", "accuracy", "accuracy"),
+    "ai2d": Headline("AI2D", "accuracy", "accuracy (masked variant unless named)"),
+    "pope": Headline("POPE", "mean_over_splits.f1", "F1 ('yes' positive), mean of adversarial/popular/random"),
+    "hellaswag": Headline("HellaSwag", "acc_norm", "acc_norm (log-likelihood / characters)"),
+    "mmlu": Headline("MMLU", "acc", "micro-averaged accuracy"),
+}
+assert set(HEADLINES) == set(BENCHMARKS), "every registered benchmark needs a table column"
+
+
+# Settings that must agree across runs for their numbers to share a column.
+COMPARABLE = ("benchmark", "data_path", "limit")
+
+
+@dataclass
+class Table:
+    runs: list[str]
+    columns: list[str]  # benchmark names, in registry order, present in every run
+    labels: dict[str, str]
+    values: dict[str, dict[str, float]]  # run -> benchmark -> percent
+    baseline: str
+    average: bool = True
+
+    def row_average(self, run: str) -> float:
+        return sum(self.values[run][c] for c in self.columns) / len(self.columns)
+
+    def delta(self, run: str, column: str) -> float:
+        return self.values[run][column] - self.values[self.baseline][column]
+
+
+def read_run(run_dir: str | Path) -> tuple[str, dict[str, dict]]:
+    """(run name, {benchmark: result json}) from an ``llava-norm eval`` output directory."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"evaluation directory not found: {run_dir}")
+    summary = run_dir / "summary.json"
+    name = json.loads(summary.read_text())["run_name"] if summary.exists() else run_dir.name
+    results = {}
+    for path in sorted(run_dir.glob("*.json")):
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and data.get("benchmark") in HEADLINES and "metrics" in data:
+            results[data["benchmark"]] = data
+    if not results:
+        raise ValueError(f"{run_dir}: no benchmark result files (<benchmark>.json); run `llava-norm eval` first")
+    return name, results
+
+
+def build_table(run_dirs: list[str | Path], baseline: str | None = None) -> Table:
+    runs: dict[str, dict[str, dict]] = {}
+    for run_dir in run_dirs:
+        name, results = read_run(run_dir)
+        if name in runs:
+            raise ValueError(f"two evaluation directories have run name {name!r}; give them distinct --name")
+        runs[name] = results
+    names = list(runs)
+    baseline = baseline or names[0]
+    if baseline not in runs:
+        raise ValueError(f"baseline run {baseline!r} not among {names}")
+    # Order: baseline first, the rest as given.
+    names = [baseline] + [n for n in names if n != baseline]
+    columns = [b for b in BENCHMARKS if all(b in runs[n] for n in names)]
+    labels = {}
+    for column in columns:
+        for key in COMPARABLE:
+            found = {json.dumps(runs[n][column]["settings"].get(key), sort_keys=True) for n in names}
+            if len(found) > 1:
+                raise ValueError(f"{column}: runs {names} were evaluated with different '{key}' "
+                                 f"({' vs '.join(sorted(found))}); a column must compare like with like")
+        labels[column] = HEADLINES[column].label(runs[names[0]][column]["settings"])
+    values = {n: {c: HEADLINES[c].value(runs[n][c]["metrics"]) for c in columns} for n in names}
+    return Table(names, columns, labels, values, baseline)
+
+
+def _signed(x: float) -> str:
+    return f"{x:+.2f}"
+
+
+def to_markdown(table: Table, extra_rows: dict[str, dict[str, float]] | None = None) -> str:
+    """Markdown with deltas in parentheses, as in the paper's Table 4; ``extra_rows`` (e.g.
+    chance levels) are appended without deltas and without an average."""
+    header = ["run"] + [table.labels[c] for c in table.columns] + (["Average"] if table.average else [])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for run in table.runs:
+        cells = [run]
+        for column in table.columns:
+            value = f"{table.values[run][column]:.2f}"
+            cells.append(value if run == table.baseline else f"{value} ({_signed(table.delta(run, column))})")
+        if table.average:
+            avg = table.row_average(run)
+            base = table.row_average(table.baseline)
+            cells.append(f"{avg:.2f}" if run == table.baseline else f"{avg:.2f} ({_signed(avg - base)})")
+        lines.append("| " + " | ".join(cells) + " |")
+    for name, row in (extra_rows or {}).items():
+        cells = [name] + [f"{row[c]:.2f}" if c in row else "" for c in table.columns]
+        lines.append("| " + " | ".join(cells + ([""] if table.average else [])) + " |")
+    legend = [f"- **{table.labels[c]}**: {HEADLINES[c].legend}." for c in table.columns]
+    return "\n".join(lines + ["", f"Percentages; deltas in parentheses are against `{table.baseline}`.", *legend]) + "\n"
+
+
+def to_csv(table: Table) -> str:
+    """Named columns: ``<benchmark>`` and ``<benchmark>_delta`` per benchmark, then the average."""
+    buffer = io.StringIO()
+    fields = ["run", "is_baseline"]
+    for column in table.columns:
+        fields += [column, f"{column}_delta"]
+    if table.average:
+        fields += ["average", "average_delta"]
+    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for run in table.runs:
+        row: dict[str, object] = {"run": run, "is_baseline": run == table.baseline}
+        for column in table.columns:
+            row[column] = round(table.values[run][column], 4)
+            row[f"{column}_delta"] = round(table.delta(run, column), 4)
+        if table.average:
+            row["average"] = round(table.row_average(run), 4)
+            row["average_delta"] = round(table.row_average(run) - table.row_average(table.baseline), 4)
+        writer.writerow(row)
+    return buffer.getvalue()
+
+
+def write_table(run_dirs: list[str | Path], out_prefix: str | Path, baseline: str | None = None,
+                extra_rows: dict[str, dict[str, float]] | None = None) -> tuple[Path, Path]:
+    """Write ``<out_prefix>.md`` and ``<out_prefix>.csv``; returns their paths."""
+    table = build_table(run_dirs, baseline)
+    out_prefix = Path(out_prefix)
+    out_prefix.parent.mkdir(parents=True, exist_ok=True)
+    md, csv_path = out_prefix.with_suffix(".md"), out_prefix.with_suffix(".csv")
+    md.write_text(to_markdown(table, extra_rows))
+    csv_path.write_text(to_csv(table))
+    return md, csv_path
+
