@@ -5,12 +5,14 @@ TORCH   ?= torch==2.13.0
 
 .PHONY: install test demo clean
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt requirements-plugin-test.txt pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: a looser pin pulls gigabytes of CUDA wheels.
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -r requirements.txt
+	# lmms-eval's interface only, for the plugin test (its full dependency set conflicts with ours).
+	$(PY) -m pip install -q --no-deps -r requirements-plugin-test.txt
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 

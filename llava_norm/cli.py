@@ -80,7 +80,8 @@ def _eval(args) -> None:
     summary = run_evaluation(EvalConfig(
         checkpoint=args.checkpoint, out_dir=out, benchmarks=requests,
         run_name=args.name or default_run_name(args.checkpoint), prompt=prompt, batch_size=args.batch_size,
-        limit=args.limit, dtype=args.dtype, overwrite=args.overwrite, trust_remote_code=args.trust_remote_code))
+        limit=args.limit, dtype=args.dtype, max_new_tokens_cap=args.max_new_tokens_cap, overwrite=args.overwrite,
+        trust_remote_code=args.trust_remote_code))
     if summary is not None:
         print(f"results in {out}: " + ", ".join(summary["benchmarks"]))
 
@@ -129,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="run name in the results table (default: the run's arm)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--limit", type=int, default=None, help="first N items per benchmark (smoke runs)")
+    p.add_argument("--max-new-tokens-cap", type=int, default=None,
+                   help="cap every task's max_new_tokens (smoke runs; recorded in the results)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--prompt-format", choices=["chat", "plain"], help="default: the training config's")
     p.add_argument("--system-prompt", default=None, help="default: the training config's ('' for none)")

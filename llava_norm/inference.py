@@ -76,12 +76,16 @@ class Predictor:
                 replies.append(row[:cut])
         return replies
 
-    @torch.no_grad()
     def loglikelihood(self, pairs: list[tuple[str, str]], batch_size: int = 8) -> list[float]:
         """Summed log p(continuation | context) with the LLM on raw text (BOS first if the LLM has one)."""
+        return [score for score, _ in self.loglikelihood_details(pairs, batch_size)]
+
+    @torch.no_grad()
+    def loglikelihood_details(self, pairs: list[tuple[str, str]], batch_size: int = 8) -> list[tuple[float, bool]]:
+        """(summed log-probability, whether greedy decoding would produce exactly the continuation)."""
         tokenizer = self.bundle.tokenizer
         bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-        scores: list[float] = []
+        results: list[tuple[float, bool]] = []
         for start in range(0, len(pairs), batch_size):
             examples = []
             for context, continuation in pairs[start:start + batch_size]:
@@ -95,5 +99,7 @@ class Predictor:
             targets = labels[:, 1:]
             mask = targets != -100
             picked = logprobs.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-            scores.extend((picked * mask).sum(dim=-1).tolist())
-        return scores
+            greedy = (logprobs.argmax(-1) == targets) | ~mask
+            for score, is_greedy in zip((picked * mask).sum(dim=-1).tolist(), greedy.all(dim=-1).tolist()):
+                results.append((score, bool(is_greedy)))
+        return results

@@ -65,6 +65,9 @@ class EvalConfig:
     batch_size: int = 8
     limit: int | None = None
     dtype: str = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    # Caps each task's max_new_tokens (smoke runs of untrained models); None keeps the
+    # community budgets. Recorded in the settings, so capped results never pass as real ones.
+    max_new_tokens_cap: int | None = None
     overwrite: bool = False
     trust_remote_code: bool = False
 
@@ -141,6 +144,7 @@ def _settings(config: EvalConfig, request: BenchmarkRequest, bench) -> dict[str,
         "prompt": asdict(config.prompt),
         "dtype": config.dtype,
         "decoding": "greedy",
+        "max_new_tokens_cap": config.max_new_tokens_cap,
     }
 
 
@@ -150,13 +154,14 @@ def _model_dtype(name: str) -> str:
     return name
 
 
-def _predict_batch(predictor, bench_kind: str, batch: list) -> list[dict]:
+def _predict_batch(predictor, bench_kind: str, batch: list, cap: int | None) -> list[dict]:
     from llava_norm.inference import Prompt
 
     if bench_kind == "generate":
         by_budget: dict[int, list[GenerationItem]] = {}
         for item in batch:
-            by_budget.setdefault(item.max_new_tokens, []).append(item)
+            budget = item.max_new_tokens if cap is None else min(cap, item.max_new_tokens)
+            by_budget.setdefault(budget, []).append(item)
         records = []
         for budget, group in by_budget.items():
             replies = predictor.generate([Prompt(i.prompt, i.image, predictor.system_prompt) for i in group],
@@ -207,7 +212,7 @@ def _evaluate_one(config: EvalConfig, request: BenchmarkRequest, predictor, rank
     bar.set_postfix_str(f"{len(done)} resumed" if done else "")
     for start in range(0, len(mine), step):
         batch = mine[start:start + step]
-        store.append(ranks.rank, _predict_batch(predictor, bench.kind, batch))
+        store.append(ranks.rank, _predict_batch(predictor, bench.kind, batch, config.max_new_tokens_cap))
         bar.update(min(len(batch) * ranks.world_size, len(todo) - bar.n))
     bar.close()
     ranks.barrier()

@@ -1,0 +1,169 @@
+"""The evaluation runner end to end: all nine benchmarks on a tiny model, data-parallel merge,
+kill-and-resume without double counting, the per-benchmark JSONs and the results table."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from llava_norm.evaluation.predictions import PredictionStore, SettingsMismatchError
+from llava_norm.evaluation.table import build_table, to_csv, to_markdown, write_table
+from llava_norm.model.builder import ModelSpec, build_model
+from llava_norm.synth import build_world
+
+from launch import REPO, env, free_port
+
+NINE = ["mmbench_en_dev", "mmstar", "ocrbench", "seedbench2_plus", "scienceqa_img", "ai2d", "pope",
+        "hellaswag", "mmlu"]
+
+
+# ------------------------------------------------------------------ prediction files
+def test_torn_line_is_cut_and_duplicates_are_counted_once(tmp_path):
+    store = PredictionStore(tmp_path, "pope")
+    store.append(0, [{"item_id": "a", "prediction": "yes"}, {"item_id": "b", "prediction": "no"}])
+    with open(store.rank_file(0), "a") as f:
+        f.write('{"item_id": "c", "predic')  # a writer killed mid-line
+    assert set(store.read_all().predictions) == {"a", "b"}
+    store.repair(0)
+    store.append(0, [{"item_id": "c", "prediction": "yes"}])
+    store.append(1, [{"item_id": "a", "prediction": "no"}])  # a stray duplicate from another rank file
+    merged = store.read_all()
+    assert merged.predictions == {"a": "yes", "b": "no", "c": "yes"}
+    assert merged.duplicates == 1
+
+
+def test_predictions_from_other_settings_are_refused(tmp_path):
+    store = PredictionStore(tmp_path, "mmlu")
+    store.write_settings({"checkpoint": "/a", "limit": None})
+    store.verify_settings({"checkpoint": "/a", "limit": None})
+    with pytest.raises(SettingsMismatchError, match="checkpoint"):
+        store.verify_settings({"checkpoint": "/b", "limit": None})
+
+
+# ------------------------------------------------------------------ table
+def _result(tmp, run, bench, metrics, limit=None, variant=None):
+    d = tmp / run
+    d.mkdir(exist_ok=True)
+    settings = {"benchmark": {"benchmark": bench, **({"variant": variant} if variant else {})},
+                "data_path": "/d", "limit": limit}
+    (d / f"{bench}.json").write_text(json.dumps({"benchmark": bench, "metrics": metrics, "settings": settings}))
+    (d / "summary.json").write_text(json.dumps({"run_name": run}))
+    return d
+
+
+def test_table_has_named_columns_and_deltas_against_the_baseline(tmp_path):
+    base = _result(tmp_path, "none", "pope", {"mean_over_splits": {"f1": 0.80}})
+    _result(tmp_path, "none", "ai2d", {"accuracy": 0.50}, variant="no_mask")
+    gwc = _result(tmp_path, "gwc", "pope", {"mean_over_splits": {"f1": 0.85}})
+    _result(tmp_path, "gwc", "ai2d", {"accuracy": 0.45}, variant="no_mask")
+    table = build_table([gwc, base], baseline="none")
+    assert table.runs == ["none", "gwc"]
+    md = to_markdown(table)
+    assert "| run | AI2D (no_mask) | POPE | Average |" in md
+    assert "| gwc | 45.00 (-5.00) | 85.00 (+5.00) | 65.00 (+0.00) |" in md
+    rows = [line.split(",") for line in to_csv(table).splitlines()]
+    assert rows[0] == ["run", "is_baseline", "ai2d", "ai2d_delta", "pope", "pope_delta", "average", "average_delta"]
+    assert rows[2] == ["gwc", "False", "45.0", "-5.0", "85.0", "5.0", "65.0", "0.0"]
+
+
+def test_table_refuses_runs_with_different_settings(tmp_path):
+    a = _result(tmp_path, "a", "pope", {"mean_over_splits": {"f1": 0.8}}, limit=10)
+    b = _result(tmp_path, "b", "pope", {"mean_over_splits": {"f1": 0.8}}, limit=20)
+    with pytest.raises(ValueError, match="'limit'"):
+        build_table([a, b])
+
+
+# ------------------------------------------------------------------ end to end
+@pytest.fixture(scope="module")
+def setup(tiny_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("evalrun")
+    build_world(root / "world", seed=3, n_pretrain=20, n_instruct=20, n_text=40, n_bench=6,
+                bench_sizes={"pope": 3, "mmbench": 3})
+    bundle = build_model(ModelSpec(f"{tiny_dir}/siglip", f"{tiny_dir}/llama", norm_alignment="ln_textnorm_gwc"))
+    bundle.save(root / "ckpt")
+    return root
+
+
+def _eval_command(setup, out, nproc, batch_size=4, extra=()):
+    args = ["-m", "llava_norm.cli", "eval", str(setup / "ckpt"), "--data-root", str(setup / "world/benchmarks"),
+            "--out", str(out), "--name", out.name, "--max-new-tokens-cap", "12", "--batch-size", str(batch_size),
+            *extra]
+    if nproc == 1:
+        return [sys.executable, *args]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+            f"--master_port={free_port()}", *args]
+
+
+def _run(cmd):
+    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def _records(out):
+    ids = []
+    for path in sorted(out.glob("predictions/*/rank*.jsonl")):
+        ids += [(path.parent.name, json.loads(line)["item_id"]) for line in path.read_text().splitlines()]
+    return ids
+
+
+def _metrics(out):
+    return {b: json.loads((out / f"{b}.json").read_text())["metrics"] for b in NINE}
+
+
+@pytest.fixture(scope="module")
+def whole(setup):
+    out = setup / "whole"
+    _run(_eval_command(setup, out, nproc=2))  # data-parallel, merged by rank 0
+    return out
+
+
+def test_killed_evaluation_resumes_to_the_same_metrics_without_double_counting(setup, whole):
+    assert len({p.name for p in whole.glob("predictions/pope/rank*.jsonl")}) == 2
+
+    cut = setup / "cut"
+    proc = subprocess.Popen(_eval_command(setup, cut, nproc=1, batch_size=1), cwd=REPO, env=env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 200
+    while len(_records(cut)) < 25 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (cut / "summary.json").exists(), "the run finished before it could be killed"
+    before = len(_records(cut))
+    assert before >= 25
+
+    _run(_eval_command(setup, cut, nproc=2))  # resumed with another world size
+    ids = _records(cut)
+    assert len(ids) == len(set(ids)), "a sample was predicted twice"
+    assert len(ids) == len(_records(whole))
+    assert _metrics(cut) == _metrics(whole)
+    for bench in NINE:
+        result = json.loads((cut / f"{bench}.json").read_text())
+        assert result["duplicate_records_ignored"] == 0
+        assert result["settings"]["max_new_tokens_cap"] == 12
+        assert result["settings"]["benchmark"]["benchmark"] == bench
+
+    md, csv_path = write_table([whole, cut], setup / "table", baseline="whole")
+    header = csv_path.read_text().splitlines()[0].split(",")
+    assert header[:4] == ["run", "is_baseline", "mmbench_en_dev", "mmbench_en_dev_delta"]
+    assert all(b in header for b in NINE)
+    assert "| cut |" in md.read_text()
+
+
+def test_finished_benchmarks_are_not_recomputed_and_changed_settings_are_refused(setup, whole):
+    result = json.loads((whole / "pope.json").read_text())
+    stamp = (whole / "pope.json").stat().st_mtime_ns
+    _run(_eval_command(setup, whole, nproc=1, extra=["--benchmarks", "pope"]))
+    assert (whole / "pope.json").stat().st_mtime_ns == stamp
+    (whole / "pope.json").unlink()  # results lost, predictions kept: rescored from disk, nothing rerun
+    records = _records(whole)
+    _run(_eval_command(setup, whole, nproc=1, extra=["--benchmarks", "pope"]))
+    assert _records(whole) == records
+    assert json.loads((whole / "pope.json").read_text())["metrics"] == result["metrics"]
+    bad = subprocess.run(_eval_command(setup, whole, nproc=1, extra=["--benchmarks", "pope", "--limit", "2"]),
+                         cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "limit" in bad.stderr and "--overwrite" in bad.stderr

@@ -1,0 +1,47 @@
+"""The lmms-eval plugin, resolved through lmms-eval's own registry from our entry point.
+
+lmms-eval's interface modules are installed without their heavy dependencies
+(requirements-plugin-test.txt), so this runs lmms-eval's real ``get_model`` and base class.
+"""
+
+import pytest
+from PIL import Image
+
+from llava_norm.inference import Predictor, Prompt
+from llava_norm.model.builder import ModelSpec, build_model, load_bundle
+
+lmms_models = pytest.importorskip("lmms_eval.models", reason="install requirements-plugin-test.txt (make install does)")
+from lmms_eval.api.instance import Instance  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("plugin") / "ckpt"
+    build_model(ModelSpec(f"{tiny_dir}/siglip", f"{tiny_dir}/qwen2", norm_alignment="ln_textnorm_gwc")).save(out)
+    return out
+
+
+def _instance(kind, args, doc_id):
+    return Instance(request_type=kind, arguments=args, idx=0,
+                    metadata={"task": "t", "doc_id": doc_id, "repeats": 1})
+
+
+def test_lmms_eval_resolves_and_runs_the_llava_norm_model(checkpoint):
+    cls = lmms_models.get_model("llava_norm")
+    model = cls.create_from_arg_string(f"pretrained={checkpoint}", {"batch_size": 2, "device": "cpu"})
+    docs = [{"image": Image.new("RGB", (64, 64), colour), "q": f"What colour is it? ({colour})"}
+            for colour in ("red", "blue", "green")]
+    model.task_dict = {"t": {"test": docs}}
+    requests = [_instance("generate_until", (d["q"], {"max_new_tokens": 6, "until": ["\n\n"]},
+                                             lambda doc: [doc["image"]], i, "t", "test"), i)
+                for i, d in enumerate(docs)]
+    replies = model.generate_until(requests)
+
+    reference = Predictor(load_bundle(checkpoint))
+    expected = reference.generate([Prompt(d["q"], d["image"]) for d in docs], max_new_tokens=6)
+    assert replies == [r.split("\n\n")[0] for r in expected]
+
+    ll = model.loglikelihood([_instance("loglikelihood", ("The sky is", " blue", lambda doc: [], 0, "t", "test"), 0)])
+    (score, greedy), = ll
+    assert score == pytest.approx(reference.loglikelihood([("The sky is", " blue")])[0], abs=1e-5)
+    assert isinstance(greedy, bool)
