@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -97,6 +98,20 @@ def _table(args) -> None:
     print(f"written: {md} and {csv_path}")
 
 
+def _pipeline(args) -> None:
+    from llava_norm.pipeline import PipelineConfig, plan, run_steps
+
+    config = PipelineConfig(arms=args.arms, runs_dir=args.runs, data_root=args.data_root, benchmarks=args.benchmarks,
+                            stage1_overrides=args.stage1, stage2_overrides=args.stage2, eval_args=args.eval_arg,
+                            table=args.table, stream=args.stream)
+    try:
+        steps = plan(config)
+        for name, status, seconds in run_steps(steps):
+            print(f"{name:40s} {status:7s} {seconds:7.1f} s")
+    except (RuntimeError, FileNotFoundError, ValueError) as error:
+        sys.exit(f"pipeline: {error}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llava-norm", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="show library warnings and info logs")
@@ -144,6 +159,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", help="run name the deltas are against (default: the first)")
     p.add_argument("--out", default="results/table", help="output prefix: writes PREFIX.md and PREFIX.csv")
     p.set_defaults(func=_table)
+
+    p = sub.add_parser("pipeline", help="stage 1 -> stage 2 -> eval -> table for arm config dirs (skips finished steps)")
+    p.add_argument("arms", nargs="+", help="config dirs with stage1.yaml + stage2.yaml; the first is the baseline")
+    p.add_argument("--runs", default="runs/pipeline", help="runs go to RUNS/<arm>/{stage1,stage2,eval}")
+    p.add_argument("--data-root", default=os.environ.get("EVAL_DATA", "data/eval"), help="benchmark data root")
+    p.add_argument("--benchmarks", default="all")
+    p.add_argument("--stage1", action="append", default=[], metavar="KEY=VALUE", help="override for every stage 1")
+    p.add_argument("--stage2", action="append", default=[], metavar="KEY=VALUE", help="override for every stage 2")
+    p.add_argument("--eval-arg", action="append", default=[], help="extra argument for llava-norm eval")
+    p.add_argument("--table", help="results prefix (default RUNS/results): writes .md and .csv")
+    p.add_argument("--stream", action="store_true", help="show training/eval output instead of logging to files")
+    p.set_defaults(func=_pipeline)
 
     p = sub.add_parser("demo", help="the offline tiny pipeline (writes under runs/tiny)")
     p.set_defaults(func=_demo)
