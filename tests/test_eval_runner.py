@@ -167,3 +167,30 @@ def test_finished_benchmarks_are_not_recomputed_and_changed_settings_are_refused
     bad = subprocess.run(_eval_command(setup, whole, nproc=1, extra=["--benchmarks", "pope", "--limit", "2"]),
                          cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "limit" in bad.stderr and "--overwrite" in bad.stderr
+
+
+def test_loglikelihood_flags_exactly_the_greedy_continuation(tiny_dir):
+    import torch
+
+    from llava_norm.inference import Predictor
+
+    bundle = build_model(ModelSpec(f"{tiny_dir}/siglip", f"{tiny_dir}/llama"))
+    predictor, tok = Predictor(bundle), bundle.tokenizer
+    def next_token_logits(text):
+        ids = [tok.bos_token_id] + tok.encode(text, add_special_tokens=False)
+        with torch.no_grad():
+            return bundle.model(input_ids=torch.tensor([ids])).logits[0, -1]
+
+    def round_trips(t):
+        return tok.encode(tok.decode([t]), add_special_tokens=False) == [t]
+
+    # A context whose greedy next token survives decode -> encode, so it can be a text continuation.
+    context, logits = next((c, lg) for c in ["a red circle", "the square", "blue", "one two", "shapes are", "a", "the"]
+                           for lg in [next_token_logits(c)] if round_trips(int(lg.argmax())))
+    ranked = [t for t in logits.argsort(descending=True).tolist() if round_trips(t)]
+    best, other = tok.decode([ranked[0]]), tok.decode([ranked[1]])
+    (s_best, g_best), (s_other, g_other) = predictor.loglikelihood_details([(context, best), (context, other)])
+    assert g_best and not g_other
+    expected = torch.log_softmax(logits, -1)
+    assert s_best == pytest.approx(expected[ranked[0]].item(), abs=1e-4)
+    assert s_other == pytest.approx(expected[ranked[1]].item(), abs=1e-4)
