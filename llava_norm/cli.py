@@ -37,6 +37,12 @@ def _synth(args) -> None:
           f"{manifest['corpora']['pretrain']['rows']} captions, {manifest['corpora']['instruct']['rows']} instructions")
 
 
+def _merge_lora(args) -> None:
+    from llava_norm.model.builder import merge_lora_dir
+
+    print(f"merged model in {merge_lora_dir(args.in_dir, args.out_dir, args.dtype)}")
+
+
 def _demo(args) -> None:
     from llava_norm.demo import run_demo
 
@@ -64,6 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out_dir")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_synth)
+
+    p = sub.add_parser("merge-lora", help="fold a LoRA run's adapter into a plain model dir (safetensors)")
+    p.add_argument("in_dir", help="a LoRA run's model/ dir (or its output_dir)")
+    p.add_argument("out_dir")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="dtype to merge in and save (default float32)")
+    p.set_defaults(func=_merge_lora)
 
     p = sub.add_parser("demo", help="the offline tiny pipeline (writes under runs/tiny)")
     p.set_defaults(func=_demo)
