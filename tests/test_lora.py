@@ -108,8 +108,12 @@ def test_killed_lora_run_resumes_with_identical_losses(lora_run, tmp_path):
     config, _, summary = lora_run
     overrides = [f"train.output_dir={tmp_path / 'killed'}", *COMMON]
     kill_after_checkpoint(config, overrides, step=4)
+    # A run that restarted from scratch would give the same losses; it would also rewrite checkpoint-2.
+    written = tmp_path / "killed" / "checkpoint-2" / "trainer_state.json"
+    before = written.stat().st_mtime_ns
     resumed = step_losses(run_train(config, overrides))
     assert resumed == step_losses(summary)  # exact, per step, fp32 on CPU
+    assert written.stat().st_mtime_ns == before, "the run did not resume from its checkpoint"
 
 
 def test_zero3_with_vision_lora_saves_and_loads(lora_run, tmp_path, tiny_dir):
@@ -131,7 +135,10 @@ def test_targets_and_trainable_sets(tiny_dir):
     model = _build(tiny_dir)
     llm = lora_targets(model)
     assert llm and all(n.startswith("model.language_model.") for n in llm)  # not lm_head, not the projector
-    assert lora_targets(model, lm_head=True) == llm + ["lm_head"]
+    with pytest.raises(ConfigError, match="key 'lora.lm_head'"):
+        lora_targets(model, lm_head=True)  # the tiny Llama ties lm_head to its embeddings
+    qwen = build_model(ModelSpec(f"{tiny_dir}/siglip", f"{tiny_dir}/qwen2")).model  # untied
+    assert lora_targets(qwen, lm_head=True)[-1] == "lm_head"
     with pytest.raises(ConfigError, match="key 'lora.target_modules': 'qkv'"):
         lora_targets(model, ["qkv"])
     unused = unused_vision_parameters(model)

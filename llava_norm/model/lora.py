@@ -71,6 +71,11 @@ def lora_targets(model, target_modules: list[str] | None = None, lm_head: bool =
                                   f"(its linear layers end in {leaves})")
             chosen += [n for n in hits if n not in chosen]
     if lm_head:
+        if model.config.tie_word_embeddings:
+            # The adapted lm_head's base weight would be the input embeddings under a new name,
+            # which transformers refuses to save (and merging would silently change the inputs too).
+            raise ConfigError("key 'lora.lm_head': this LLM ties lm_head to its input embeddings "
+                              "(tie_word_embeddings); adapting it is not supported")
         chosen.append("lm_head")
     if vision:
         chosen += [n for n in _linear_names(model, VISION_PREFIX) if f"{n}.weight" not in vision_unused]
