@@ -39,6 +39,12 @@ def _synth(args) -> None:
           f"{manifest['corpora']['pretrain']['rows']} captions, {manifest['corpora']['instruct']['rows']} instructions")
 
 
+def _merge_lora(args) -> None:
+    from llava_norm.model.builder import merge_lora_dir
+
+    print(f"merged model in {merge_lora_dir(args.in_dir, args.out_dir, args.dtype)}")
+
+
 def _demo(args) -> None:
     from llava_norm.demo import run_demo
 
@@ -171,6 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--table", help="results prefix (default RUNS/results): writes .md and .csv")
     p.add_argument("--stream", action="store_true", help="show training/eval output instead of logging to files")
     p.set_defaults(func=_pipeline)
+    p = sub.add_parser("merge-lora", help="fold a LoRA run's adapter into a plain model dir (safetensors)")
+    p.add_argument("in_dir", help="a LoRA run's model/ dir (or its output_dir)")
+    p.add_argument("out_dir")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="dtype to merge in and save (default float32)")
+    p.set_defaults(func=_merge_lora)
 
     p = sub.add_parser("demo", help="the offline tiny pipeline (writes under runs/tiny)")
     p.set_defaults(func=_demo)

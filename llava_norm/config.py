@@ -66,6 +66,9 @@ class OptimConfig:
     max_grad_norm: float = 1.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
+    # LoRA adapters (LLM and, if adapted, vision tower). LLaVA-1.5 uses 2e-4; users have found
+    # >1e-4 unstable in some setups, so lower it first if the loss spikes.
+    lr_lora: float = 2e-4
 
 
 @dataclass
@@ -93,11 +96,27 @@ class TrainConfig:
 
 
 @dataclass
+class LoraSettings:
+    """Stage 2 with LoRA adapters on the LLM (peft); projector and norm layer stay fully trainable."""
+
+    enabled: bool = False
+    rank: int = 128  # LLaVA-1.5's LoRA recipe: r 128, alpha 256
+    alpha: float = 256.0
+    dropout: float = 0.05
+    # Module-name suffixes inside the LLM (peft semantics, e.g. [q_proj, v_proj]); null: every linear layer.
+    target_modules: Optional[list[str]] = None
+    lm_head: bool = False  # also adapt the output projection
+    # frozen | full | lora; null: full if train.train_vision_tower else frozen.
+    vision_tower: Optional[str] = None
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    lora: LoraSettings = field(default_factory=LoraSettings)
 
 
 CHOICES = {
@@ -168,6 +187,8 @@ def validate(config: RunConfig, check_paths: bool = True) -> None:
         raise ConfigError("key 'data.mixture': list at least one data file")
     for i, source in enumerate(config.data.mixture):
         parse_take(source.take, f"data.mixture[{i}].take")
+    if config.lora.enabled:
+        _validate_lora(config)
     if not check_paths:
         return
     for i, source in enumerate(config.data.mixture):
@@ -182,6 +203,37 @@ def validate(config: RunConfig, check_paths: bool = True) -> None:
         _must_exist(config.model.pretrained_projector, "model.pretrained_projector")
     if config.train.deepspeed:
         _must_exist(config.train.deepspeed, "train.deepspeed")
+
+
+LORA_VISION_MODES = ("frozen", "full", "lora")
+
+
+def _validate_lora(config: RunConfig) -> None:
+    lora = config.lora
+    if config.train.stage != 2:
+        raise ConfigError(f"key 'lora.enabled': LoRA applies to stage 2 only, but train.stage is {config.train.stage}")
+    if lora.rank < 1:
+        raise ConfigError(f"key 'lora.rank': must be a positive integer, got {lora.rank}")
+    if lora.alpha <= 0:
+        raise ConfigError(f"key 'lora.alpha': must be positive, got {lora.alpha}")
+    if not 0 <= lora.dropout < 1:
+        raise ConfigError(f"key 'lora.dropout': must be in [0, 1), got {lora.dropout}")
+    if lora.target_modules is not None and not lora.target_modules:
+        raise ConfigError("key 'lora.target_modules': empty list; use null for every linear layer of the LLM")
+    if lora.vision_tower is not None and lora.vision_tower not in LORA_VISION_MODES:
+        raise ConfigError(f"key 'lora.vision_tower': {lora.vision_tower!r} is not one of {list(LORA_VISION_MODES)}")
+    if lora.vision_tower in ("full", "lora") and not config.train.train_vision_tower:
+        raise ConfigError(f"key 'lora.vision_tower': {lora.vision_tower!r} trains the vision tower, "
+                          "but train.train_vision_tower is false")
+    if config.optim.lr_lora <= 0:
+        raise ConfigError(f"key 'optim.lr_lora': must be positive, got {config.optim.lr_lora}")
+
+
+def lora_vision_mode(config: RunConfig) -> str:
+    """frozen | full | lora: ``lora.vision_tower``, or what ``train.train_vision_tower`` implies."""
+    if config.lora.vision_tower is not None:
+        return config.lora.vision_tower
+    return "full" if config.train.train_vision_tower else "frozen"
 
 
 def effective_grad_accum(train: TrainConfig, world_size: int) -> int:

@@ -2,9 +2,11 @@
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,3 +38,17 @@ def run_train(config: Path, overrides: list[str], nproc: int = 2, timeout: int =
 
 def step_losses(summary: dict) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in summary["log_history"] if "loss" in e}
+
+
+def kill_after_checkpoint(config: Path, overrides: list[str], step: int, timeout: int = 240) -> None:
+    """Start a 2-process run, SIGKILL its whole process group once checkpoint-<step> is complete."""
+    out = Path(next(o.split("=", 1)[1] for o in overrides if o.startswith("train.output_dir=")))
+    proc = subprocess.Popen(torchrun_command(config, overrides), cwd=REPO, env=env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + timeout
+    while not (out / f"checkpoint-{step}" / "checkpoint_complete").exists():
+        assert proc.poll() is None and time.time() < deadline, f"run ended before its checkpoint-{step}"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "train_summary.json").exists(), "the run finished before it was killed"

@@ -22,6 +22,7 @@ from transformers import (
     AutoTokenizer,
 )
 
+from llava_norm.model.lora import is_lora_dir, merge_lora
 from llava_norm.model.modeling import LlavaNormConfig, LlavaNormForConditionalGeneration, blank_image
 from llava_norm.model.norm_align import get_arm, text_embedding_norm
 from llava_norm.model.projector import NormAlignedProjector
@@ -160,15 +161,35 @@ def build_model(spec: ModelSpec) -> Bundle:
 
 
 def load_bundle(path: str | Path, dtype: str = "float32", attn_implementation: str = "sdpa",
-                trust_remote_code: bool = False) -> Bundle:
-    """Load a saved LlavaNorm directory through the Auto classes (no remote code needed)."""
+                trust_remote_code: bool = False, merge_lora_adapter: bool = True) -> Bundle:
+    """Load a saved LlavaNorm directory through the Auto classes (no remote code needed).
+
+    A LoRA run's ``model/`` dir (``adapter_config.json`` beside ``config.json``, see
+    ``llava_norm.model.lora``) loads with its adapter, merged unless ``merge_lora_adapter`` is False.
+    """
+    # transformers applies an adapter that sits next to config.json by itself (unmerged).
     model = AutoModelForImageTextToText.from_pretrained(
         path, dtype=torch_dtype(dtype), attn_implementation=attn_implementation,
         trust_remote_code=trust_remote_code,
     )
     if not isinstance(model, LlavaNormForConditionalGeneration):
         raise ValueError(f"{path} holds a {type(model).__name__}, not a llava_norm checkpoint")
+    if is_lora_dir(path) and merge_lora_adapter:
+        merge_lora(model)
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     tokenizer.padding_side = "right"
     image_processor = AutoImageProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
     return Bundle(model=model, tokenizer=tokenizer, image_processor=image_processor)
+
+
+def merge_lora_dir(in_dir: str | Path, out_dir: str | Path, dtype: str = "float32") -> Path:
+    """Write a LoRA run's model dir (or its run dir) as one merged model in the normal save format."""
+    in_dir = Path(in_dir)
+    if not is_lora_dir(in_dir) and is_lora_dir(in_dir / "model"):
+        in_dir = in_dir / "model"
+    if not is_lora_dir(in_dir):
+        raise FileNotFoundError(f"{in_dir}: no adapter_config.json; not a LoRA model dir (nor a run dir with one)")
+    if Path(out_dir).resolve() == in_dir.resolve():
+        raise ValueError(f"{out_dir}: write the merged model to a new directory, not over the LoRA dir")
+    load_bundle(in_dir, dtype=dtype).save(out_dir)
+    return Path(out_dir)

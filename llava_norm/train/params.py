@@ -1,23 +1,27 @@
 """What trains in each stage, and at which learning rate.
 
-Owns ``freeze_backbones(model, stage)`` (logged per module, as prismatic-vlms does) and the
-optimizer's parameter groups: LLM, vision tower, projector, norm layer, each with its own
-learning rate, so the YAML's ``optim.lr*`` keys are exactly what the optimizer carries.
+Owns ``freeze_backbones(model, stage)`` (logged per module, as prismatic-vlms does), its LoRA
+counterpart ``freeze_for_lora`` and the optimizer's parameter groups: LLM, vision tower,
+projector, norm layer and LoRA adapters, each with its own learning rate, so the YAML's
+``optim.lr*`` keys are exactly what the optimizer carries.
 """
 
 from __future__ import annotations
 
 import logging
 
-
-from llava_norm.config import OptimConfig
+from llava_norm.config import LoraSettings, OptimConfig
+from llava_norm.model.lora import apply_lora, is_lora_parameter, lora_targets
 from llava_norm.model.modeling import blank_image
 
 log = logging.getLogger(__name__)
 
 
 def module_of(name: str) -> str:
-    """Which of the four learning-rate groups a parameter name belongs to."""
+    """Which of the learning-rate groups a parameter name belongs to (adapters first: they sit inside
+    the LLM's and vision tower's modules, while their frozen ``base_layer`` weights keep their module's group)."""
+    if is_lora_parameter(name):
+        return "lora"
     if ".vision_tower." in f".{name}":
         return "vision_tower"
     if ".multi_modal_projector.norm." in f".{name}":
@@ -62,19 +66,34 @@ def freeze_backbones(model, stage: int, train_vision_tower: bool = True) -> dict
     return trainable
 
 
-def learning_rates(optim: OptimConfig) -> dict[str, float]:
+def freeze_for_lora(model, lora: LoraSettings, vision_tower: str) -> dict[str, bool]:
+    """Stage 2 with LoRA: inject adapters, then train them, the projector and the norm layer; the
+    LLM's own weights stay frozen; the vision tower is ``frozen``, ``full`` or ``lora``."""
+    unused = unused_vision_parameters(model) if vision_tower != "frozen" else set()  # before injection renames
+    targets = lora_targets(model, lora.target_modules, lora.lm_head, vision_tower == "lora", unused)
+    apply_lora(model, targets, lora.rank, lora.alpha, lora.dropout)
+    trainable = {"projector": True, "norm": True, "lora": True, "llm": False, "vision_tower": vision_tower == "full"}
+    for name, param in model.named_parameters():
+        param.requires_grad_(trainable[module_of(name)] and name not in unused)
+    for group, on in trainable.items():
+        log.info("stage 2 (LoRA, vision tower %s): %-12s %s", vision_tower, group, "TRAINABLE" if on else "frozen")
+    return trainable
+
+
+def learning_rates(optim: OptimConfig, lora: bool = False) -> dict[str, float]:
     projector = optim.lr_projector if optim.lr_projector is not None else optim.lr
-    return {
+    rates = {
         "llm": optim.lr,
         "vision_tower": optim.lr_vision_tower,
         "projector": projector,
         "norm": optim.lr_norm if optim.lr_norm is not None else projector,
     }
+    return {**rates, "lora": optim.lr_lora} if lora else rates
 
 
 def parameter_groups(model, optim: OptimConfig) -> list[dict]:
     """One optimizer group per module (and per decay/no-decay), each named for logging."""
-    rates = learning_rates(optim)
+    rates = learning_rates(optim, lora=True)  # only groups with trainable parameters are created
     groups: dict[tuple[str, bool], list] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad:

@@ -2,7 +2,8 @@
 
 Owns the order of operations and the run directory layout:
 ``output_dir/checkpoint-N/`` (resumable: model, optimizer, scheduler, RNG, step),
-``output_dir/model/`` (final model + tokenizer + image processor, safetensors),
+``output_dir/model/`` (final model + tokenizer + image processor, safetensors; with LoRA the
+base model plus ``adapter_*`` files, layout in ``llava_norm.model.lora``),
 ``output_dir/projector.safetensors`` (projector and norm layer, what stage 2 starts from),
 ``output_dir/config.yaml`` and ``output_dir/train_summary.json``.
 """
@@ -18,12 +19,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import TrainingArguments, set_seed
 
-from llava_norm.config import RunConfig, effective_grad_accum, to_yaml
+from llava_norm.config import RunConfig, effective_grad_accum, lora_vision_mode, to_yaml
 from llava_norm.data.collate import collate
 from llava_norm.data.conversation import conversation_tokenizer
 from llava_norm.data.dataset import SupervisedDataset
 from llava_norm.model.builder import Bundle, ModelSpec, build_model
-from llava_norm.train.params import freeze_backbones
+from llava_norm.model.lora import split_saved_model
+from llava_norm.train.params import freeze_backbones, freeze_for_lora
 from llava_norm.train.trainer import LlavaNormTrainer, complete_checkpoints
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,8 @@ def save_final(trainer: LlavaNormTrainer, bundle: Bundle, config: RunConfig) -> 
     model_dir = out / "model"
     trainer.save_model(str(model_dir))  # gathers ZeRO-3 shards into safetensors
     if trainer.args.should_save:
+        if config.lora.enabled:
+            split_saved_model(model_dir, bundle.model)
         bundle.tokenizer.save_pretrained(model_dir)
         bundle.image_processor.save_pretrained(model_dir)
         state = load_file(str(model_dir / "model.safetensors"))
@@ -103,7 +107,10 @@ def run_training(config: RunConfig) -> Path:
     ))
     if m.pretrained_projector:
         load_projector(bundle.model, m.pretrained_projector)
-    freeze_backbones(bundle.model, t.stage, t.train_vision_tower)
+    if config.lora.enabled:
+        freeze_for_lora(bundle.model, config.lora, lora_vision_mode(config))
+    else:
+        freeze_backbones(bundle.model, t.stage, t.train_vision_tower)
     encoder = conversation_tokenizer(bundle, config.data.prompt_format, dict(config.data.template_kwargs))
     dataset = SupervisedDataset(config.data.mixture, encoder, bundle.image_processor, config.data.max_length,
                                 config.data.image_aspect, config.data.on_bad_sample)
