@@ -177,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--table", help="results prefix (default RUNS/results): writes .md and .csv")
     p.add_argument("--stream", action="store_true", help="show training/eval output instead of logging to files")
     p.set_defaults(func=_pipeline)
+
     p = sub.add_parser("merge-lora", help="fold a LoRA run's adapter into a plain model dir (safetensors)")
     p.add_argument("in_dir", help="a LoRA run's model/ dir (or its output_dir)")
     p.add_argument("out_dir")
