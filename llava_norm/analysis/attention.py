@@ -32,7 +32,8 @@ def _find(sequence: list[int], part: list[int]) -> int:
     for start in range(len(sequence) - len(part) + 1):
         if sequence[start:start + len(part)] == part:
             return start
-    raise ValueError("the user turn's tokens were not found in the encoded prompt")
+    raise ValueError("the user turn's tokens were not found in the encoded prompt (the 'plain' format drops "
+                     "the user's text; attention maps need prompt_format 'chat')")
 
 
 def phrase_positions(bundle, encoder, prompt_text: str, phrase: str, input_ids: list[int]) -> list[int]:

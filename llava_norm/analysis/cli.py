@@ -110,7 +110,8 @@ def _attention(args) -> None:
 def _report(args) -> None:
     from llava_norm.analysis.report import write_report
 
-    print(f"wrote {write_report(args.folders, args.out, args.title)}")
+    out = args.out or f"{args.folders[0]}/REPORT.md"
+    print(f"wrote {write_report(args.folders, out, args.title)}")
 
 
 def _done(result: dict, out) -> None:
@@ -187,6 +188,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("report", help="one Markdown page from the analyses' JSON and PNG files")
     p.add_argument("folders", nargs="*", default=[DEFAULT_OUT], help="folders holding analysis JSON files")
-    p.add_argument("--out", default=f"{DEFAULT_OUT}/REPORT.md")
+    p.add_argument("--out", default=None, help="the Markdown file (default: FOLDER/REPORT.md of the first folder)")
     p.add_argument("--title", default="llava-norm diagnostics")
     p.set_defaults(func=_report)

@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 STAGES = (("vision_output", "vision output"), ("projector_output", "after projector"),
           ("norm_output", "after norm layer"), ("text_tokens", "text tokens"))
@@ -60,6 +61,8 @@ def _curves_axes(title_suffix: str = ""):
     cos_ax.set_xlabel("layer l (cosine between h_l and h_l+1)")
     cos_ax.set_ylabel("mean cosine similarity")
     cos_ax.set_title("update rate (higher = slower)" + title_suffix)
+    for ax in (norm_ax, cos_ax):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return fig, norm_ax, cos_ax
 
 
@@ -86,6 +89,7 @@ def dynamics_figure(curves: list[dict]):
                 ax.plot(c[group]["cosine"], color=colour, label=c["label"])
         ax.set_title(f"{group} tokens: cos(h_l, h_l+1) over training")
         ax.set_xlabel("layer l")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     img_ax.set_ylabel("mean cosine similarity")
     txt_ax.legend(fontsize=7)
     fig.tight_layout()

@@ -85,7 +85,7 @@ def _gradients(r: dict) -> list[str]:
 
 
 def _attention(r: dict) -> list[str]:
-    rows = [[m["label"], " ".join(m["query_tokens"]), m["attention_mass_on_image"]] for m in r["maps"]]
+    rows = [[m["label"], " ".join(f"`{t}`" for t in m["query_tokens"]), m["attention_mass_on_image"]] for m in r["maps"]]
     return [f"Prompt: {r['prompt']!r}; phrase {r['phrase']!r}; image `{r['image']}`.", ""] + _table(
         ["model", "query tokens", "attention mass on image"], rows)
 
