@@ -118,6 +118,7 @@ def gradient_flow(models: Iterator[tuple[str, object]], batch_for, out_dir: str 
         batch = batch if batch is not None else batch_for(bundle)
         rows.append({"label": label, **measure_gradients(bundle, batch)})
         del bundle
+    check = gwc_check(rows)
     result = {"analysis": "gradient_flow", "batch_size": int(batch["input_ids"].shape[0]) if batch else 0,
-              "rows": rows, "gwc_check": gwc_check(rows)}
-    return write_result(result, out_dir, gradients_figure(rows))
+              "rows": rows, "gwc_check": check}
+    return write_result(result, out_dir, gradients_figure(rows, check))

@@ -112,7 +112,7 @@ def gains_figure(rows: list[dict]):
     return fig
 
 
-def gradients_figure(rows: list[dict]):
+def gradients_figure(rows: list[dict], check: dict | None = None):
     keys = ("projector_output", "projector_linear_1", "projector_linear_2", "vision_tower")
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(rows) + 3), 4))
     width = 0.8 / len(keys)
@@ -123,7 +123,11 @@ def gradients_figure(rows: list[dict]):
     ax.set_xticks(x + width * (len(keys) - 1) / 2, [r["label"] for r in rows], rotation=15, ha="right")
     ax.set_yscale("log")
     ax.set_ylabel("gradient L2 norm (log)")
-    ax.set_title("Gradient reaching the projector and vision tower (one batch)")
+    title = "Gradient reaching the projector and vision tower (one batch)"
+    if check and "projector_output" in check["observed_ratio"]:
+        title += (f"\nwithout/with GWC: {check['observed_ratio']['projector_output']:.4g}"
+                  f" (predicted mean|g| = {check['predicted_ratio_mean_abs_g']:.4g})")
+    ax.set_title(title)
     ax.legend(fontsize=8)
     return fig
 
