@@ -187,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="the offline tiny pipeline (writes under runs/tiny)")
     p.set_defaults(func=_demo)
+
+    from llava_norm.analysis.cli import register as register_analyses
+
+    register_analyses(sub.add_parser("analyze", help="the paper's diagnostics: a JSON and a PNG each, and a report"))
     return parser
 
 

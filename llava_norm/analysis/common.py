@@ -1,0 +1,124 @@
+"""Shared plumbing of the diagnostics: device and dtype, loading any checkpoint dir, writing results.
+
+Owns the conventions every analysis follows: bf16 on a GPU and fp32 on CPU; a model directory
+may be a saved bundle (``<run>/model``) or a Trainer ``checkpoint-N`` dir, which holds weights and
+config but no tokenizer or image processor (those are taken from the run's ``model/`` dir or
+rebuilt from the run's ``config.yaml``); each analysis writes ``<out>/<kind>.json`` and
+``<out>/<kind>.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+# Llama-3's chat template stamps today's date into every prompt; pin it so numbers are reproducible.
+DEFAULT_TEMPLATE_KWARGS = {"date_string": "26 Jul 2024"}
+
+
+def analysis_device(device: str | None = None) -> torch.device:
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def analysis_dtype(device: torch.device) -> str:
+    """bf16 on an accelerator (what the models train in), fp32 on CPU (bf16 matmuls there are slow)."""
+    return "bfloat16" if device.type == "cuda" else "float32"
+
+
+@dataclass
+class Labeled:
+    """A model directory with the label it gets in tables and legends."""
+
+    label: str
+    path: Path
+
+
+def parse_labeled(specs: list[str]) -> list[Labeled]:
+    """``LABEL=PATH`` or plain ``PATH`` (label: the path's last two parts, e.g. ``stage2/model``)."""
+    out = []
+    for spec in specs:
+        label, sep, path = spec.partition("=")
+        if not sep:
+            path = spec
+            label = "/".join(Path(spec).parts[-2:])
+        out.append(Labeled(label, Path(path)))
+    return out
+
+
+def _has_tokenizer(path: Path) -> bool:
+    return (path / "tokenizer_config.json").is_file()
+
+
+def load_analysis_bundle(path: str | Path, device: torch.device | None = None, attn_implementation: str = "sdpa"):
+    """A Bundle from a saved model dir or a ``checkpoint-N`` dir, moved to the device in eval mode."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
+
+    from llava_norm.model.builder import Bundle, load_bundle, load_tokenizer, torch_dtype
+
+    path = Path(path)
+    device = device or analysis_device()
+    dtype = analysis_dtype(device)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: no config.json; expected a saved model dir or a checkpoint-N dir")
+    if _has_tokenizer(path):
+        bundle = load_bundle(path, dtype=dtype, attn_implementation=attn_implementation)
+    else:
+        if not any(path.glob("model*.safetensors")):
+            raise FileNotFoundError(
+                f"{path}: no model*.safetensors (a ZeRO-3 checkpoint saved without "
+                "stage3_gather_16bit_weights_on_model_save holds only DeepSpeed shards)"
+            )
+        model = AutoModelForImageTextToText.from_pretrained(
+            path, dtype=torch_dtype(dtype), attn_implementation=attn_implementation
+        )
+        run_dir = path.parent
+        if _has_tokenizer(run_dir / "model"):
+            tokenizer = AutoTokenizer.from_pretrained(run_dir / "model")
+            tokenizer.padding_side = "right"
+            processor = AutoImageProcessor.from_pretrained(run_dir / "model")
+        elif (run_dir / "config.yaml").is_file():
+            from omegaconf import OmegaConf
+
+            run = OmegaConf.load(run_dir / "config.yaml")
+            tokenizer = load_tokenizer(run.model.llm, bool(run.model.get("trust_remote_code", False)))
+            processor = AutoImageProcessor.from_pretrained(run.model.vision_tower)
+        else:
+            raise FileNotFoundError(
+                f"{path}: checkpoint dir without a tokenizer, and neither {run_dir / 'model'} nor "
+                f"{run_dir / 'config.yaml'} exists to take one from"
+            )
+        bundle = Bundle(model=model, tokenizer=tokenizer, image_processor=processor)
+    bundle.model.to(device).eval()
+    return bundle
+
+
+def model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def finite(value: float) -> float | None:
+    """JSON has no NaN/inf; such values are written as null."""
+    return value if math.isfinite(value) else None
+
+
+def write_result(result: dict, out_dir: str | Path | None, figure) -> dict:
+    """Save ``<kind>.json`` and the matplotlib figure as ``<kind>.png``; returns the result with its paths."""
+    import matplotlib.pyplot as plt
+
+    if out_dir is None:
+        plt.close(figure)
+        return result
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    kind = result["analysis"]
+    figure.savefig(out / f"{kind}.png", dpi=120, bbox_inches="tight")
+    plt.close(figure)
+    result["figure"] = f"{kind}.png"
+    (out / f"{kind}.json").write_text(json.dumps(result, indent=2))
+    return result

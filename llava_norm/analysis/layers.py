@@ -1,0 +1,158 @@
+"""Per-layer norms and update rates of visual vs text tokens in the LLM (Fig. 3/4) and over training (App. F).
+
+Owns: capturing the residual stream at every LLM layer boundary (the input of layer 0, then the
+output of each decoder layer; transformers' own ``hidden_states[-1]`` has the final RMSNorm
+applied and so is not a residual state), and the statistics over masked tokens: mean L2 norm
+per boundary, and the mean over tokens of cos(h_l, h_{l+1}) (computed per token, then
+averaged), separately for image and text positions. ``dynamics`` repeats the curves over the
+``checkpoint-N`` dirs of one run.
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from llava_norm.analysis.common import DEFAULT_TEMPLATE_KWARGS, Labeled, finite, load_analysis_bundle, write_result
+from llava_norm.analysis.masks import interleave_prompts, prompt_batches
+from llava_norm.analysis.samples import SampleSet
+
+GROUPS = ("image", "text")
+
+
+class LayerAccumulator:
+    """Sums over masked tokens of per-boundary norms and per-transition cosines, in float64."""
+
+    def __init__(self):
+        self.norm_sums: dict[str, torch.Tensor] = {}
+        self.cos_sums: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, int] = {g: 0 for g in GROUPS}
+
+    @torch.no_grad()
+    def add(self, states: list[torch.Tensor], masks: dict[str, torch.Tensor]) -> None:
+        """states: L+1 tensors (B, S, D) at the layer boundaries; masks: group -> (B, S) bool."""
+        for group, mask in masks.items():
+            picked = [h[mask].double() for h in states]  # (N, D) per boundary
+            norms = torch.stack([p.norm(dim=-1).sum() for p in picked])
+            cos = torch.stack([F.cosine_similarity(a, b, dim=-1, eps=1e-12).sum() for a, b in zip(picked, picked[1:])])
+            self.norm_sums[group] = self.norm_sums.get(group, 0) + norms.cpu()
+            self.cos_sums[group] = self.cos_sums.get(group, 0) + cos.cpu()
+            self.counts[group] += int(mask.sum())
+
+    def result(self) -> dict:
+        out = {}
+        for group in GROUPS:
+            n = self.counts[group]
+            if not n:
+                out[group] = {"tokens": 0, "norm": None, "cosine": None}
+                continue
+            out[group] = {"tokens": n, "norm": [finite(float(v) / n) for v in self.norm_sums[group]],
+                          "cosine": [finite(float(v) / n) for v in self.cos_sums[group]]}
+        return out
+
+
+def layer_statistics(states: list[torch.Tensor], image_mask: torch.Tensor, text_mask: torch.Tensor) -> dict:
+    """Norm and cosine curves of one set of hidden states (the core of Fig. 3/4)."""
+    acc = LayerAccumulator()
+    acc.add(states, {"image": image_mask, "text": text_mask})
+    return acc.result()
+
+
+def decoder_layers(model):
+    layers = getattr(model.model.language_model, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model.model.language_model).__name__} has no .layers; cannot hook the residual stream")
+    return layers
+
+
+@contextmanager
+def residual_stream(model):
+    """Yields a list that fills with the L+1 residual states of the next forward pass."""
+    layers = decoder_layers(model)
+    states: list[torch.Tensor] = []
+
+    def before_first(_module, args, kwargs):
+        states.append(args[0] if args else kwargs["hidden_states"])
+
+    def after(_module, _args, output):
+        states.append(output[0] if isinstance(output, tuple) else output)
+
+    handles = [layers[0].register_forward_pre_hook(before_first, with_kwargs=True)]
+    handles += [layer.register_forward_hook(after) for layer in layers]
+    try:
+        yield states
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@torch.no_grad()
+def bundle_layer_curves(bundle, samples: SampleSet, batch_size: int = 8, prompt_format: str = "chat",
+                        template_kwargs: dict | None = None, desc: str = "layers") -> dict:
+    """Curves for one model over image prompts and text-only prompts mixed in left-padded batches."""
+    model = bundle.model.eval()
+    prompts = interleave_prompts(samples.images, samples.prompts)
+    acc = LayerAccumulator()
+    kwargs = DEFAULT_TEMPLATE_KWARGS if template_kwargs is None else template_kwargs
+    batches = prompt_batches(bundle, prompts, batch_size, prompt_format, kwargs)
+    for batch in tqdm(batches, total=-(-len(prompts) // batch_size), desc=desc, unit="batch", leave=False):
+        with residual_stream(model) as states:
+            model(**batch.inputs, use_cache=False)
+        acc.add(states, {"image": batch.image_mask, "text": batch.text_mask})
+    return {"layers": len(decoder_layers(model)), **acc.result()}
+
+
+def collect_curves(models: list[Labeled], samples: SampleSet, batch_size: int = 8, prompt_format: str = "chat",
+                   device: str | None = None) -> list[dict]:
+    """Curves of each model, loaded one at a time (a 7B model and its copy need not fit together)."""
+    from llava_norm.analysis.common import analysis_device
+
+    curves = []
+    for item in tqdm(models, desc="checkpoints", unit="model"):
+        bundle = load_analysis_bundle(item.path, analysis_device(device))
+        curves.append({"label": item.label, "path": str(item.path),
+                       **bundle_layer_curves(bundle, samples, batch_size, prompt_format, desc=item.label)})
+        del bundle
+    return curves
+
+
+def layer_curves(models: list[Labeled], samples: SampleSet, out_dir: str | Path | None = None,
+                 batch_size: int = 8, prompt_format: str = "chat", device: str | None = None) -> dict:
+    """Fig. 3/4: norm and cosine curves of several checkpoints/arms, overlaid in one figure."""
+    from llava_norm.analysis.plots import layers_figure
+
+    curves = collect_curves(models, samples, batch_size, prompt_format, device)
+    result = {"analysis": "layers", "source": samples.source, "images": len(samples.images),
+              "text_only_prompts": len(samples.prompts), "prompt_format": prompt_format, "text_excludes_bos": True,
+              "curves": curves}
+    return write_result(result, out_dir, layers_figure(curves))
+
+
+def run_checkpoints(run_dir: str | Path, include_final: bool = True) -> list[Labeled]:
+    """``checkpoint-N`` dirs of a run (oldest first; complete ones only), then its final ``model/``."""
+    from llava_norm.train.trainer import complete_checkpoints
+
+    run = Path(run_dir)
+    found = [Labeled(f"step {re.sub(r'^checkpoint-', '', p.name)}", p) for p in complete_checkpoints(run)]
+    if include_final and (run / "model" / "config.json").is_file():
+        found.append(Labeled("final", run / "model"))
+    if not found:
+        raise FileNotFoundError(f"{run}: no complete checkpoint-N dirs and no model/ dir")
+    return found
+
+
+def dynamics(run_dir: str | Path, samples: SampleSet, out_dir: str | Path | None = None, batch_size: int = 8,
+             prompt_format: str = "chat", include_final: bool = True, device: str | None = None) -> dict:
+    """App. F: the cosine curves of one run at each saved checkpoint."""
+    from llava_norm.analysis.plots import dynamics_figure
+
+    checkpoints = run_checkpoints(run_dir, include_final)
+    curves = collect_curves(checkpoints, samples, batch_size, prompt_format, device)
+    result = {"analysis": "dynamics", "run_dir": str(run_dir), "source": samples.source,
+              "prompt_format": prompt_format, "curves": curves}
+    return write_result(result, out_dir, dynamics_figure(curves))

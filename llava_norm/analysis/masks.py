@@ -1,0 +1,75 @@
+"""Batches for the diagnostics and the masks that split their positions into image and text tokens.
+
+Owns encoding prompts (with or without an image) through the same conversation tokenizer the
+training and inference use, left-padding them (as generation does) and deriving, per position,
+whether it holds an image feature, a text token, or padding. Text-only samples mixed into a
+batch contribute text positions only; padding is neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from llava_norm.data.collate import Example, collate
+from llava_norm.data.conversation import conversation_tokenizer
+from llava_norm.data.images import preprocess
+from llava_norm.inference import Prompt
+
+
+@dataclass
+class TokenBatch:
+    inputs: dict  # input_ids, attention_mask and (if any sample has an image) pixel_values
+    image_mask: torch.Tensor  # (B, S) bool
+    text_mask: torch.Tensor  # (B, S) bool
+
+
+def token_masks(input_ids: torch.Tensor, attention_mask: torch.Tensor, image_token_id: int,
+                exclude_token_ids: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """(image_mask, text_mask): image placeholders; attended non-image tokens minus ``exclude_token_ids``."""
+    attended = attention_mask.bool()
+    image = (input_ids == image_token_id) & attended
+    text = attended & ~image
+    for token in exclude_token_ids:
+        text &= input_ids != token
+    return image, text
+
+
+def interleave_prompts(images: list, prompts: list[str], n_text_only: int | None = None) -> list[Prompt]:
+    """One prompt per image (prompts reused cyclically), with text-only prompts interleaved between them."""
+    with_image = [Prompt(prompts[i % len(prompts)], image) for i, image in enumerate(images)]
+    text_only = [Prompt(p) for p in prompts[: len(prompts) if n_text_only is None else n_text_only]]
+    mixed: list[Prompt] = []
+    for i in range(max(len(with_image), len(text_only))):
+        mixed.extend(([with_image[i]] if i < len(with_image) else []) + ([text_only[i]] if i < len(text_only) else []))
+    return mixed
+
+
+def encode_prompt(encoder, prompt: Prompt, image_processor, image_aspect: str = "resize") -> Example:
+    encoded = encoder.encode(prompt.messages(), add_generation_prompt=True)
+    pixels = preprocess([prompt.image], image_processor, image_aspect) if prompt.image is not None else None
+    return Example(encoded.input_ids, encoded.labels, pixels)
+
+
+def prompt_batches(bundle, prompts: list[Prompt], batch_size: int = 8, prompt_format: str = "chat",
+                   template_kwargs: dict | None = None, exclude_bos: bool = True,
+                   device: torch.device | None = None) -> Iterator[TokenBatch]:
+    """Left-padded batches of the prompts with their image/text masks, on the model's device and dtype.
+
+    exclude_bos: LLMs park huge activations on the first token (an attention sink); counting
+    BOS as a text token would let one position dominate the per-layer text norms.
+    """
+    encoder = conversation_tokenizer(bundle, prompt_format, template_kwargs)
+    tokenizer = bundle.tokenizer
+    model = bundle.model
+    device = device or next(model.parameters()).device
+    excluded = (tokenizer.bos_token_id,) if exclude_bos and tokenizer.bos_token_id is not None else ()
+    for start in range(0, len(prompts), batch_size):
+        examples = [encode_prompt(encoder, p, bundle.image_processor) for p in prompts[start:start + batch_size]]
+        batch = collate(examples, tokenizer.pad_token_id, padding_side="left")
+        batch.pop("labels")
+        image, text = token_masks(batch["input_ids"], batch["attention_mask"], model.config.image_token_id, excluded)
+        inputs = {k: v.to(device, model.dtype) if k == "pixel_values" else v.to(device) for k, v in batch.items()}
+        yield TokenBatch(inputs, image.to(device), text.to(device))

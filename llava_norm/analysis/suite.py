@@ -1,0 +1,65 @@
+"""Every diagnostic over a set of finished runs, then the report: what ``make demo`` calls.
+
+Owns choosing sensible inputs for each analysis from run directories (their final ``model/``,
+their ``checkpoint-N`` dirs, the backbones named in their ``config.yaml``), so a caller only
+names the runs, a sample source and a training json.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from llava_norm.analysis.common import Labeled, analysis_device, load_analysis_bundle
+
+
+@dataclass
+class SuiteInputs:
+    runs: dict[str, Path]  # label -> training output_dir (with model/ and checkpoint-N/)
+    samples: Path  # images folder, synthetic world or LLaVA json
+    data: Path  # LLaVA json for the gradient-flow batch
+    image_folder: Path | None = None  # image root of ``data`` (and of ``samples`` if it is a json)
+    dynamics_run: str | None = None  # label of the run whose checkpoints App. F follows (default: the last)
+    attention_prompt: str = "What colour is the largest shape in the picture?"
+    attention_phrase: str = "largest shape"
+    limit: int = 8
+    device: str | None = None
+
+
+def run_suite(inputs: SuiteInputs, out_dir: str | Path, title: str = "llava-norm diagnostics") -> Path:
+    """Runs all seven analyses into ``out_dir`` and writes ``out_dir/REPORT.md``; returns its path."""
+    from llava_norm.analysis.attention import attention_maps
+    from llava_norm.analysis.gains import gain_stats
+    from llava_norm.analysis.gradients import arm_bundles, gradient_flow, training_batch
+    from llava_norm.analysis.interface import checkpoint_interface_norms, interface_norms, top_norm_result
+    from llava_norm.analysis.layers import dynamics, layer_curves
+    from llava_norm.analysis.report import write_report
+    from llava_norm.analysis.samples import load_samples
+
+    out = Path(out_dir)
+    finals = [Labeled(label, Path(run) / "model") for label, run in inputs.runs.items()]
+    samples = load_samples(inputs.samples, inputs.limit, inputs.image_folder)
+    device = analysis_device(inputs.device)
+
+    rows = []
+    for item in finals:
+        bundle = load_analysis_bundle(item.path, device)
+        rows.append(checkpoint_interface_norms(bundle, samples, item.label))
+    interface_norms(rows, samples, out)
+    top_norm_result(bundle.model.get_input_embeddings().weight, bundle.tokenizer, finals[-1].label, 10, out)
+    del bundle
+
+    layer_curves(finals, samples, out, device=inputs.device)
+    gain_stats(finals, out)
+    run_label = inputs.dynamics_run or list(inputs.runs)[-1]
+    dynamics(inputs.runs[run_label], samples, out, device=inputs.device)
+
+    config = OmegaConf.load(Path(inputs.runs[run_label]) / "config.yaml")
+    gradient_flow(arm_bundles(config.model.vision_tower, config.model.llm, device=inputs.device),
+                  lambda b: training_batch(b, inputs.data, inputs.image_folder), out)
+    attention_maps(finals, samples.image_paths[0], inputs.attention_prompt, inputs.attention_phrase, out_dir=out,
+                   device=inputs.device)
+    return write_report([out], out / "REPORT.md", title)
+

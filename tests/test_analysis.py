@@ -1,0 +1,238 @@
+"""The diagnostics: analytic values on models with known norms, masks, GWC gradient ratio, every CLI output."""
+
+import json
+import math
+
+import pytest
+import torch
+from PIL import Image
+from tinydata import write_dataset
+from transformers.modeling_outputs import BaseModelOutput
+
+from llava_norm.analysis.common import Labeled
+from llava_norm.analysis.gains import gain_stats
+from llava_norm.analysis.gradients import arm_bundles, gradient_flow, training_batch
+from llava_norm.analysis.interface import checkpoint_interface_norms, top_norm_rows
+from llava_norm.analysis.layers import LayerAccumulator, layer_statistics, residual_stream
+from llava_norm.analysis.masks import interleave_prompts, prompt_batches, token_masks
+from llava_norm.analysis.samples import SampleSet
+from llava_norm.model.builder import ModelSpec, build_model
+
+
+def _bundle(tiny_dir, arm="none"):
+    return build_model(ModelSpec(str(tiny_dir / "siglip"), str(tiny_dir / "llama"), norm_alignment=arm, seed=0))
+
+
+def _images(n=3):
+    return [Image.new("RGB", (40, 40), (60 * i, 200 - 50 * i, 90)) for i in range(n)]
+
+
+def test_token_masks_with_left_padding_and_text_only_sample():
+    pad, img, bos = 0, 99, 1
+    ids = torch.tensor([[pad, pad, bos, img, img, 7, 8],
+                        [pad, pad, pad, pad, bos, 5, 6],
+                        [bos, 4, img, img, 9, 9, 3]])
+    attention = (ids != pad).long()
+    image, text = token_masks(ids, attention, img, exclude_token_ids=(bos,))
+    assert image.tolist() == [[0, 0, 0, 1, 1, 0, 0], [0] * 7, [0, 0, 1, 1, 0, 0, 0]]
+    assert text.tolist() == [[0, 0, 0, 0, 0, 1, 1], [0, 0, 0, 0, 0, 1, 1], [0, 1, 0, 0, 1, 1, 1]]
+
+
+def test_masks_of_real_mixed_batch_match_where_the_model_puts_image_features(tiny_dir):
+    bundle = _bundle(tiny_dir, "ln_textnorm_gwc")
+    model = bundle.model.eval()
+    prompts = interleave_prompts(_images(2), ["What colour is it?", "Describe the picture in detail please."])
+    batch = next(prompt_batches(bundle, prompts, batch_size=4))
+    n = model.config.image_seq_length
+    assert [p.image is not None for p in prompts] == [True, False, True, False]
+    assert batch.image_mask.sum(dim=1).tolist() == [n, 0, n, 0]
+    attention = batch.inputs["attention_mask"].bool()
+    assert not (batch.image_mask & batch.text_mask).any()
+    assert not ((batch.image_mask | batch.text_mask) & ~attention).any()  # padding is neither
+    assert (~attention[:, 0]).any(), "the batch must be left padded"
+    with torch.no_grad(), residual_stream(model) as states:
+        model(**batch.inputs, use_cache=False)
+        features = model.model.get_image_features(batch.inputs["pixel_values"]).pooler_output
+    assert len(states) == model.config.text_config.num_hidden_layers + 1
+    torch.testing.assert_close(states[0][batch.image_mask], torch.cat(list(features)))
+
+
+class FixedNormTower(torch.nn.Module):
+    """A vision stub whose every hidden state has per-token L2 norm ``norm``."""
+
+    def __init__(self, tokens, dim, norm):
+        super().__init__()
+        self.tokens, self.dim, self.norm = tokens, dim, norm
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, pixel_values, output_hidden_states=True, return_dict=True):
+        g = torch.Generator().manual_seed(0)
+        h = torch.randn(pixel_values.shape[0], self.tokens, self.dim, generator=g)
+        h = h / h.norm(dim=-1, keepdim=True) * self.norm
+        return BaseModelOutput(last_hidden_state=h, hidden_states=(h,) * 4)
+
+
+def test_interface_norms_equal_analytic_values(tiny_dir):
+    bundle = _bundle(tiny_dir, "ln_textnorm")
+    model = bundle.model
+    cfg = model.config
+    d = cfg.text_config.hidden_size
+    model.model.vision_tower = FixedNormTower(cfg.image_seq_length, cfg.vision_config.hidden_size, 7.5)
+    projector = model.model.multi_modal_projector
+    b2 = torch.linspace(-1.0, 2.0, d)
+    with torch.no_grad():
+        for linear in (projector.linear_1, projector.linear_2):
+            linear.weight.zero_()
+        projector.linear_2.bias.copy_(b2)
+        emb = model.get_input_embeddings().weight
+        nonzero = emb.norm(dim=-1) > 0
+        emb[nonzero] = emb[nonzero] / emb[nonzero].norm(dim=-1, keepdim=True) * 0.37
+    row = checkpoint_interface_norms(bundle, SampleSet(_images(3), ["a red square", "count the shapes"]))
+    assert row["vision_output"]["mean"] == pytest.approx(7.5, rel=1e-6)
+    assert row["vision_output"]["std"] == pytest.approx(0, abs=1e-5)
+    assert row["vision_output"]["tokens"] == 3 * cfg.image_seq_length
+    assert row["projector_output"]["mean"] == pytest.approx(float(b2.norm()), rel=1e-6)
+    var = float(b2.var(unbiased=False))
+    gain = cfg.text_norm / math.sqrt(d)  # the text-norm init
+    expected = gain * math.sqrt(d * var / (var + cfg.norm_eps))
+    assert row["norm_output"]["mean"] == pytest.approx(expected, rel=1e-5)
+    assert row["text_norm_T"] == pytest.approx(0.37, rel=1e-6)
+    assert row["text_tokens"]["mean"] == pytest.approx(0.37, rel=1e-6)
+
+
+def test_top_norm_rows_are_the_scaled_rows_decoded(tiny_dir):
+    bundle = _bundle(tiny_dir)
+    tok = bundle.tokenizer
+    emb = bundle.model.get_input_embeddings().weight.detach().clone()
+    chosen = [300, 17, 450, 120, 77, 610, 205, 333, 58, 402, 150]  # 11 rows: the 11th must be left out
+    with torch.no_grad():
+        nonzero = emb.norm(dim=-1) > 0
+        emb[nonzero] = emb[nonzero] / emb[nonzero].norm(dim=-1, keepdim=True)
+        for rank, token in enumerate(chosen):
+            emb[token] *= 20.0 - rank
+    result = top_norm_rows(emb, tok, k=10)
+    assert [r["token_id"] for r in result["rows"]] == chosen[:10]
+    assert [r["norm"] for r in result["rows"]] == pytest.approx([20.0 - i for i in range(10)], rel=1e-6)
+    assert [r["token"] for r in result["rows"]] == tok.convert_ids_to_tokens(chosen[:10])
+    n = int(nonzero.sum())
+    assert result["text_norm_T"] == pytest.approx((n - 11 + sum(20.0 - i for i in range(11))) / n, rel=1e-6)
+
+
+def _rotating_states(angles, norms, batch=2, seq=6, seed=0):
+    """Tokens in the (e0, e1) plane turning by angles[l] from boundary l to l+1, with norm norms[l]."""
+    g = torch.Generator().manual_seed(seed)
+    start = torch.rand(batch, seq, generator=g) * 6.28
+    cumulative = [0.0] + list(torch.tensor(angles).cumsum(0).tolist())
+    states = []
+    for total, norm in zip(cumulative, norms):
+        h = torch.randn(batch, seq, 5, generator=g) * 1e3  # padding positions get garbage
+        h[..., 0], h[..., 1] = norm * torch.cos(start + total), norm * torch.sin(start + total)
+        h[..., 2:] = 0
+        states.append(h)
+    return states
+
+
+def test_layer_statistics_recover_known_rotations_and_norms():
+    image_mask = torch.tensor([[0, 1, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1]], dtype=torch.bool)
+    text_mask = torch.tensor([[0, 0, 0, 1, 1, 0], [1, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    img_angles, img_norms = [0.1, 0.05, 0.02], [40.0, 41.0, 43.0, 44.0]
+    txt_angles, txt_norms = [0.9, 0.6, 0.3], [1.0, 3.0, 6.0, 9.0]
+    img_states = _rotating_states(img_angles, img_norms)
+    txt_states = _rotating_states(txt_angles, txt_norms, seed=1)
+    states = [torch.where(text_mask[..., None], t, i) for i, t in zip(img_states, txt_states)]
+    stats = layer_statistics(states, image_mask, text_mask)
+    assert stats["image"]["tokens"] == 5 and stats["text"]["tokens"] == 3
+    assert stats["image"]["cosine"] == pytest.approx([math.cos(a) for a in img_angles], rel=1e-6)
+    assert stats["text"]["cosine"] == pytest.approx([math.cos(a) for a in txt_angles], rel=1e-6)
+    assert stats["image"]["norm"] == pytest.approx(img_norms, rel=1e-6)
+    assert stats["text"]["norm"] == pytest.approx(txt_norms, rel=1e-6)
+    # Across batches the mean is over tokens: 5 tokens at cos(0.1) and 1 at cos(0.5).
+    acc = LayerAccumulator()
+    acc.add(states, {"image": image_mask, "text": text_mask})
+    other = _rotating_states([0.5, 0.5, 0.5], img_norms, seed=2)
+    one = torch.zeros_like(image_mask)
+    one[0, 0] = True
+    acc.add(other, {"image": one, "text": torch.zeros_like(one)})
+    assert acc.result()["image"]["cosine"][0] == pytest.approx((5 * math.cos(0.1) + math.cos(0.5)) / 6, rel=1e-6)
+
+
+def test_gwc_gradient_ratio_equals_mean_abs_gain(tiny_dir, tmp_path):
+    data, images = write_dataset(tmp_path / "data", n=4)
+    models = arm_bundles(str(tiny_dir / "siglip"), str(tiny_dir / "llama"), ("ln_textnorm", "ln_textnorm_gwc"), seed=0)
+    result = gradient_flow(models, lambda b: training_batch(b, data, images, batch_size=2))
+    plain, gwc = result["rows"]
+    assert plain["loss"] == gwc["loss"]  # GWC leaves the forward pass unchanged
+    mean_g = gwc["gain"]["gain_abs_mean"]
+    assert mean_g < 0.1  # the text-norm init, T / sqrt(d)
+    for key in ("projector_output", "projector_linear_1", "projector_linear_2", "vision_tower"):
+        assert plain["grad_norms"][key] < gwc["grad_norms"][key]
+        assert plain["grad_norms"][key] / gwc["grad_norms"][key] == pytest.approx(mean_g, rel=1e-3)
+    assert plain["grad_norms"]["norm_gain"] == pytest.approx(gwc["grad_norms"]["norm_gain"], rel=1e-5)
+    assert result["gwc_check"]["predicted_ratio_mean_abs_g"] == pytest.approx(mean_g)
+
+
+def test_gain_stats_of_fresh_builds(tiny_dir, tmp_path):
+    for arm in ("ln_default", "ln_textnorm_gwc", "none"):
+        _bundle(tiny_dir, arm).save(tmp_path / arm)
+    rows = gain_stats([Labeled(a, tmp_path / a) for a in ("ln_default", "ln_textnorm_gwc", "none")])["rows"]
+    d = rows[0]["hidden_size"]
+    assert rows[0]["gain_l2"] == pytest.approx(math.sqrt(d)) and rows[0]["gain_abs_mean"] == 1.0
+    T = rows[1]["text_norm_T"]
+    assert rows[1]["gain_l2"] == pytest.approx(T, rel=1e-5)
+    assert rows[1]["gain_abs_mean"] == pytest.approx(T / math.sqrt(d), rel=1e-5) and rows[1]["bias_abs_mean"] == 0
+    assert rows[2]["gain_l2"] is None
+
+
+def test_every_subcommand_writes_json_and_png_and_the_report(tiny_dir, tmp_path):
+    from llava_norm.cli import main
+    from llava_norm.config import load_config
+    from llava_norm.train.run import run_training
+
+    data, images = write_dataset(tmp_path / "data", n=6, text_only_every=3)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"""
+model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama, norm_alignment: ln_textnorm_gwc}}
+data: {{mixture: [{{path: {data}, image_folder: {images}}}], num_workers: 0, max_length: 256}}
+train: {{stage: 1, output_dir: {tmp_path}/run, max_steps: 2, per_device_batch_size: 2, grad_accum: 1,
+        save_steps: 1, report_to: []}}
+""")
+    run_training(load_config(config))
+    run, out = tmp_path / "run", str(tmp_path / "analysis")
+    common = ["--out", out, "--device", "cpu"]
+    samples = ["--samples", str(data), "--image-folder", str(images), "--limit", "3"]
+    two = ["--checkpoint", f"gwc={run}/model", "--checkpoint", f"{run}/checkpoint-1"]
+    commands = {
+        "interface_norms": ["interface-norms", *two, "--vision", f"{tiny_dir}/siglip", "--llm", f"{tiny_dir}/llama",
+                            *samples, *common],
+        "top_norm_rows": ["top-norm-rows", "--llm", f"{tiny_dir}/qwen2", "--out", out],
+        "layers": ["layers", *two, *samples, *common],
+        "gain_stats": ["gain-stats", *two, "--out", out],
+        "dynamics": ["dynamics", str(run), "--samples", str(images), "--limit", "2", *common],
+        "gradient_flow": ["gradient-flow", "--vision", f"{tiny_dir}/clip", "--llm", f"{tiny_dir}/qwen2",
+                          "--data", str(data), "--image-folder", str(images), "--batch-size", "2", *common],
+        "attention": ["attention", *two, "--image", str(next(images.glob("*.png"))), "--prompt",
+                      "What colour is the image?", "--phrase", "colour", "--layers", "-1", *common],
+    }
+    for kind, argv in commands.items():
+        main(["analyze", *argv])
+        result = json.loads((tmp_path / "analysis" / f"{kind}.json").read_text())
+        assert result["analysis"] == kind
+        with Image.open(tmp_path / "analysis" / f"{kind}.png") as png:
+            assert png.size[0] > 300 and png.size[1] > 200
+    interface = json.loads((tmp_path / "analysis/interface_norms.json").read_text())["rows"]
+    # The checkpoint and the bare backbones share the vision tower in stage 1: same vision norms.
+    assert interface[0]["vision_output"]["mean"] == pytest.approx(interface[2]["vision_output"]["mean"], rel=1e-5)
+    assert [c["label"] for c in json.loads((tmp_path / "analysis/dynamics.json").read_text())["curves"]] == [
+        "step 1", "step 2", "final"]
+    main(["analyze", "report", out])
+    report = (tmp_path / "analysis/REPORT.md").read_text()
+    for kind in commands:
+        assert f"![{kind}]({kind}.png)" in report
+    # The Python API make demo calls: every analysis over finished runs, then one report.
+    from llava_norm.analysis import SuiteInputs, run_suite
+
+    page = run_suite(SuiteInputs(runs={"gwc": run}, samples=data, data=data, image_folder=images, limit=2,
+                                 attention_prompt="What colour is the image?", attention_phrase="colour",
+                                 device="cpu"), tmp_path / "suite").read_text()
+    for kind in commands:
+        assert f"![{kind}]({kind}.png)" in page
