@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 
+import torch
 from _harness import SIZES, interleaved, random_llava, set_threads, text_config, train_batch, train_step_fn, \
     vision_config
 
@@ -30,7 +31,22 @@ def measure(size: str, batch: int, text_tokens: int, repeats: int) -> float:
     print(f"[{size}] batch {batch} x {s.tokens_per_image + text_tokens} tokens, {repeats} interleaved rounds")
     for name, timing in t.items():
         print(f"[{size}]   {name:16s} step median {timing.median_s * 1e3:8.2f} ms (spread {timing.spread:.0%})")
+    layer_s = norm_layer_seconds(gwc, batch * s.tokens_per_image)
+    print(f"[{size}]   the GWC LayerNorm alone (fwd + bwd on {batch * s.tokens_per_image} tokens): "
+          f"{layer_s * 1e6:.0f} us = {layer_s / t['none'].median_s:.2%} of the step (isolated, so far less noisy than the step ratio)")
     return t["ln_textnorm_gwc"].median_s / t["none"].median_s
+
+
+def norm_layer_seconds(model, tokens: int, calls: int = 200) -> float:
+    """Median time of the norm layer's fwd + bwd on the projected features' shape, in training mode."""
+    layer = model.norm_layer.train()
+    x = torch.randn(tokens, layer.hidden_size, requires_grad=True)
+
+    def run() -> None:
+        for _ in range(calls):
+            layer(x).sum().backward()
+
+    return interleaved({"layer": run}, repeats=5)["layer"].median_s / calls
 
 
 def main() -> None:
