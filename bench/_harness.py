@@ -4,7 +4,8 @@ Owns three things every benchmark needs and none should spell twice:
 - putting this checkout's root first on ``sys.path`` (``python bench/x.py`` would otherwise
   import whichever ``llava_norm`` the venv was installed from);
 - ``interleaved``: alternate the contenders round by round and report medians, so a burst of
-  load from another process on the shared machine hits every contender alike;
+  load from another process on the shared machine hits every contender alike, and
+  ``paired_ratio``: the median of the per-round ratios, which also cancels slow load drifts;
 - ``random_llava``: a LlavaNorm model with random weights built straight from backbone configs
   (no tokenizer, no hub), plus ``stock_twin`` (transformers' own Llava with identical weights).
 """
@@ -58,6 +59,11 @@ def interleaved(contenders: dict[str, Callable[[], None]], repeats: int, warmup:
     return {name: Timing(name, statistics.median(r), r) for name, r in runs.items()}
 
 
+def paired_ratio(timings: dict[str, Timing], numerator: str, denominator: str) -> float:
+    """Median over rounds of numerator/denominator: each round's two runs saw about the same machine load."""
+    return statistics.median(a / b for a, b in zip(timings[numerator].runs, timings[denominator].runs))
+
+
 def set_threads(threads: int) -> None:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -106,7 +112,7 @@ def text_config(s: Shapes) -> LlamaConfig:
                        tie_word_embeddings=s.tie_embeddings)
 
 
-def llava_config_kwargs(vision, text, tokens_per_image: int, attn: str) -> dict:
+def llava_config_kwargs(vision, text, tokens_per_image: int) -> dict:
     return dict(vision_config=vision, text_config=text, image_token_id=IMAGE_TOKEN_ID,
                 image_seq_length=tokens_per_image, vision_feature_layer=-2,
                 vision_feature_select_strategy="full", tie_word_embeddings=text.tie_word_embeddings)
@@ -116,7 +122,7 @@ def random_llava(vision, text, tokens_per_image: int, arm: str = "none", seed: i
                  text_norm: float | None = None, device: str = "cpu",
                  dtype: torch.dtype = torch.float32) -> LlavaNormForConditionalGeneration:
     """Random-weight LlavaNorm built on ``device``; ``text_norm`` None: T measured from the random embeddings."""
-    kwargs = llava_config_kwargs(vision, text, tokens_per_image, attn)
+    kwargs = llava_config_kwargs(vision, text, tokens_per_image)
     if text_norm is None and arm != "none":
         probe = random_llava(vision, text, tokens_per_image, "none", seed, attn, device=device, dtype=dtype)
         text_norm = text_embedding_norm(probe.get_input_embeddings().weight)
@@ -132,8 +138,7 @@ def random_llava(vision, text, tokens_per_image: int, arm: str = "none", seed: i
 def stock_twin(ours: LlavaNormForConditionalGeneration) -> LlavaForConditionalGeneration:
     """transformers' LlavaForConditionalGeneration with the same configs and the same weights (arm none)."""
     c = ours.config
-    config = LlavaConfig(**llava_config_kwargs(c.vision_config, c.text_config, c.image_seq_length,
-                                               c._attn_implementation))
+    config = LlavaConfig(**llava_config_kwargs(c.vision_config, c.text_config, c.image_seq_length))
     config._attn_implementation = c._attn_implementation
     twin = LlavaForConditionalGeneration(config).to(ours.dtype)
     missing, unexpected = twin.load_state_dict(ours.state_dict(), strict=False)

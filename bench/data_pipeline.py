@@ -50,11 +50,14 @@ def build_dataset(work: Path, samples: int, image_size: int, max_length: int) ->
     corpus = manifest["corpora"]["instruct"]
     make_tiny(work / "tiny", seed=0)
     tokenizer = load_tokenizer(str(work / "tiny" / "llama"))
+    tower = siglip_so400m_384()
     encoder = ConversationTokenizer(
         tokenizer, make_prompt_format(tokenizer, "chat", {"date_string": "26 Jul 2024"}),
-        tokenizer.convert_tokens_to_ids(IMAGE_TOKEN), siglip_so400m_384().image_size // 14 * (384 // 14))
-    processor = SiglipImageProcessorPil(size={"height": 384, "width": 384})  # SO400M-384's preprocessor_config
-    source = DataSource(path=str(work / "world" / corpus["path"]), image_folder=str(work / "world" / corpus["image_folder"]))
+        tokenizer.convert_tokens_to_ids(IMAGE_TOKEN), (tower.image_size // tower.patch_size) ** 2)
+    # SO400M-384's preprocessor_config: 384 x 384, bicubic, rescale 1/255, mean = std = 0.5.
+    processor = SiglipImageProcessorPil(size={"height": tower.image_size, "width": tower.image_size})
+    world = work / "world"
+    source = DataSource(path=str(world / corpus["path"]), image_folder=str(world / corpus["image_folder"]))
     return SupervisedDataset([source], encoder, processor, max_length)
 
 

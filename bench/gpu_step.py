@@ -168,7 +168,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--llms", nargs="+", default=list(LLMS), choices=sorted(LLMS))
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4], help="per-device batch sizes")
-    parser.add_argument("--text-tokens", type=int, default=300, help="text tokens per sample after the 729 image tokens")
+    parser.add_argument("--text-tokens", type=int, default=300,
+                        help="text tokens per sample after the 729 image tokens")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--arm", default="ln_textnorm_gwc")

@@ -22,7 +22,7 @@ def test_gpu_step_toy_runs_on_cpu():
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.strip().splitlines()
     for ckpt in ("off", "on"):
-        assert any(f"toy sdpa batch 1x" in line and f"ckpt {ckpt}: step" in line and "tokens/s" in line
+        assert any("toy sdpa batch 1x" in line and f"ckpt {ckpt}: step" in line and "tokens/s" in line
                    for line in lines), done.stdout
     assert lines[-1].startswith("MFU: n/a"), done.stdout
 
