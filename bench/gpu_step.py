@@ -148,8 +148,11 @@ def run_one(model, inputs: dict, flops: float, steps: int, warmup: int, device: 
         sync(device)
     except torch.OutOfMemoryError as error:
         return Result(label, error=f"out of memory ({str(error).splitlines()[0][:80]})")
-    finally:
+    finally:  # free optimizer state and any gradients a failed step left, before the next combination
         del optimizer
+        model.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     step_s = (time.perf_counter() - start) / steps
     tokens = inputs["input_ids"].numel()
     tflops = flops / step_s / 1e12
@@ -180,7 +183,6 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.toy else "cpu")
     if not args.toy and device.type != "cuda":
         parser.error("no CUDA device: real shapes need a GPU (use --toy for the CPU smoke test)")
-    torch.backends.cuda.matmul.allow_tf32 = True
     peak = args.peak_tflops or bf16_peak_tflops(device)
     peak_tflops = peak * 1e12 if peak else None
     archs = {"toy": (toy_vision, toy_llm, 1.0)} if args.toy else {
