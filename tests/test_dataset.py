@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from tinydata import write_dataset
 
@@ -82,3 +83,22 @@ def test_grouped_sampler_properties():
     sampler = ModalityLengthGroupedSampler(lengths, batch_size=2, world_size=2, seed=1)
     sampler.set_epoch(3)
     assert list(sampler) == grouped_order(lengths, 4, seed=1, epoch=3)
+
+
+def _padding_share(order, lengths, batch_size):
+    batches = [order[i:i + batch_size] for i in range(0, len(order) - batch_size + 1, batch_size)]
+    slots = sum(max(lengths[i] for i in b) * len(b) for b in batches)
+    return 1 - sum(lengths[i] for b in batches for i in b) / slots
+
+
+def test_grouped_sampler_lookahead_sorts_across_megabatches():
+    generator = torch.Generator().manual_seed(0)
+    lengths = (torch.randint(100, 1000, (400,), generator=generator) * torch.tensor([1, -1]).repeat(200)).tolist()
+    one = grouped_order(lengths, megabatch_size=4, seed=3, epoch=0, lookahead=1)
+    wide = grouped_order(lengths, megabatch_size=4, seed=3, epoch=0, lookahead=16)
+    assert sorted(wide) == list(range(400)) and wide == grouped_order(lengths, 4, seed=3, epoch=0, lookahead=16)
+    magnitudes = [abs(n) for n in lengths]
+    assert _padding_share(wide, magnitudes, 2) < _padding_share(one, magnitudes, 2) / 3
+    assert all(len({lengths[i] > 0 for i in wide[i:i + 4]}) == 1 for i in range(0, 400, 4))  # modality kept apart
+    with pytest.raises(ValueError, match="lookahead"):
+        grouped_order(lengths, 4, seed=3, epoch=0, lookahead=0)

@@ -1,11 +1,15 @@
 """Modality-length grouped sampling (LLaVA's ``group_by_modality_length``, made robust).
 
 Owns the order in which samples are drawn. Image and text-only samples are shuffled
-separately, cut into megabatches of ``batch_size * world_size`` sorted by length (so each
-rank's batch has similar lengths and one modality), and the megabatches are shuffled
-together. Deterministic given seed and epoch, so HF Trainer's mid-epoch resume (which skips
-the batches already seen) lands on exactly the same samples. Works with a single modality
-(LLaVA #715, #609) and always yields every index once per epoch.
+separately and cut into windows of ``lookahead`` megabatches; each window is sorted by length
+and cut into megabatches of ``batch_size * world_size`` (so each rank's batch has similar
+lengths and one modality), and the megabatches are shuffled together. Sorting a window
+rather than one megabatch (HF's LengthGroupedSampler does the same with 50) roughly halves
+the padding share on LLaVA-NeXT-like lengths (bench/padding.py: 8 ranks, per-device batch 4,
+7.4% -> 4.0%; the rest comes from sorting by word counts, not tokens); ``lookahead=1`` is
+LLaVA's original grouping. Deterministic given seed and epoch, so HF Trainer's mid-epoch
+resume (which skips the batches already seen) lands on exactly the same samples. Works with
+a single modality (LLaVA #715, #609) and always yields every index once per epoch.
 """
 
 from __future__ import annotations
@@ -13,15 +17,23 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Sampler
 
+DEFAULT_LOOKAHEAD = 32
 
-def _megabatches(indices: list[int], lengths: list[int], size: int, generator: torch.Generator) -> list[list[int]]:
+
+def _megabatches(indices: list[int], lengths: list[int], size: int, lookahead: int,
+                 generator: torch.Generator) -> list[list[int]]:
     order = [indices[i] for i in torch.randperm(len(indices), generator=generator).tolist()]
-    chunks = [order[i:i + size] for i in range(0, len(order), size)]
-    return [sorted(chunk, key=lambda i: abs(lengths[i]), reverse=True) for chunk in chunks]
+    window = size * lookahead  # a multiple of size: only the group's last megabatch can be partial
+    ranked = [i for w in range(0, len(order), window)
+              for i in sorted(order[w:w + window], key=lambda i: abs(lengths[i]), reverse=True)]
+    return [ranked[i:i + size] for i in range(0, len(ranked), size)]
 
 
-def grouped_order(lengths: list[int], megabatch_size: int, seed: int, epoch: int) -> list[int]:
+def grouped_order(lengths: list[int], megabatch_size: int, seed: int, epoch: int,
+                  lookahead: int = DEFAULT_LOOKAHEAD) -> list[int]:
     """lengths > 0: image samples, < 0: text-only (magnitude = approximate length)."""
+    if lookahead < 1:
+        raise ValueError(f"lookahead must be >= 1 megabatch, got {lookahead}")
     generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
     image = [i for i, length in enumerate(lengths) if length > 0]
     text = [i for i, length in enumerate(lengths) if length <= 0]
@@ -29,7 +41,7 @@ def grouped_order(lengths: list[int], megabatch_size: int, seed: int, epoch: int
     for group in (image, text):
         if not group:
             continue
-        batches = _megabatches(group, lengths, megabatch_size, generator)
+        batches = _megabatches(group, lengths, megabatch_size, lookahead, generator)
         if len(batches[-1]) < megabatch_size:
             tails.extend(batches.pop())  # the two partial megabatches go last, together
         full.extend(batches)
@@ -40,9 +52,11 @@ def grouped_order(lengths: list[int], megabatch_size: int, seed: int, epoch: int
 
 
 class ModalityLengthGroupedSampler(Sampler[int]):
-    def __init__(self, lengths: list[int], batch_size: int, world_size: int = 1, seed: int = 42):
+    def __init__(self, lengths: list[int], batch_size: int, world_size: int = 1, seed: int = 42,
+                 lookahead: int = DEFAULT_LOOKAHEAD):
         self.lengths = list(lengths)
         self.megabatch_size = batch_size * world_size
+        self.lookahead = lookahead
         self.seed = seed
         self.epoch = 0
 
@@ -53,4 +67,4 @@ class ModalityLengthGroupedSampler(Sampler[int]):
         return len(self.lengths)
 
     def __iter__(self):
-        return iter(grouped_order(self.lengths, self.megabatch_size, self.seed, self.epoch))
+        return iter(grouped_order(self.lengths, self.megabatch_size, self.seed, self.epoch, self.lookahead))

@@ -60,8 +60,8 @@ class _ScaleGradient(torch.autograd.Function):
     """Identity forward; multiplies the incoming gradient by ``factor`` on the way back."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:
-        ctx.factor = factor
+    def forward(ctx, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+        ctx.factor = factor  # a 0-dim tensor: reading it as a Python float would sync a GPU every step
         return x.view_as(x)
 
     @staticmethod
@@ -103,14 +103,21 @@ class GlobalWeightCompensatedLayerNorm(nn.Module):
             self.bias.zero_()
 
     def compensation_scale(self) -> float:
-        """s = max(mean|g|, clamp), read from the current gain (gathered under ZeRO-3 in forward)."""
-        return max(float(self.weight.detach().abs().float().mean()), self.clamp)
+        """s = max(mean|g|, clamp), read from the current gain (for logs; forward uses the tensor form)."""
+        return float(self._scale())
+
+    def _scale(self) -> torch.Tensor:
+        # Computed in forward, where ZeRO-3 has gathered the gain; a detached 0-dim tensor outlives the gather.
+        return self.weight.detach().abs().float().mean().clamp(min=self.clamp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x_hat = F.layer_norm(x, (self.hidden_size,), eps=self.eps)
         if self.compensate and self.training and torch.is_grad_enabled():
-            x_hat = _ScaleGradient.apply(x_hat, 1.0 / self.compensation_scale())
-        return x_hat * self.weight + self.bias
+            # grad(x) = J_LN^T grad(x_hat) is linear in grad(x_hat), so dividing the gradient that leaves
+            # the LayerNorm by s is exactly dividing grad(x_hat) by s; g and b get plain LayerNorm
+            # gradients (they only see grad(y) and x_hat). This keeps the LayerNorm one fused kernel,
+            # instead of layer_norm + mul + add and their backward passes (bench/gwc_overhead.py).
+            x = _ScaleGradient.apply(x, 1.0 / self._scale())
+        return F.layer_norm(x, (self.hidden_size,), self.weight, self.bias, self.eps)
 
     @torch.no_grad()
     def gain_statistics(self) -> dict[str, float]:

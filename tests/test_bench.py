@@ -1,0 +1,60 @@
+"""The bench/ scripts' logic (never their timings): gpu_step smoke run, FLOP model, padding count."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import gpu_step  # noqa: E402
+from _harness import random_llava  # noqa: E402
+from padding import padding_share  # noqa: E402
+
+
+def test_gpu_step_toy_runs_on_cpu():
+    done = subprocess.run([sys.executable, str(BENCH / "gpu_step.py"), "--toy"], capture_output=True, text=True,
+                          timeout=120, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    for ckpt in ("off", "on"):
+        assert any("toy sdpa batch 1x" in line and f"ckpt {ckpt}: step" in line and "tokens/s" in line
+                   for line in lines), done.stdout
+    assert lines[-1].startswith("MFU: n/a"), done.stdout
+
+
+def _linear_weights(module: torch.nn.Module) -> int:
+    return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
+
+
+def test_flop_model_counts_the_model_weights():
+    vision, text = gpu_step.toy_vision(), gpu_step.toy_llm()
+    model = random_llava(vision, text, (vision.image_size // vision.patch_size) ** 2)
+    layers, counted = gpu_step.vision_matmul_params(vision, -2)
+    tower = model.model.vision_tower
+    assert layers == vision.num_hidden_layers - 1
+    assert counted == (sum(_linear_weights(layer) for layer in tower.encoder.layers[:layers])
+                       + tower.embeddings.patch_embedding.weight.numel())
+    assert gpu_step.llm_matmul_params(text) == (_linear_weights(model.model.language_model)
+                                                + model.lm_head.weight.numel())
+
+
+@pytest.mark.parametrize("make, tied, published", [(gpu_step.llama_3_2_3b, True, 3.21e9),
+                                                   (gpu_step.qwen2_5_7b, False, 7.62e9)])
+def test_real_llm_configs_have_the_published_size(make, tied, published):
+    text = make()
+    embeddings = text.hidden_size * text.vocab_size * (1 if tied else 2)
+    lm_head = text.hidden_size * text.vocab_size
+    total = gpu_step.llm_matmul_params(text) - lm_head + embeddings
+    assert total == pytest.approx(published, rel=0.005)  # norms and biases are the rest
+
+
+def test_padding_share_counts_pad_over_all_slots():
+    lengths = np.array([3, 1, 2, 2, 5])
+    # batches [3, 1] and [2, 2] (the partial [5] is dropped): 2 pad tokens in 10 slots
+    assert padding_share([0, 1, 2, 3, 4], lengths, 2) == pytest.approx(2 / 10)
+    assert padding_share([1, 2, 3, 0], lengths, 1) == 0.0
