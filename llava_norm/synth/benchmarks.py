@@ -249,7 +249,7 @@ def write_pope(rng, n, size, holdout_pct):
                          "image": hf_image(pngs[j // 2]), "category": category})
             recs.append(_rec("pope", qid, scene))
     path = "benchmarks/pope/test-00000-of-00001.parquet"
-    yes_ratio = sum(r["answer"] == "yes" for r in rows) / len(rows)
+    yes_ratio = sum(r["answer"] == "yes" for r in rows) / len(rows) if rows else 0.0
     return (_entry(path, "hf_parquet", len(rows), 0.5, schema.names, split="test", images=len(scenes),
                    yes_ratio=yes_ratio, categories=["adversarial", "popular", "random"]),
             {path: parquet_bytes(rows, schema)}, recs)
