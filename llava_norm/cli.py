@@ -37,6 +37,17 @@ def _synth(args) -> None:
           f"{manifest['corpora']['pretrain']['rows']} captions, {manifest['corpora']['instruct']['rows']} instructions")
 
 
+def _warmup(args) -> None:
+    from llava_norm.warmup import REPORT, WarmupConfig, warm_up
+
+    report = warm_up(args.backbones, args.world, args.out,
+                     WarmupConfig(seed=args.seed, llms=tuple(args.llms), towers=tuple(args.towers)))
+    for name, entry in report["backbones"].items():
+        print(f"{name}: held-out loss {entry['before']['loss']:.3f} -> {entry['after']['loss']:.3f}"
+              f"{' (reused)' if entry['reused'] else ''}")
+    print(f"report: {args.out}/{REPORT}")
+
+
 def _demo(args) -> None:
     from llava_norm.demo import run_demo
 
@@ -64,6 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out_dir")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_synth)
+
+    p = sub.add_parser("warmup", help="pretrain the tiny LLM (causal LM) and SigLIP (sigmoid contrastive) on a world")
+    p.add_argument("--backbones", required=True, help="dir written by make-tiny")
+    p.add_argument("--world", required=True, help="dir written by synth")
+    p.add_argument("--out", required=True, help="warmed backbones go to OUT/<name>, report to OUT/warmup_report.json")
+    p.add_argument("--llms", nargs="*", default=["llama"], choices=["llama", "qwen2"])
+    p.add_argument("--towers", nargs="*", default=["siglip"], choices=["siglip"])
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_warmup)
 
     p = sub.add_parser("demo", help="the offline tiny pipeline (writes under runs/tiny)")
     p.set_defaults(func=_demo)
