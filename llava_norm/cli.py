@@ -13,7 +13,12 @@ import sys
 def _make_tiny(args) -> None:
     from llava_norm.model.tiny import make_tiny
 
-    paths = make_tiny(args.out_dir, seed=args.seed)
+    corpus = None
+    if args.world:  # tokenizers trained on the world's own text: shorter sequences in every later stage
+        from llava_norm.warmup.lm import world_tokenizer_corpus
+
+        corpus = world_tokenizer_corpus(args.world)
+    paths = make_tiny(args.out_dir, seed=args.seed, corpus=corpus)
     for name, path in paths.items():
         print(f"{name}: {path}")
 
@@ -64,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("make-tiny", help="write tiny random SigLIP/CLIP/Llama/Qwen2 backbones (offline)")
     p.add_argument("out_dir")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--world", help="train the tokenizers on this synthetic world's text (default: a built-in corpus)")
     p.set_defaults(func=_make_tiny)
 
     p = sub.add_parser("train", help="run stage 1 or 2 from a YAML config")

@@ -108,12 +108,20 @@ def warm_lm(source: str | Path, out_dir: str | Path, data: LMData, config: LoopC
 
 
 def world_tokenizer_corpus(world: str | Path) -> list[str]:
-    """Every training text of a world (corpus, captions, instruction turns) for ``make_tiny``'s
-    tokenizers, so the tiny BPE vocabulary covers the words the pipeline actually uses."""
+    """Every training text of a world for ``make_tiny``'s tokenizers: the text corpus, the
+    captions, and the instruction conversations rendered through both tiny chat templates
+    (Llama-3.2 and Qwen2.5), so the BPE merges cover the words the pipeline uses and the
+    templates' fixed text (headers, system blocks) instead of spelling them byte by byte."""
+    from llava_norm.model.tiny import make_llama3_tokenizer, make_qwen25_tokenizer
+
     world = Path(world)
     corpora = json.loads((world / "manifest.json").read_text())["corpora"]
     texts = [json.loads(line)["text"] for line in (world / corpora["text"]["path"]).read_text().splitlines() if line]
-    for name in ("pretrain", "instruct"):
-        texts += [t["value"] for row in json.loads((world / corpora[name]["path"]).read_text())
-                  for t in row["conversations"]]
+    texts += [t["value"] for row in json.loads((world / corpora["pretrain"]["path"]).read_text())
+              for t in row["conversations"]]
+    # Throwaway tokenizers: only their chat templates are used, to render the conversations as text.
+    renderers = [make(["a"], 300) for make in (make_llama3_tokenizer, make_qwen25_tokenizer)]
+    for row in json.loads((world / corpora["instruct"]["path"]).read_text()):
+        messages = [{"role": ROLE[t["from"]], "content": t["value"]} for t in row["conversations"]]
+        texts += [r.apply_chat_template(messages, tokenize=False, date_string="26 Jul 2024") for r in renderers]
     return texts
