@@ -15,7 +15,12 @@ from pathlib import Path
 def _make_tiny(args) -> None:
     from llava_norm.model.tiny import make_tiny
 
-    paths = make_tiny(args.out_dir, seed=args.seed)
+    corpus = None
+    if args.world:  # tokenizers trained on the world's own text: shorter sequences in every later stage
+        from llava_norm.warmup.lm import world_tokenizer_corpus
+
+        corpus = world_tokenizer_corpus(args.world)
+    paths = make_tiny(args.out_dir, seed=args.seed, corpus=corpus)
     for name, path in paths.items():
         print(f"{name}: {path}")
 
@@ -43,6 +48,17 @@ def _merge_lora(args) -> None:
     from llava_norm.model.builder import merge_lora_dir
 
     print(f"merged model in {merge_lora_dir(args.in_dir, args.out_dir, args.dtype)}")
+
+
+def _warmup(args) -> None:
+    from llava_norm.warmup import REPORT, WarmupConfig, warm_up
+
+    report = warm_up(args.backbones, args.world, args.out,
+                     WarmupConfig(seed=args.seed, llms=tuple(args.llms), towers=tuple(args.towers)))
+    for name, entry in report["backbones"].items():
+        print(f"{name}: held-out loss {entry['before']['loss']:.3f} -> {entry['after']['loss']:.3f}"
+              f"{' (reused)' if entry['reused'] else ''}")
+    print(f"report: {args.out}/{REPORT}")
 
 
 def _demo(args) -> None:
@@ -128,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("make-tiny", help="write tiny random SigLIP/CLIP/Llama/Qwen2 backbones (offline)")
     p.add_argument("out_dir")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--world", help="train the tokenizers on this synthetic world's text (default: a built-in corpus)")
     p.set_defaults(func=_make_tiny)
 
     p = sub.add_parser("train", help="run stage 1 or 2 from a YAML config")
@@ -184,6 +201,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="dtype to merge in and save (default float32)")
     p.set_defaults(func=_merge_lora)
+
+    p = sub.add_parser("warmup", help="pretrain the tiny LLM (causal LM) and SigLIP (sigmoid contrastive) on a world")
+    p.add_argument("--backbones", required=True, help="dir written by make-tiny")
+    p.add_argument("--world", required=True, help="dir written by synth")
+    p.add_argument("--out", required=True, help="warmed backbones go to OUT/<name>, report to OUT/warmup_report.json")
+    p.add_argument("--llms", nargs="*", default=["llama"], choices=["llama", "qwen2"])
+    p.add_argument("--towers", nargs="*", default=["siglip"], choices=["siglip"])
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_warmup)
 
     p = sub.add_parser("demo", help="the offline tiny pipeline (writes under runs/tiny)")
     p.set_defaults(func=_demo)
