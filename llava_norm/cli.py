@@ -64,7 +64,7 @@ def _warmup(args) -> None:
 def _demo(args) -> None:
     from llava_norm.demo import run_demo
 
-    run_demo()
+    run_demo(args.root, args.profile)
 
 
 def _key_values(pairs: list[str], flag: str) -> dict[str, str]:
@@ -211,7 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_warmup)
 
-    p = sub.add_parser("demo", help="the offline tiny pipeline (writes under runs/tiny)")
+    p = sub.add_parser("demo", help="the whole pipeline at tiny scale, offline: writes ROOT/demo/REPORT.md")
+    p.add_argument("--root", default="runs", help="where the world, backbones and runs go (default: runs)")
+    p.add_argument("--profile", default="full", choices=["full", "smoke"],
+                   help="smoke: the same steps with a handful of training steps (what the test suite runs)")
     p.set_defaults(func=_demo)
 
     from llava_norm.analysis.cli import register as register_analyses

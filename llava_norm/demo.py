@@ -1,90 +1,179 @@
-"""``make demo``: the pipeline as far as it exists, offline and at tiny scale.
+"""``make demo``: the whole paper pipeline at tiny scale, offline, on CPU.
 
-Owns the demo's sequence: synthetic world -> tiny backbones (tokenizers trained on the world's
-text) -> backbone warm-up (causal-LM pretraining of the LLM, sigmoid
-contrastive pretraining of SigLIP; ``llava_norm.warmup``) -> stage 1 and stage 2 from the
-warmed backbones for the baseline arm and the text-norm + GWC arm (DeepSpeed ZeRO-2, 2 CPU
-processes) -> a few greedy answers on held-out images. Completed steps are reused. Benchmarks, diagnostics and the
-report join when the evaluation and analysis stages land; nothing here is a placeholder
-number: it prints only what the runs measured.
+Owns the demo's sequence and its two profiles (``full`` for ``make demo``, ``smoke`` for the
+test suite: same code path, a handful of steps):
+
+synthetic world -> tiny backbones (tokenizers trained on the world's text) -> backbone warm-up
+(causal-LM pretraining of the LLM, sigmoid contrastive pretraining of SigLIP) -> for the
+baseline arm and the text-norm + GWC arm: stage 1 -> stage 2 -> evaluation on the nine mini
+benchmarks (``llava_norm.pipeline``, the code behind ``scripts/pipeline.sh``) -> the
+diagnostics -> ``<root>/demo/REPORT.md`` (``llava_norm.demo_report``).
+
+Every path is passed to the configs as an override, so the demo runs under any root; every
+step is skipped when its output is complete, so a second run only rewrites the report.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tqdm import tqdm
+from llava_norm.pipeline import REPO, PipelineConfig, Step, arm_steps, run_steps
+from llava_norm.warmup.loop import LoopConfig
+from llava_norm.warmup.run import WarmupConfig
 
-REPO = Path(__file__).resolve().parents[1]
 ARMS = ("none", "ln_textnorm_gwc")
 SEED = 0
 
 
-def _run(command: list[str]) -> None:
-    env = {**os.environ, "GPUS_PER_NODE": os.environ.get("GPUS_PER_NODE", "2"), "OMP_NUM_THREADS": "1",
-           "PYTHON": sys.executable}
-    subprocess.run(command, cwd=REPO, env=env, check=True)
+@dataclass(frozen=True)
+class DemoProfile:
+    name: str
+    world: dict = field(default_factory=dict)  # build_world keyword arguments
+    warmup: WarmupConfig = WarmupConfig(seed=SEED)
+    stage1: tuple[str, ...] = ()  # config overrides on top of configs/tiny/<arm>/stage1.yaml
+    stage2: tuple[str, ...] = ()
+    eval_args: tuple[str, ...] = ()
+    processes: int = 2  # DeepSpeed ZeRO-2 over 2 CPU processes, as on a cluster
+    analysis_images: int = 8
 
 
-def run_demo() -> None:
+FULL = DemoProfile("full")
+SMOKE = DemoProfile(
+    "smoke",
+    world=dict(n_pretrain=48, n_instruct=24, n_text=40, n_bench=3, bench_sizes={"pope": 2, "mmbench": 2}),
+    warmup=WarmupConfig(seed=SEED, lm_block_tokens=64, lm=LoopConfig(steps=2, batch_size=4, lr=3e-3, warmup_steps=1),
+                        vision=LoopConfig(steps=2, batch_size=4, lr=1e-3, warmup_steps=1)),
+    stage1=("train.max_steps=2", "train.per_device_batch_size=4", "train.deepspeed=null", "train.save_steps=1"),
+    stage2=("train.max_steps=2", "train.per_device_batch_size=4", "train.deepspeed=null", "train.save_steps=1"),
+    eval_args=("--limit=2", "--max-new-tokens-cap=8"),
+    processes=1,
+    analysis_images=2,
+)
+PROFILES = {p.name: p for p in (FULL, SMOKE)}
+
+
+@dataclass
+class DemoPaths:
+    root: Path
+
+    @property
+    def world(self) -> Path:
+        return self.root / "tiny" / "world"
+
+    @property
+    def backbones(self) -> Path:
+        return self.root / "tiny" / "backbones"
+
+    @property
+    def warm(self) -> Path:
+        return self.root / "tiny" / "warm"
+
+    @property
+    def demo(self) -> Path:
+        return self.root / "demo"
+
+    def run(self, arm: str, stage: int) -> Path:
+        return self.demo / arm / f"stage{stage}"
+
+
+def _stamp_matches(stamp: Path, wanted: dict) -> bool:
+    return stamp.is_file() and json.loads(stamp.read_text()) == wanted
+
+
+def _world_step(paths: DemoPaths, profile: DemoProfile) -> Step:
     from llava_norm.synth import build_world
-    from llava_norm.warmup import warm_up
 
-    tiny = REPO / "runs/tiny"
-    steps = [("synthetic world", None), ("tiny backbones", None), ("warm-up", None)]
-    steps += [(f"{arm} stage {stage}", (arm, stage)) for arm in ARMS for stage in (1, 2)]
-    bar = tqdm(steps, desc="demo", unit="step")
-    for name, job in bar:
-        bar.set_postfix_str(name)
-        if name == "synthetic world":
-            build_world(tiny / "world", seed=SEED)
-        elif name == "tiny backbones":
-            _backbones(tiny)
-        elif name == "warm-up":
-            warm_up(tiny / "backbones", tiny / "world", tiny / "warm")  # configs/_base/tiny.yaml reads warm/
-        else:
-            arm, stage = job
-            if not (tiny / arm / f"stage{stage}" / "train_summary.json").exists():
-                script = "scripts/pretrain.sh" if stage == 1 else "scripts/finetune.sh"
-                _run(["bash", script, f"configs/tiny/{arm}/stage{stage}.yaml",
-                      f"train.output_dir=runs/tiny/{arm}/stage{stage}",
-                      *([f"model.pretrained_projector=runs/tiny/{arm}/stage1/projector.safetensors"] if stage == 2 else [])])
-    _summarise(tiny)
+    stamp = paths.world / "built_with.json"
+    wanted = {"seed": SEED, **profile.world}
+
+    def run() -> None:
+        build_world(paths.world, seed=SEED, **profile.world)
+        stamp.write_text(json.dumps(wanted, sort_keys=True))
+
+    return Step("synthetic world", lambda: _stamp_matches(stamp, wanted), run)
 
 
-def _backbones(tiny: Path) -> None:
-    """Tiny backbones whose tokenizers are trained on this world's text; rebuilt when the
-    world or the sizes change (a stamp records what they were built from)."""
-    from dataclasses import asdict
-
+def _backbones_step(paths: DemoPaths) -> Step:
+    """Tiny backbones whose tokenizers are trained on this world's text; rebuilt when the world
+    or the sizes change (a stamp records what they were built from)."""
     from llava_norm.model.tiny import TinySizes, make_tiny
     from llava_norm.warmup.lm import world_tokenizer_corpus
     from llava_norm.warmup.loop import file_digest
 
-    stamp = tiny / "backbones/built_from.json"
-    wanted = {"seed": SEED, "sizes": asdict(TinySizes()), "world_manifest_sha256": file_digest(tiny / "world/manifest.json")}
-    if stamp.is_file() and json.loads(stamp.read_text()) == wanted:
-        return
-    make_tiny(tiny / "backbones", seed=SEED, corpus=world_tokenizer_corpus(tiny / "world"))
-    stamp.write_text(json.dumps(wanted, indent=1) + "\n")
+    stamp = paths.backbones / "built_from.json"
+
+    def wanted() -> dict:
+        return {"seed": SEED, "sizes": asdict(TinySizes()),
+                "world_manifest_sha256": file_digest(paths.world / "manifest.json")}
+
+    def run() -> None:
+        make_tiny(paths.backbones, seed=SEED, corpus=world_tokenizer_corpus(paths.world))
+        stamp.write_text(json.dumps(wanted(), indent=1) + "\n")
+
+    return Step("tiny backbones", lambda: _stamp_matches(stamp, wanted()), run)
 
 
-def _summarise(tiny: Path) -> None:
-    from llava_norm.inference import Predictor, Prompt
-    from llava_norm.model.builder import load_bundle
-    from llava_norm.evaluation.benchmarks import get_benchmark
+def _warmup_step(paths: DemoPaths, profile: DemoProfile) -> Step:
+    from llava_norm.warmup import warm_up
 
-    items = get_benchmark("pope").load(tiny / "world/benchmarks/pope", limit=6)
-    for arm in ARMS:
-        summary = json.loads((tiny / arm / "stage2/train_summary.json").read_text())
-        losses = [e["loss"] for e in summary["log_history"] if "loss" in e]
-        print(f"\n[{arm}] stage-2 loss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps")
-        predictor = Predictor(load_bundle(tiny / arm / "stage2/model"), template_kwargs={"date_string": "26 Jul 2024"})
-        replies = predictor.generate([Prompt(i.prompt, i.image) for i in items], max_new_tokens=8)
-        for item, reply in zip(items, replies):
-            print(f"  Q: {item.prompt.splitlines()[0]!r}  gold={item.meta.get('answer')!r}  model={reply!r}")
-    print("\nBenchmarks, diagnostics and runs/demo/REPORT.md arrive with the evaluation and analysis stages.")
+    report = paths.warm / "warmup_report.json"
+    stamp = paths.backbones / "built_from.json"
+
+    def done() -> bool:
+        # warm_up would reuse finished backbones itself (it fingerprints settings, sources and
+        # world); checking here keeps a reused step out of the timings.
+        if not report.is_file() or not stamp.is_file() or report.stat().st_mtime < stamp.stat().st_mtime:
+            return False
+        wanted = json.loads(json.dumps(asdict(profile.warmup.with_seed())))
+        return json.loads(report.read_text()).get("config") == wanted
+
+    return Step("backbone warm-up", done, lambda: warm_up(paths.backbones, paths.world, paths.warm, profile.warmup))
+
+
+def pipeline_config(paths: DemoPaths, profile: DemoProfile) -> PipelineConfig:
+    world = paths.world
+    backbones = [f"model.vision_tower={paths.warm / 'siglip'}", f"model.llm={paths.warm / 'llama'}"]
+    return PipelineConfig(
+        arms=[str(REPO / "configs" / "tiny" / arm) for arm in ARMS],
+        runs_dir=str(paths.demo),
+        data_root=str(world / "benchmarks"),
+        stage1_overrides=[*backbones, f"data.mixture=[{{path: {world}/pretrain/synth_pretrain.json, "
+                                      f"image_folder: {world}/images}}]", *profile.stage1],
+        stage2_overrides=[*backbones, f"data.mixture=[{{path: {world}/instruct/synth_instruct.json, "
+                                      f"image_folder: {world}/images}}]", *profile.stage2],
+        eval_args=list(profile.eval_args),
+        env={"GPUS_PER_NODE": str(profile.processes), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"},
+    )
+
+
+def plan_demo(paths: DemoPaths, profile: DemoProfile) -> list[Step]:
+    from llava_norm.demo_report import diagnostics_step
+
+    config = pipeline_config(paths, profile)
+    steps = [_world_step(paths, profile), _backbones_step(paths), _warmup_step(paths, profile)]
+    for arm in config.arms:
+        steps += arm_steps(config, arm)
+    return steps + [diagnostics_step(paths, profile, config)]
+
+
+def run_demo(root: str | Path = REPO / "runs", profile: str = "full") -> Path:
+    """Run (or resume) the demo under ``root``; returns the path of REPORT.md."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one progress bar for the demo, not one per weight file
+    paths = DemoPaths(Path(root).resolve())
+    paths.demo.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    record = run_steps(plan_demo(paths, PROFILES[profile]), desc=f"demo ({profile})")
+    timings = {"profile": profile, "total_s": time.perf_counter() - start,
+               "steps": [{"step": name, "status": status, "seconds": round(seconds, 1)}
+                         for name, status, seconds in record]}
+    (paths.demo / "timings.json").write_text(json.dumps(timings, indent=1) + "\n")
+    from llava_norm.demo_report import write_report
+
+    report = write_report(paths, PROFILES[profile], timings)
+    print(f"\nreport: {report}")
+    return report

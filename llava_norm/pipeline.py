@@ -43,6 +43,7 @@ class PipelineConfig:
     eval_args: list[str] = field(default_factory=list)
     table: str | None = None  # output prefix; default <runs>/results
     stream: bool = False  # show the launched processes' output instead of logging it to files
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for the launches (GPUS_PER_NODE, ...)
 
 
 def arm_name(config_dir: str | Path) -> str:
@@ -95,13 +96,13 @@ def arm_steps(config: PipelineConfig, config_dir: str) -> list[Step]:
             extra = config.stage1_overrides if stage == 1 else [
                 f"model.pretrained_projector={stage1 / 'projector.safetensors'}", *config.stage2_overrides]
             launch(["bash", script, str(cfg / f"stage{stage}.yaml"), f"train.output_dir={out}", *extra],
-                   logs and logs / f"stage{stage}.log")
+                   logs and logs / f"stage{stage}.log", config.env)
         return run
 
     def evaluate() -> None:
         launch(["bash", "scripts/eval.sh", str(stage2 / "model"), config.benchmarks, "--out", str(eval_dir),
                 "--name", arm, *config.eval_args], logs and logs / "eval.log",
-               env={"EVAL_DATA": str(Path(config.data_root).resolve())})
+               env={**config.env, "EVAL_DATA": str(Path(config.data_root).resolve())})
 
     return [
         Step(f"{arm}: stage 1", lambda: (stage1 / "train_summary.json").exists(), train(1)),

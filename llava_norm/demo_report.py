@@ -1,0 +1,172 @@
+"""The demo's diagnostics step and ``REPORT.md``: what the tiny runs measured, stated as measured.
+
+Owns which checkpoints each diagnostic looks at in the demo (interface norms after stage 1 and
+stage 2 of both arms, Table 5 statistics of the GWC arm after stage 1, layer curves and
+attention of both final models, App. F over the GWC arm's stage-1 checkpoints, gradient flow
+of fresh builds from the warmed backbones), the chance levels next to the results table, and
+sentences that compare numbers (e.g. visual-token norm against T). Every sentence is computed
+from the JSON files; where the numbers disagree with the paper, the sentence says so.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from pathlib import Path
+
+from llava_norm.pipeline import Step
+
+BASELINE, ALIGNED = "none", "ln_textnorm_gwc"
+PROMPT, PHRASE = "What colour is the largest shape in the picture?", "largest shape"
+
+
+def diagnostics_step(paths, profile, config) -> Step:
+    out = paths.demo / "diagnostics"
+
+    def run() -> None:
+        from llava_norm.analysis.attention import attention_maps
+        from llava_norm.analysis.common import Labeled, analysis_device, load_analysis_bundle
+        from llava_norm.analysis.gains import gain_stats
+        from llava_norm.analysis.gradients import arm_bundles, gradient_flow, training_batch
+        from llava_norm.analysis.interface import checkpoint_interface_norms, interface_norms, top_norm_result
+        from llava_norm.analysis.layers import dynamics, layer_curves
+        from llava_norm.analysis.samples import load_samples
+
+        samples = load_samples(paths.world, profile.analysis_images)
+        device = analysis_device(None)
+        rows = []
+        for arm in (BASELINE, ALIGNED):
+            for stage in (1, 2):
+                bundle = load_analysis_bundle(paths.run(arm, stage) / "model", device)
+                rows.append(checkpoint_interface_norms(bundle, samples, f"{arm} stage {stage}"))
+        interface_norms(rows, samples, out)
+        top_norm_result(bundle.model.get_input_embeddings().weight, bundle.tokenizer, "warmed tiny Llama", 10, out)
+        del bundle
+        finals = [Labeled(arm, paths.run(arm, 2) / "model") for arm in (BASELINE, ALIGNED)]
+        layer_curves(finals, samples, out)
+        gain_stats([Labeled(f"{ALIGNED} after stage 1", paths.run(ALIGNED, 1) / "model"),
+                    Labeled(f"{ALIGNED} after stage 2", paths.run(ALIGNED, 2) / "model")], out)
+        dynamics(paths.run(ALIGNED, 1), samples, out)
+        instruct = paths.world / "instruct" / "synth_instruct.json"
+        gradient_flow(arm_bundles(str(paths.warm / "siglip"), str(paths.warm / "llama")),
+                      lambda b: training_batch(b, instruct, paths.world / "images"), out)
+        attention_maps(finals, samples.image_paths[0], PROMPT, PHRASE, out_dir=out)
+        (out / "complete").write_text(datetime.datetime.now().isoformat())
+
+    def done() -> bool:
+        marker = out / "complete"
+        finals = [paths.run(arm, 2) / "model" / "model.safetensors" for arm in (BASELINE, ALIGNED)]
+        return marker.exists() and all(f.stat().st_mtime < marker.stat().st_mtime for f in finals)
+
+    return Step("diagnostics", done, run)
+
+
+def _chance_row(world: Path) -> dict[str, float]:
+    """Chance level of each benchmark's headline metric (uniform guessing), from the world's manifest."""
+    from llava_norm.evaluation.runner import DATA_DIRS
+
+    manifest = json.loads((world / "manifest.json").read_text())["benchmarks"]
+    chance = {}
+    for name, directory in DATA_DIRS.items():
+        entry = next((e for e in manifest.values() if e["path"].startswith(f"benchmarks/{directory}/")), None)
+        if entry is not None:
+            chance[name] = 100.0 * entry["chance"]
+    return chance
+
+
+def _load(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _losses(run: Path) -> str:
+    summary = _load(run / "train_summary.json")
+    losses = [e["loss"] for e in (summary or {}).get("log_history", []) if "loss" in e]
+    return f"{losses[0]:.3f} → {losses[-1]:.3f} ({len(losses)} steps)" if losses else "-"
+
+
+def _findings(diag: Path, table, chance: dict[str, float]) -> list[str]:
+    lines = []
+    interface = _load(diag / "interface_norms.json")
+    if interface:
+        by = {r["label"]: r for r in interface["rows"]}
+        for stage in (1, 2):
+            base, aligned = by.get(f"{BASELINE} stage {stage}"), by.get(f"{ALIGNED} stage {stage}")
+            if not base or not aligned:
+                continue
+            T = base["text_norm_T"]
+            visual, text = base["projector_output"]["mean"], base["text_tokens"]["mean"]
+            verdict = "well above" if visual > 2 * T else "above" if visual > T else "NOT above (differs from the paper)"
+            lines.append(f"- After stage {stage}, baseline: visual tokens enter the LLM with mean norm {visual:.3g}, "
+                         f"{visual / T:.1f}× T = {T:.3g} ({verdict}); text-token embeddings average {text:.3g}.")
+            after = aligned["norm_output"]["mean"]
+            near = abs(after / T - 1) < 0.25
+            lines.append(f"- After stage {stage}, text-norm + GWC: after the norm layer the visual tokens have mean "
+                         f"norm {after:.3g} = {after / T:.2f}× T "
+                         f"({'about T' if near else 'not close to T'}; projector output before it: "
+                         f"{aligned['projector_output']['mean']:.3g}).")
+    gains = _load(diag / "gain_stats.json")
+    if gains:
+        for row in gains["rows"]:
+            if row["gain_l2"] is not None:
+                lines.append(f"- Table 5, {row['label']}: ‖g‖ = {row['gain_l2']:.4g}, mean|g| = "
+                             f"{row['gain_abs_mean']:.4g} ± {row['gain_abs_std']:.3g} (initial T/√d = "
+                             f"{row['text_norm_init_abs_mean']:.4g}), mean|b| = {row['bias_abs_mean']:.3g}.")
+    flow = _load(diag / "gradient_flow.json")
+    if flow and flow.get("gwc_check"):
+        check = flow["gwc_check"]
+        ratio = check["observed_ratio"].get("projector_linears")
+        if ratio is not None:
+            lines.append(f"- Gradient flow (fresh builds, one batch): the projector's gradient with text-norm init "
+                         f"and no GWC is {ratio:.4g}× the GWC arm's; METHOD.md predicts mean|g| = "
+                         f"{check['predicted_ratio_mean_abs_g']:.4g}.")
+    if table is not None:
+        for column in table.columns:
+            values = ", ".join(f"{run} {table.values[run][column]:.1f}" for run in table.runs)
+            c = chance.get(column)
+            above = c is not None and all(table.values[run][column] > c for run in table.runs)
+            lines.append(f"- {table.labels[column]}: {values} (chance {c:.1f}; "
+                         f"{'above chance for both arms' if above else 'NOT above chance for every arm'}).")
+    return lines
+
+
+def write_report(paths, profile, timings: dict) -> Path:
+    from llava_norm.analysis.report import write_report as write_diagnostics
+    from llava_norm.evaluation.table import build_table, to_markdown
+
+    demo, diag = paths.demo, paths.demo / "diagnostics"
+    chance = _chance_row(paths.world)
+    eval_dirs = [demo / arm / "eval" for arm in (BASELINE, ALIGNED)]
+    table = build_table(eval_dirs, baseline=BASELINE)
+    fresh = _load(demo / "timings_fresh.json")
+    if any(s["status"] == "done" and s["step"] != "diagnostics" for s in timings["steps"]) or fresh is None:
+        fresh = timings
+        (demo / "timings_fresh.json").write_text(json.dumps(timings, indent=1) + "\n")
+    warm = _load(paths.warm / "warmup_report.json") or {"backbones": {}}
+
+    lines = [
+        "# llava-norm demo report", "",
+        f"Profile `{profile.name}`, seed 0, written {datetime.datetime.now():%Y-%m-%d %H:%M}, on "
+        f"{platform.machine()} with {os.cpu_count()} CPU cores ({platform.platform()}). Everything below was "
+        "measured by this run; nothing is copied from the paper.", "",
+        "## Time", "",
+        f"Last run that computed anything: {fresh['total_s'] / 60:.1f} min wall.", "",
+        "| step | status | seconds |", "|---|---|---|",
+        *[f"| {s['step']} | {s['status']} | {s['seconds']} |" for s in fresh["steps"]], "",
+        "## Training", "",
+        "| backbone warm-up | held-out loss before → after |", "|---|---|",
+        *[f"| {name} | {e['before']['loss']:.3f} → {e['after']['loss']:.3f} |" for name, e in warm["backbones"].items()],
+        "", "| arm | stage 1 loss | stage 2 loss |", "|---|---|---|",
+        *[f"| {arm} | {_losses(paths.run(arm, 1))} | {_losses(paths.run(arm, 2))} |" for arm in (BASELINE, ALIGNED)],
+        "", "## Mini benchmarks", "",
+        to_markdown(table, extra_rows={"chance (uniform guessing)": chance}),
+        "## Findings (computed from the numbers below)", "",
+        *_findings(diag, table, chance), "",
+    ]
+    diagnostics = write_diagnostics([diag], demo / "diagnostics.md", "Diagnostics")
+    body = diagnostics.read_text().splitlines()
+    lines += ["#" + line if line.startswith("#") else line for line in body]  # nest its headings one level
+    report = demo / "REPORT.md"
+    report.write_text("\n".join(lines) + "\n")
+    return report
