@@ -71,7 +71,8 @@ def pack(docs: list[str], tokenizer, block: int) -> torch.Tensor:
 
 @torch.no_grad()
 def heldout_stats(model, blocks: torch.Tensor, batch_size: int) -> dict:
-    """Mean next-token loss on held-out blocks, T, and the mean hidden-state norm per layer."""
+    """Mean next-token loss on held-out blocks, T, and the mean hidden-state norm per layer
+    (embeddings first; transformers returns the last layer's output after the final RMSNorm)."""
     losses, layer_norms = [], None
     for start in range(0, len(blocks), batch_size):
         ids = blocks[start:start + batch_size]
