@@ -45,7 +45,7 @@ SMOKE = DemoProfile(
     "smoke",
     world=dict(n_pretrain=48, n_instruct=24, n_text=40, n_bench=3, bench_sizes={"pope": 2, "mmbench": 2}),
     warmup=WarmupConfig(seed=SEED, lm_block_tokens=64, lm=LoopConfig(steps=2, batch_size=4, lr=3e-3, warmup_steps=1),
-                        vision=LoopConfig(steps=2, batch_size=4, lr=1e-3, warmup_steps=1)),
+                        vision=LoopConfig(steps=2, batch_size=2, lr=1e-3, warmup_steps=1)),
     stage1=("train.max_steps=2", "train.per_device_batch_size=4", "train.deepspeed=null", "train.save_steps=1"),
     stage2=("train.max_steps=2", "train.per_device_batch_size=4", "train.deepspeed=null", "train.save_steps=1"),
     eval_args=("--limit=2", "--max-new-tokens-cap=8"),
