@@ -126,8 +126,13 @@ def _findings(diag: Path, table, chance: dict[str, float]) -> list[str]:
             values = ", ".join(f"{run} {table.values[run][column]:.1f}" for run in table.runs)
             c = chance.get(column)
             above = c is not None and all(table.values[run][column] > c for run in table.runs)
+            note = ""
+            if column == "pope":  # F1 rewards always answering "yes" (0.667 at a 50% yes ratio)
+                shares = ", ".join(f"{run} {100 * table.metrics[run]['pope']['mean_over_splits']['predicted_yes_share']:.0f}%"
+                                   for run in table.runs)
+                note = f"; predicted 'yes' share: {shares} (always 'yes' gives F1 66.7)"
             lines.append(f"- {table.labels[column]}: {values} (chance {c:.1f}; "
-                         f"{'above chance for both arms' if above else 'NOT above chance for every arm'}).")
+                         f"{'above chance for both arms' if above else 'NOT above chance for every arm'}{note}).")
     return lines
 
 

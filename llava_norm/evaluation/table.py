@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from llava_norm.evaluation.benchmarks import BENCHMARKS
@@ -63,6 +63,7 @@ class Table:
     labels: dict[str, str]
     values: dict[str, dict[str, float]]  # run -> benchmark -> percent
     baseline: str
+    metrics: dict[str, dict[str, dict]] = field(default_factory=dict)  # run -> benchmark -> full metrics
     average: bool = True
 
     def row_average(self, run: str) -> float:
@@ -112,7 +113,8 @@ def build_table(run_dirs: list[str | Path], baseline: str | None = None) -> Tabl
                                  f"({' vs '.join(sorted(found))}); a column must compare like with like")
         labels[column] = HEADLINES[column].label(runs[names[0]][column]["settings"])
     values = {n: {c: HEADLINES[c].value(runs[n][c]["metrics"]) for c in columns} for n in names}
-    return Table(names, columns, labels, values, baseline)
+    metrics = {n: {c: runs[n][c]["metrics"] for c in columns} for n in names}
+    return Table(names, columns, labels, values, baseline, metrics=metrics)
 
 
 def _signed(x: float) -> str:
