@@ -68,7 +68,8 @@ def _curves(r: dict) -> list[str]:
 def _gains(r: dict) -> list[str]:
     rows = [[x["label"], x["norm_alignment"], x["gain_l2"], x["gain_abs_mean"], x["gain_abs_std"],
              x["bias_abs_mean"], x["text_norm_init_abs_mean"]] for x in r["rows"]]
-    return _table(["model", "arm", "‖g‖", "mean|g|", "std|g|", "mean|b|", "T/√d"], rows)
+    # Pipes inside a Markdown table cell must be escaped or they split the cell.
+    return _table(["model", "arm", "‖g‖", r"mean\|g\|", r"std\|g\|", r"mean\|b\|", "T/√d"], rows)
 
 
 def _gradients(r: dict) -> list[str]:
