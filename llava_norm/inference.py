@@ -32,8 +32,10 @@ class Prompt:
 
 class Predictor:
     def __init__(self, bundle, prompt_format: str = "chat", template_kwargs: dict | None = None,
-                 image_aspect: str = "resize", device: str | torch.device | None = None):
+                 image_aspect: str = "resize", device: str | torch.device | None = None,
+                 system_prompt: str | None = None):
         self.bundle = bundle
+        self.system_prompt = system_prompt  # what callers put in Prompt.system (the training run's)
         self.model = bundle.model.eval()
         self.device = torch.device(device) if device else next(self.model.parameters()).device
         self.encoder = conversation_tokenizer(bundle, prompt_format, template_kwargs)
@@ -57,6 +59,19 @@ class Predictor:
         decode = self.bundle.tokenizer.decode
         return [decode(ids, skip_special_tokens=True).strip()
                 for ids in self.generate_ids(prompts, max_new_tokens, batch_size)]
+
+    def generate_budgeted(self, prompts: list[Prompt], budgets: list[int]) -> list[str]:
+        """Greedy replies when each prompt has its own ``max_new_tokens``: one batched call per
+        distinct budget, replies returned in prompt order."""
+        groups: dict[int, list[int]] = {}
+        for index, budget in enumerate(budgets):
+            groups.setdefault(budget, []).append(index)
+        replies = [""] * len(prompts)
+        for budget, indices in groups.items():
+            texts = self.generate([prompts[i] for i in indices], budget, batch_size=len(indices))
+            for i, text in zip(indices, texts):
+                replies[i] = text
+        return replies
 
     @torch.no_grad()
     def generate_ids(self, prompts: list[Prompt], max_new_tokens: int, batch_size: int = 8) -> list[list[int]]:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from llava_norm.model.builder import resolve_dtype
+
 # Llama-3's chat template stamps today's date into every prompt; pin it so numbers are reproducible.
 DEFAULT_TEMPLATE_KWARGS = {"date_string": "26 Jul 2024"}
 
@@ -28,7 +30,7 @@ def analysis_device(device: str | None = None) -> torch.device:
 
 def analysis_dtype(device: torch.device) -> str:
     """bf16 on an accelerator (what the models train in), fp32 on CPU (bf16 matmuls there are slow)."""
-    return "bfloat16" if device.type == "cuda" else "float32"
+    return resolve_dtype("auto", device)
 
 
 @dataclass

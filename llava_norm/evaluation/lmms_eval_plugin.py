@@ -50,7 +50,7 @@ class LlavaNormLmms(lmms):
                  prompt_format: str | None = None, system_prompt: str | None = None,
                  trust_remote_code: bool | str = False, device: str | None = None, **unused) -> None:
         super().__init__()
-        from llava_norm.model.builder import load_bundle
+        from llava_norm.model.builder import load_bundle, resolve_dtype
 
         self._rank = int(os.environ.get("RANK", "0"))
         self._world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -59,15 +59,14 @@ class LlavaNormLmms(lmms):
             self._device = torch.device("cuda", local)
         else:
             self._device = torch.device(device if device and device != "cuda" else "cpu")
-        if dtype == "auto":
-            dtype = "bfloat16" if self._device.type == "cuda" else "float32"
-        bundle = load_bundle(pretrained, dtype=dtype, trust_remote_code=_as_bool(trust_remote_code))
+        bundle = load_bundle(pretrained, dtype=resolve_dtype(dtype, self._device),
+                             trust_remote_code=_as_bool(trust_remote_code))
         bundle.model.to(self._device)
         prompt = training_prompt_settings(pretrained)
-        self.system_prompt = system_prompt if system_prompt is not None else prompt.system_prompt
         self.batch_size_per_gpu = int(batch_size) if str(batch_size).isdigit() else 8
         self.predictor = Predictor(bundle, prompt_format or prompt.prompt_format, prompt.template_kwargs,
-                                   prompt.image_aspect, device=self._device)
+                                   prompt.image_aspect, device=self._device,
+                                   system_prompt=system_prompt if system_prompt is not None else prompt.system_prompt)
 
     @property
     def device(self) -> torch.device:
@@ -85,18 +84,13 @@ class LlavaNormLmms(lmms):
                 visuals = [v for v in (doc_to_visual(self._doc(task, split, doc_id)) or []) if v is not None]
                 if len(visuals) > 1:
                     raise ValueError(f"{task} doc {doc_id}: {len(visuals)} images; llava-norm models take one image")
-                prompts.append(Prompt(context, visuals[0].convert("RGB") if visuals else None, self.system_prompt))
+                prompts.append(Prompt(context, visuals[0].convert("RGB") if visuals else None,
+                                      self.predictor.system_prompt))
                 budgets.append(int(gen_kwargs.get("max_new_tokens", 1024)))
                 stops.append(gen_kwargs.get("until"))
-            # Greedy everywhere, as the paper evaluates; one generate call per token budget.
-            by_budget: dict[int, list[int]] = {}
-            for index, budget in enumerate(budgets):
-                by_budget.setdefault(budget, []).append(index)
-            texts = [""] * len(prompts)
-            for budget, indices in by_budget.items():
-                outs = self.predictor.generate([prompts[i] for i in indices], budget, batch_size=len(indices))
-                for i, text in zip(indices, outs):
-                    texts[i] = _cut_at_stop_strings(text, stops[i])
+            # Greedy everywhere, as the paper evaluates.
+            texts = self.predictor.generate_budgeted(prompts, budgets)
+            texts = [_cut_at_stop_strings(text, stop) for text, stop in zip(texts, stops)]
             replies.extend(texts)
         return replies
 

@@ -23,13 +23,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from llava_norm.evaluation.benchmarks import BENCHMARKS, GenerationItem, get_benchmark
+from llava_norm.evaluation.benchmarks import BENCHMARKS, get_benchmark
 from llava_norm.evaluation.distributed import Ranks
 from llava_norm.evaluation.predictions import PredictionStore
+from llava_norm.evaluation.table import read_results
 
 # Sub-directory of --data-root per benchmark. `llava-norm synth` writes its mini benchmarks
 # under exactly these names, and eval/README.md tells users to lay real data out the same way.
@@ -96,30 +96,38 @@ def resolve_benchmarks(names: list[str], data_root: str | None, paths: dict[str,
     return requests
 
 
-def training_prompt_settings(checkpoint: str | Path) -> PromptSettings:
-    """The prompt settings the model was trained with: ``data.*`` of the run's config.yaml
-    (beside ``model/`` or a ``checkpoint-N/``), else the chat-template defaults."""
+def run_config(checkpoint: str | Path):
+    """The training run's config.yaml (beside ``model/`` or a ``checkpoint-N/``, or inside the
+    given directory) as an OmegaConf tree, or None for a model saved outside a run."""
     for candidate in (Path(checkpoint) / "config.yaml", Path(checkpoint).parent / "config.yaml"):
         if candidate.is_file():
-            data = OmegaConf.load(candidate).get("data", {})
-            return PromptSettings(
-                prompt_format=data.get("prompt_format", "chat"),
-                template_kwargs=dict(data.get("template_kwargs", {}) or {}),
-                system_prompt=data.get("system_prompt"),
-                image_aspect=data.get("image_aspect", "resize"),
-            )
-    return PromptSettings()
+            return OmegaConf.load(candidate)
+    return None
+
+
+def training_prompt_settings(checkpoint: str | Path) -> PromptSettings:
+    """The prompt settings the model was trained with (``data.*`` of the run's config.yaml),
+    else the chat-template defaults."""
+    tree = run_config(checkpoint)
+    if tree is None:
+        return PromptSettings()
+    data = tree.get("data", {})
+    return PromptSettings(
+        prompt_format=data.get("prompt_format", "chat"),
+        template_kwargs=dict(data.get("template_kwargs", {}) or {}),
+        system_prompt=data.get("system_prompt"),
+        image_aspect=data.get("image_aspect", "resize"),
+    )
 
 
 def default_run_name(checkpoint: str | Path) -> str:
     """The training run's ``train.run_name``, else its arm (``model.norm_alignment``), else the
     directory name: the table's rows are named after what differs between runs."""
-    for candidate in (Path(checkpoint) / "config.yaml", Path(checkpoint).parent / "config.yaml"):
-        if candidate.is_file():
-            tree = OmegaConf.load(candidate)
-            name = OmegaConf.select(tree, "train.run_name") or OmegaConf.select(tree, "model.norm_alignment")
-            if name:
-                return str(name)
+    tree = run_config(checkpoint)
+    if tree is not None:
+        name = OmegaConf.select(tree, "train.run_name") or OmegaConf.select(tree, "model.norm_alignment")
+        if name:
+            return str(name)
     return Path(checkpoint).resolve().name
 
 
@@ -148,26 +156,14 @@ def _settings(config: EvalConfig, request: BenchmarkRequest, bench) -> dict[str,
     }
 
 
-def _model_dtype(name: str) -> str:
-    if name == "auto":
-        return "bfloat16" if torch.cuda.is_available() else "float32"
-    return name
-
-
 def _predict_batch(predictor, bench_kind: str, batch: list, cap: int | None) -> list[dict]:
     from llava_norm.inference import Prompt
 
     if bench_kind == "generate":
-        by_budget: dict[int, list[GenerationItem]] = {}
-        for item in batch:
-            budget = item.max_new_tokens if cap is None else min(cap, item.max_new_tokens)
-            by_budget.setdefault(budget, []).append(item)
-        records = []
-        for budget, group in by_budget.items():
-            replies = predictor.generate([Prompt(i.prompt, i.image, predictor.system_prompt) for i in group],
-                                         max_new_tokens=budget, batch_size=len(group))
-            records += [{"item_id": i.item_id, "prediction": r} for i, r in zip(group, replies)]
-        return records
+        prompts = [Prompt(i.prompt, i.image, predictor.system_prompt) for i in batch]
+        budgets = [i.max_new_tokens if cap is None else min(cap, i.max_new_tokens) for i in batch]
+        replies = predictor.generate_budgeted(prompts, budgets)
+        return [{"item_id": i.item_id, "prediction": r} for i, r in zip(batch, replies)]
     pairs = [(item.context, c) for item in batch for c in item.continuations]
     scores = predictor.loglikelihood(pairs, batch_size=len(pairs))
     records, at = [], 0
@@ -236,36 +232,27 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def collect_results(out_dir: str | Path) -> dict[str, dict]:
-    """Every finished benchmark JSON in an output directory (from this or earlier invocations)."""
-    results = {}
-    for path in sorted(Path(out_dir).glob("*.json")):
-        data = json.loads(path.read_text())
-        if isinstance(data, dict) and data.get("benchmark") in BENCHMARKS and "metrics" in data:
-            results[data["benchmark"]] = {"metrics": data["metrics"], "settings": data["settings"]}
-    return {name: results[name] for name in BENCHMARKS if name in results}
-
-
 def run_evaluation(config: EvalConfig) -> dict | None:
     """Evaluate; returns the summary on rank 0 (None on other ranks)."""
     from llava_norm.inference import Predictor
-    from llava_norm.model.builder import load_bundle
+    from llava_norm.model.builder import load_bundle, resolve_dtype
 
     ranks = Ranks.setup()
     try:
         Path(config.out_dir).mkdir(parents=True, exist_ok=True)
-        bundle = load_bundle(config.checkpoint, dtype=_model_dtype(config.dtype),
+        bundle = load_bundle(config.checkpoint, dtype=resolve_dtype(config.dtype, ranks.device),
                              trust_remote_code=config.trust_remote_code)
         bundle.model.to(ranks.device)
         predictor = Predictor(bundle, config.prompt.prompt_format, config.prompt.template_kwargs,
-                              config.prompt.image_aspect, device=ranks.device)
-        predictor.system_prompt = config.prompt.system_prompt
+                              config.prompt.image_aspect, device=ranks.device,
+                              system_prompt=config.prompt.system_prompt)
         for request in config.benchmarks:
             _evaluate_one(config, request, predictor, ranks)
         if not ranks.is_main:
             return None
         summary = {"run_name": config.run_name, "checkpoint": str(Path(config.checkpoint).resolve()),
-                   "benchmarks": collect_results(config.out_dir)}
+                   "benchmarks": {name: {"metrics": r["metrics"], "settings": r["settings"]}
+                                  for name, r in read_results(config.out_dir).items()}}
         _write_json(Path(config.out_dir) / "summary.json", summary)
         return summary
     finally:

@@ -73,6 +73,16 @@ class Table:
         return self.values[run][column] - self.values[self.baseline][column]
 
 
+def read_results(out_dir: str | Path) -> dict[str, dict]:
+    """Every finished ``<benchmark>.json`` in an evaluation directory, in registry order."""
+    results = {}
+    for path in sorted(Path(out_dir).glob("*.json")):
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and data.get("benchmark") in HEADLINES and "metrics" in data:
+            results[data["benchmark"]] = data
+    return {name: results[name] for name in BENCHMARKS if name in results}
+
+
 def read_run(run_dir: str | Path) -> tuple[str, dict[str, dict]]:
     """(run name, {benchmark: result json}) from an ``llava-norm eval`` output directory."""
     run_dir = Path(run_dir)
@@ -80,11 +90,7 @@ def read_run(run_dir: str | Path) -> tuple[str, dict[str, dict]]:
         raise FileNotFoundError(f"evaluation directory not found: {run_dir}")
     summary = run_dir / "summary.json"
     name = json.loads(summary.read_text())["run_name"] if summary.exists() else run_dir.name
-    results = {}
-    for path in sorted(run_dir.glob("*.json")):
-        data = json.loads(path.read_text())
-        if isinstance(data, dict) and data.get("benchmark") in HEADLINES and "metrics" in data:
-            results[data["benchmark"]] = data
+    results = read_results(run_dir)
     if not results:
         raise ValueError(f"{run_dir}: no benchmark result files (<benchmark>.json); run `llava-norm eval` first")
     return name, results
