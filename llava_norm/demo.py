@@ -156,7 +156,7 @@ def plan_demo(paths: DemoPaths, profile: DemoProfile) -> list[Step]:
     steps = [_world_step(paths, profile), _backbones_step(paths), _warmup_step(paths, profile)]
     for arm in config.arms:
         steps += arm_steps(config, arm)
-    return steps + [diagnostics_step(paths, profile, config)]
+    return steps + [diagnostics_step(paths, profile)]
 
 
 def run_demo(root: str | Path = REPO / "runs", profile: str = "full") -> Path:

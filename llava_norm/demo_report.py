@@ -22,37 +22,21 @@ BASELINE, ALIGNED = "none", "ln_textnorm_gwc"
 PROMPT, PHRASE = "What colour is the largest shape in the picture?", "largest shape"
 
 
-def diagnostics_step(paths, profile, config) -> Step:
+def diagnostics_step(paths, profile) -> Step:
     out = paths.demo / "diagnostics"
 
     def run() -> None:
-        from llava_norm.analysis.attention import attention_maps
-        from llava_norm.analysis.common import Labeled, analysis_device, load_analysis_bundle
-        from llava_norm.analysis.gains import gain_stats
-        from llava_norm.analysis.gradients import arm_bundles, gradient_flow, training_batch
-        from llava_norm.analysis.interface import checkpoint_interface_norms, interface_norms, top_norm_result
-        from llava_norm.analysis.layers import dynamics, layer_curves
-        from llava_norm.analysis.samples import load_samples
+        from llava_norm.analysis import SuiteInputs, run_suite
 
-        samples = load_samples(paths.world, profile.analysis_images)
-        device = analysis_device(None)
-        rows = []
-        for arm in (BASELINE, ALIGNED):
-            for stage in (1, 2):
-                bundle = load_analysis_bundle(paths.run(arm, stage) / "model", device)
-                rows.append(checkpoint_interface_norms(bundle, samples, f"{arm} stage {stage}"))
-        interface_norms(rows, samples, out)
-        top_norm_result(bundle.model.get_input_embeddings().weight, bundle.tokenizer, "warmed tiny Llama", 10, out)
-        del bundle
-        finals = [Labeled(arm, paths.run(arm, 2) / "model") for arm in (BASELINE, ALIGNED)]
-        layer_curves(finals, samples, out)
-        gain_stats([Labeled(f"{ALIGNED} after stage 1", paths.run(ALIGNED, 1) / "model"),
-                    Labeled(f"{ALIGNED} after stage 2", paths.run(ALIGNED, 2) / "model")], out)
-        dynamics(paths.run(ALIGNED, 1), samples, out)
-        instruct = paths.world / "instruct" / "synth_instruct.json"
-        gradient_flow(arm_bundles(str(paths.warm / "siglip"), str(paths.warm / "llama")),
-                      lambda b: training_batch(b, instruct, paths.world / "images"), out)
-        attention_maps(finals, samples.image_paths[0], PROMPT, PHRASE, out_dir=out)
+        stages = {f"{arm} stage {stage}": paths.run(arm, stage) / "model"
+                  for arm in (BASELINE, ALIGNED) for stage in (1, 2)}
+        run_suite(SuiteInputs(
+            runs={arm: paths.run(arm, 2) for arm in (BASELINE, ALIGNED)},
+            samples=paths.world, data=paths.world / "instruct" / "synth_instruct.json",
+            image_folder=paths.world / "images", dynamics_run=paths.run(ALIGNED, 1), interface_models=stages,
+            gain_models={f"{ALIGNED} after stage {stage}": paths.run(ALIGNED, stage) / "model" for stage in (1, 2)},
+            attention_prompt=PROMPT, attention_phrase=PHRASE, limit=profile.analysis_images,
+        ), out, title="Diagnostics", report_path=paths.demo / "diagnostics.md")
         (out / "complete").write_text(datetime.datetime.now().isoformat())
 
     def done() -> bool:
@@ -137,7 +121,6 @@ def _findings(diag: Path, table, chance: dict[str, float]) -> list[str]:
 
 
 def write_report(paths, profile, timings: dict) -> Path:
-    from llava_norm.analysis.report import write_report as write_diagnostics
     from llava_norm.evaluation.table import build_table, to_markdown
 
     demo, diag = paths.demo, paths.demo / "diagnostics"
@@ -169,8 +152,7 @@ def write_report(paths, profile, timings: dict) -> Path:
         "## Findings (computed from the numbers below)", "",
         *_findings(diag, table, chance), "",
     ]
-    diagnostics = write_diagnostics([diag], demo / "diagnostics.md", "Diagnostics")
-    body = diagnostics.read_text().splitlines()
+    body = (demo / "diagnostics.md").read_text().splitlines()  # written by the diagnostics step
     lines += ["#" + line if line.startswith("#") else line for line in body]  # nest its headings one level
     report = demo / "REPORT.md"
     report.write_text("\n".join(lines) + "\n")

@@ -21,15 +21,23 @@ class SuiteInputs:
     samples: Path  # images folder, synthetic world or LLaVA json
     data: Path  # LLaVA json for the gradient-flow batch
     image_folder: Path | None = None  # image root of ``data`` (and of ``samples`` if it is a json)
-    dynamics_run: str | None = None  # label of the run whose checkpoints App. F follows (default: the last)
+    # The run dir whose checkpoints App. F follows and whose config names the backbones for the
+    # gradient-flow builds (default: the last of ``runs``).
+    dynamics_run: Path | None = None
+    # label -> model dir for Tables 1-2 and for Table 5 (default: the final model of every run);
+    # e.g. the models after stage 1, where Table 5 reads the gain.
+    interface_models: dict[str, Path] | None = None
+    gain_models: dict[str, Path] | None = None
     attention_prompt: str = "What colour is the largest shape in the picture?"
     attention_phrase: str = "largest shape"
     limit: int = 8
     device: str | None = None
 
 
-def run_suite(inputs: SuiteInputs, out_dir: str | Path, title: str = "llava-norm diagnostics") -> Path:
-    """Runs all seven analyses into ``out_dir`` and writes ``out_dir/REPORT.md``; returns its path."""
+def run_suite(inputs: SuiteInputs, out_dir: str | Path, title: str = "llava-norm diagnostics",
+              report_path: str | Path | None = None) -> Path:
+    """Runs all seven analyses into ``out_dir`` and writes the report (default ``out_dir/REPORT.md``);
+    returns its path."""
     from llava_norm.analysis.attention import attention_maps
     from llava_norm.analysis.gains import gain_stats
     from llava_norm.analysis.gradients import arm_bundles, gradient_flow, training_batch
@@ -40,26 +48,28 @@ def run_suite(inputs: SuiteInputs, out_dir: str | Path, title: str = "llava-norm
 
     out = Path(out_dir)
     finals = [Labeled(label, Path(run) / "model") for label, run in inputs.runs.items()]
+    interface = [Labeled(k, Path(v)) for k, v in inputs.interface_models.items()] if inputs.interface_models else finals
+    gains = [Labeled(k, Path(v)) for k, v in inputs.gain_models.items()] if inputs.gain_models else finals
     samples = load_samples(inputs.samples, inputs.limit, inputs.image_folder)
     device = analysis_device(inputs.device)
 
     rows = []
-    for item in finals:
+    for item in interface:
         bundle = load_analysis_bundle(item.path, device)
         rows.append(checkpoint_interface_norms(bundle, samples, item.label))
     interface_norms(rows, samples, out)
-    top_norm_result(bundle.model.get_input_embeddings().weight, bundle.tokenizer, finals[-1].label, 10, out)
+    # App. C reads the embedding matrix of the last model loaded above.
+    top_norm_result(bundle.model.get_input_embeddings().weight, bundle.tokenizer, interface[-1].label, 10, out)
     del bundle
 
     layer_curves(finals, samples, out, device=inputs.device)
-    gain_stats(finals, out)
-    run_label = inputs.dynamics_run or list(inputs.runs)[-1]
-    dynamics(inputs.runs[run_label], samples, out, device=inputs.device)
+    gain_stats(gains, out)
+    run_dir = Path(inputs.dynamics_run) if inputs.dynamics_run else Path(list(inputs.runs.values())[-1])
+    dynamics(run_dir, samples, out, device=inputs.device)
 
-    config = OmegaConf.load(Path(inputs.runs[run_label]) / "config.yaml")
+    config = OmegaConf.load(run_dir / "config.yaml")
     gradient_flow(arm_bundles(config.model.vision_tower, config.model.llm, device=inputs.device),
                   lambda b: training_batch(b, inputs.data, inputs.image_folder), out)
     attention_maps(finals, samples.image_paths[0], inputs.attention_prompt, inputs.attention_phrase, out_dir=out,
                    device=inputs.device)
-    return write_report([out], out / "REPORT.md", title)
-
+    return write_report([out], report_path or out / "REPORT.md", title)
