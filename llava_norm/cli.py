@@ -26,6 +26,8 @@ def _make_tiny(args) -> None:
 
 
 def _train(args) -> None:
+    import torch.distributed as dist
+
     from llava_norm.config import ConfigError, load_config
     from llava_norm.train.run import run_training
 
@@ -34,6 +36,12 @@ def _train(args) -> None:
     except ConfigError as error:
         sys.exit(f"config error: {error}")
     run_training(config)
+    if dist.is_available() and dist.is_initialized():
+        # Leave together and close the group: a rank that exits while another still saves
+        # tears down gloo's threads under it (seen as "terminate called without an active
+        # exception" at exit).
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _synth(args) -> None:
