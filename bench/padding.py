@@ -4,12 +4,14 @@ Owns the measurement behind the ``<= 5% padding with grouping`` target. Sample l
 drawn from a distribution shaped like LLaVA-NeXT stage-2 data at 384 px without anyres:
 image samples are 729 image tokens + a log-normal number of text tokens, text-only samples
 are shorter, everything is cut at ``--max-length``. The sampler sees what the dataset gives it
-(``approx_length``: image tokens + a word count, i.e. tokens with noise), while the padding
-is counted on the true token lengths, batch by batch as the ranks receive them: the global
-order is cut into consecutive per-device batches.
+(``data.length_estimate``: ``tokens``, the default, counts each row's tokens at load, so the
+sampler sees the true lengths; ``words`` is image tokens + a word count, i.e. tokens with a
+per-sample noise), while the padding is counted on the true token lengths, batch by batch as
+the ranks receive them: the global order is cut into consecutive per-device batches.
 
     .venv/bin/python bench/padding.py
     .venv/bin/python bench/padding.py --batch-sizes 2 4 --world-size 8 --samples 200000
+    .venv/bin/python bench/padding.py --length-estimate words   # the cheap estimate
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ class LengthModel:
     text_only_median: float = 350.0
     sigma: float = 0.9  # log-normal spread of both
     max_length: int = 2048
-    words_per_token: float = 0.75  # what approx_length counts instead of tokens
+    length_estimate: str = "tokens"  # data.length_estimate: tokens (exact) | words
+    words_per_token: float = 0.75  # what the "words" estimate counts instead of tokens
     approx_noise: float = 0.15  # per-sample log-normal noise of that ratio
 
 
@@ -44,6 +47,8 @@ def sample_lengths(m: LengthModel, n: int, seed: int) -> tuple[np.ndarray, np.nd
     median = np.where(has_image, m.image_text_median, m.text_only_median)
     text = np.maximum(1, np.round(median * rng.lognormal(0.0, m.sigma, n))).astype(int)
     true = np.minimum(text + has_image * m.image_tokens, m.max_length)
+    if m.length_estimate == "tokens":
+        return true, np.where(has_image, true, -true)
     words = np.round((true - has_image * m.image_tokens) * m.words_per_token * rng.lognormal(0.0, m.approx_noise, n))
     approx = words.astype(int) + has_image * m.image_tokens
     return true, np.where(has_image, approx, -np.maximum(approx, 1))
@@ -64,18 +69,21 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="per-device batch")
     parser.add_argument("--world-size", type=int, default=8)
     parser.add_argument("--image-share", type=float, default=LengthModel.image_share)
+    parser.add_argument("--length-estimate", choices=("tokens", "words"), default=LengthModel.length_estimate,
+                        help="what the sampler sorts by (data.length_estimate)")
     parser.add_argument("--approx-noise", type=float, default=LengthModel.approx_noise,
-                        help="log-normal sigma of words-per-token across samples (0: the sampler sees exact lengths)")
+                        help="with --length-estimate words: log-normal sigma of words-per-token across samples")
     parser.add_argument("--max-length", type=int, default=LengthModel.max_length)
     parser.add_argument("--lookahead", type=int, default=DEFAULT_LOOKAHEAD,
                         help="megabatches sorted together by the grouped sampler (1: LLaVA's original)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    model = LengthModel(image_share=args.image_share, max_length=args.max_length, approx_noise=args.approx_noise)
+    model = LengthModel(image_share=args.image_share, max_length=args.max_length, approx_noise=args.approx_noise,
+                        length_estimate=args.length_estimate)
     true, approx = sample_lengths(model, args.samples, args.seed)
     print(f"{args.samples} samples: {np.mean(approx > 0):.0%} with an image; token length median "
           f"{np.median(true):.0f}, p10 {np.percentile(true, 10):.0f}, p90 {np.percentile(true, 90):.0f}, "
-          f"max {true.max()}; world size {args.world_size}")
+          f"max {true.max()}; world size {args.world_size}; sampler sorts by {args.length_estimate}")
     print(f"{'per-device batch':>16s} {'random':>8s} {'grouped, lookahead 1':>21s} "
           f"{f'grouped, lookahead {args.lookahead}':>22s}")
     results = {}

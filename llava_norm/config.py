@@ -51,6 +51,7 @@ class DataConfig:
     max_length: int = 2048
     on_bad_sample: str = "skip"  # skip | error
     group_by_modality_length: bool = True
+    length_estimate: str = "tokens"  # what the grouped sampler sorts by: tokens | words (see data.dataset)
     num_workers: int = 2
 
 
@@ -126,6 +127,7 @@ CHOICES = {
     "data.prompt_format": ("plain", "chat"),
     "data.image_aspect": ("resize", "pad"),
     "data.on_bad_sample": ("skip", "error"),
+    "data.length_estimate": ("tokens", "words"),
     "optim.scheduler": ("cosine", "linear", "constant_with_warmup"),
     "train.precision": ("auto", "bf16", "fp32"),
 }

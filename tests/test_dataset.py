@@ -69,6 +69,29 @@ def test_sample_too_long_is_skipped(bundle, tmp_path):
         dataset[0]
 
 
+def test_token_length_estimate_matches_encoded_length(bundle, tmp_path):
+    """The grouped sampler sorts by what a batch will really hold: each row's encoded length
+    (image tokens included, capped at max_length), not a word count."""
+    text_only = {"id": "t", "conversations": [{"from": "human", "value": "What is two plus two?"},
+                                              {"from": "gpt", "value": "Four, as everyone knows."}]}
+    multi = {**GOOD, "id": "m", "conversations": GOOD["conversations"] + text_only["conversations"]}
+    rows = [GOOD, text_only, multi]
+    _, dataset = _dataset(bundle, rows, tmp_path, "error")
+    encoded = [len(dataset.build(row).input_ids) for row in dataset.rows]
+    assert [abs(n) for n in dataset.modality_lengths] == encoded
+    assert [n > 0 for n in dataset.modality_lengths] == [True, False, True]
+    _, capped = _dataset(bundle, rows, tmp_path, "error", max_length=70)
+    assert [abs(n) for n in capped.modality_lengths] == [min(n, 70) for n in encoded]
+    path, _ = _dataset(bundle, rows, tmp_path, "error")
+    encoder = conversation_tokenizer(bundle, "chat", {"date_string": "26 Jul 2024"})
+    images = dataset.rows[0].image.parent
+    words = SupervisedDataset([DataSource(path=str(path), image_folder=str(images))], encoder,
+                              bundle.image_processor, 512, length_estimate="words")
+    assert [abs(n) for n in words.modality_lengths] != encoded  # the cheap estimate is only an estimate
+    with pytest.raises(ValueError, match="data.length_estimate must be one of"):
+        SupervisedDataset([DataSource(path=str(path))], encoder, bundle.image_processor, 512, length_estimate="chars")
+
+
 def test_grouped_sampler_properties():
     lengths = [100 + i for i in range(37)] + [-(5 + i) for i in range(23)]
     order = grouped_order(lengths, megabatch_size=4, seed=42, epoch=0)

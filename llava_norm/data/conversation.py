@@ -147,6 +147,21 @@ class ConversationTokenizer:
     def render_text(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         return "".join(s.text for s in self.format.segments(messages, add_generation_prompt))
 
+    def count_tokens(self, conversations: list[list[dict]], chunk: int = 8192) -> list[int]:
+        """Length each conversation will have once encoded (image tokens included), for length
+        grouping. Renders every conversation and tokenises the texts in batched fast-tokenizer
+        calls, about 5x cheaper than ``encode``; equal to it except where a token would merge
+        across a template boundary (rare, a token or two)."""
+        lengths: list[int] = []
+        for start in range(0, len(conversations), chunk):
+            part = conversations[start:start + chunk]
+            texts = [self.render_text(messages) for messages in part]
+            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            for messages, row_ids in zip(part, ids):
+                n_images = sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages)
+                lengths.append(len(row_ids) + n_images * (self.tokens_per_image - 1))
+        return lengths
+
 
 def truncate(encoded: Encoded, max_length: int) -> Encoded | None:
     """Cut at the last whole assistant turn that fits; None if even the first does not fit.
