@@ -80,7 +80,7 @@ def throughput(dataset: SupervisedDataset, workers: int, batch: int, pad_id: int
 def stage_breakdown(dataset: SupervisedDataset, n: int) -> dict[str, float]:
     """Milliseconds per image sample spent in each step of ``SupervisedDataset.build``, in this process."""
     rows = [r for r in dataset.rows if r.image][:n]
-    spent = {"decode (open_image)": 0.0, "preprocess (image processor)": 0.0, "tokenise + mask": 0.0}
+    spent = {"decode (open_image)": 0.0, "preprocess (data.images)": 0.0, "tokenise + mask": 0.0}
     for row in rows:
         t0 = time.perf_counter()
         image = open_image(row.image)
