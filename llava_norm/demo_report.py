@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 from pathlib import Path
@@ -49,15 +50,34 @@ def diagnostics_step(paths, profile) -> Step:
 
 def _chance_row(world: Path) -> dict[str, float]:
     """Chance level of each benchmark's headline metric (uniform guessing), from the world's manifest."""
+    return {name: 100.0 * entry["chance"] for name, entry in _manifest_entries(world).items()}
+
+
+def _manifest_entries(world: Path) -> dict[str, dict]:
+    """Each evaluated benchmark's manifest entry (path, items, chance), keyed by the runner's name."""
     from llava_norm.evaluation.runner import DATA_DIRS
 
     manifest = json.loads((world / "manifest.json").read_text())["benchmarks"]
-    chance = {}
+    entries = {}
     for name, directory in DATA_DIRS.items():
         entry = next((e for e in manifest.values() if e["path"].startswith(f"benchmarks/{directory}/")), None)
         if entry is not None:
-            chance[name] = 100.0 * entry["chance"]
-    return chance
+            entries[name] = entry
+    return entries
+
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p): the chance that uniform guessing scores at least k of n."""
+    if k <= 0:
+        return 1.0
+    if p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    log_terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * math.log(p)
+                 + (n - i) * math.log1p(-p) for i in range(k, n + 1)]
+    top = max(log_terms)
+    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in log_terms))
 
 
 def _load(path: Path) -> dict | None:
@@ -70,7 +90,24 @@ def _losses(run: Path) -> str:
     return f"{losses[0]:.3f} → {losses[-1]:.3f} ({len(losses)} steps)" if losses else "-"
 
 
-def _findings(diag: Path, table, chance: dict[str, float]) -> list[str]:
+# "Clearly above chance": uniform guessing would score this high less than 1% of the time.
+CLEAR_P = 0.01
+
+
+def _versus_chance(column: str, score: float, entry: dict | None) -> tuple[str, bool] | None:
+    """(' p = ...' text, clearly above) for a score that counts items right; None for F1 (POPE),
+    which is not a count of items right."""
+    if entry is None or column == "pope":
+        return None
+    n = int(entry.get("questions") or entry["items"])  # MMBench scores questions (4 rotations each)
+    k = round(score / 100 * n)
+    if entry["chance"] <= 0:  # free-form answers (OCRBench): guessing gets none, so count instead
+        return f"{k} of {n} right", False
+    p_value = binomial_tail(k, n, entry["chance"])
+    return f"p = {p_value:.1g}", p_value < CLEAR_P
+
+
+def _findings(diag: Path, table, chance: dict[str, float], entries: dict[str, dict] | None = None) -> list[str]:
     lines = []
     interface = _load(diag / "interface_norms.json")
     if interface:
@@ -109,14 +146,32 @@ def _findings(diag: Path, table, chance: dict[str, float]) -> list[str]:
         for column in table.columns:
             values = ", ".join(f"{run} {table.values[run][column]:.1f}" for run in table.runs)
             c = chance.get(column)
-            above = c is not None and all(table.values[run][column] > c for run in table.runs)
-            note = ""
-            if column == "pope":  # F1 rewards always answering "yes" (0.667 at a 50% yes ratio)
+            if c is None:
+                lines.append(f"- {table.labels[column]}: {values} (no chance level).")
+                continue
+            tests = {run: _versus_chance(column, table.values[run][column], (entries or {}).get(column))
+                     for run in table.runs}
+            if c == 0.0 and all(t is not None for t in tests.values()):
+                verdict = "free-form answers, which guessing never gets right: " + ", ".join(
+                    f"{run} {t[0]}" for run, t in tests.items())
+            elif all(t is not None for t in tests.values()):
+                n = int((entries or {})[column].get("questions") or entries[column]["items"])
+                clear = all(t[1] for t in tests.values())
+                verdict = (f"{'clearly above chance for every arm' if clear else 'NOT clearly above chance for every arm'}"
+                           f": one-sided binomial test of {n} items against uniform guessing, "
+                           + ", ".join(f"{run} {t[0]}" for run, t in tests.items())
+                           + (", approximate for a macro average" if column == "mmstar" else "")
+                           + (", with the mean chance of 2-5 choices" if column == "scienceqa_img" else ""))
+            elif column == "pope":  # F1 rewards always answering "yes" (0.667 at a 50% yes ratio)
                 shares = ", ".join(f"{run} {100 * table.metrics[run]['pope']['mean_over_splits']['predicted_yes_share']:.0f}%"
                                    for run in table.runs)
-                note = f"; predicted 'yes' share: {shares} (always 'yes' gives F1 66.7)"
-            lines.append(f"- {table.labels[column]}: {values} (chance {c:.1f}; "
-                         f"{'above chance for both arms' if above else 'NOT above chance for every arm'}{note}).")
+                beats = all(table.values[run][column] > 100 * 2 / 3 for run in table.runs)
+                verdict = (f"{'above' if beats else 'NOT above'} the F1 of always answering 'yes' (66.7) for every arm;"
+                           f" predicted 'yes' share: {shares}")
+            else:
+                above = all(table.values[run][column] > c for run in table.runs)
+                verdict = "above chance for every arm" if above else "NOT above chance for every arm"
+            lines.append(f"- {table.labels[column]}: {values} (chance {c:.1f}; {verdict}).")
     return lines
 
 
@@ -150,7 +205,7 @@ def write_report(paths, profile, timings: dict) -> Path:
         "", "## Mini benchmarks", "",
         to_markdown(table, extra_rows={"chance (uniform guessing)": chance}),
         "## Findings (computed from the numbers below)", "",
-        *_findings(diag, table, chance), "",
+        *_findings(diag, table, chance, _manifest_entries(paths.world)), "",
     ]
     body = (demo / "diagnostics.md").read_text().splitlines()  # written by the diagnostics step
     lines += ["#" + line if line.startswith("#") else line for line in body]  # nest its headings one level

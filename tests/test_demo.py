@@ -39,3 +39,22 @@ def test_smoke_demo_writes_the_report_then_reuses_every_step(tmp_path):
 
     second = _demo(tmp_path)
     assert [s["status"] for s in second["steps"]] == ["reused"] * len(first["steps"])
+    assert "one-sided binomial test of" in report  # every item-count benchmark is tested against guessing
+
+
+def test_binomial_tail_against_enumeration():
+    """The report's 'clearly above chance' rests on this tail: check it against brute force."""
+    import itertools
+    import math
+
+    from llava_norm.demo_report import binomial_tail
+
+    assert math.isclose(binomial_tail(3, 3, 0.5), 0.125) and binomial_tail(0, 5, 0.3) == 1.0
+    assert math.isclose(binomial_tail(2, 4, 0.25), 1 - 0.75 ** 4 - 4 * 0.25 * 0.75 ** 3)
+    for n, p in ((6, 0.25), (7, 1 / 3), (5, 0.9)):
+        for k in range(n + 1):
+            brute = sum(p ** sum(o) * (1 - p) ** (n - sum(o)) for o in itertools.product((0, 1), repeat=n)
+                        if sum(o) >= k)
+            assert math.isclose(binomial_tail(k, n, p), brute, rel_tol=1e-9, abs_tol=1e-15)
+    # 42% of 150 four-way items is far beyond guessing; 27% is not
+    assert binomial_tail(63, 150, 0.25) < 1e-5 < 0.2 < binomial_tail(40, 150, 0.25)
