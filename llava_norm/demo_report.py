@@ -23,6 +23,22 @@ BASELINE, ALIGNED = "none", "ln_textnorm_gwc"
 PROMPT, PHRASE = "What colour is the largest shape in the picture?", "largest shape"
 
 
+INIT_LABEL = f"{ALIGNED} at initialisation"
+
+
+def _fresh_aligned_build(paths, out_dir: Path) -> Path:
+    """The text-norm + GWC arm as stage 1 starts it (warmed backbones, new projector and norm
+    layer, seeded), saved so the interface analysis can read it like any checkpoint."""
+    import torch
+
+    from llava_norm.model.builder import ModelSpec, build_model
+
+    if not (out_dir / "model.safetensors").is_file():
+        torch.manual_seed(0)
+        build_model(ModelSpec(str(paths.warm / "siglip"), str(paths.warm / "llama"), norm_alignment=ALIGNED)).save(out_dir)
+    return out_dir
+
+
 def diagnostics_step(paths, profile) -> Step:
     out = paths.demo / "diagnostics"
 
@@ -31,6 +47,7 @@ def diagnostics_step(paths, profile) -> Step:
 
         stages = {f"{arm} stage {stage}": paths.run(arm, stage) / "model"
                   for arm in (BASELINE, ALIGNED) for stage in (1, 2)}
+        stages = {INIT_LABEL: _fresh_aligned_build(paths, out / f"{ALIGNED}_init"), **stages}
         run_suite(SuiteInputs(
             runs={arm: paths.run(arm, 2) for arm in (BASELINE, ALIGNED)},
             samples=paths.world, data=paths.world / "instruct" / "synth_instruct.json",
@@ -112,6 +129,12 @@ def _findings(diag: Path, table, chance: dict[str, float], entries: dict[str, di
     interface = _load(diag / "interface_norms.json")
     if interface:
         by = {r["label"]: r for r in interface["rows"]}
+        init = by.get(INIT_LABEL)
+        if init:
+            T, after = init["text_norm_T"], init["norm_output"]["mean"]
+            lines.append(f"- At initialisation, text-norm + GWC: the norm layer outputs visual tokens of mean norm "
+                         f"{after:.3g} = {after / T:.2f}× T (random projector output before it: "
+                         f"{init['projector_output']['mean']:.3g}).")
         for stage in (1, 2):
             base, aligned = by.get(f"{BASELINE} stage {stage}"), by.get(f"{ALIGNED} stage {stage}")
             if not base or not aligned:
