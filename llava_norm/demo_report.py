@@ -33,9 +33,8 @@ def _fresh_aligned_build(paths, out_dir: Path) -> Path:
 
     from llava_norm.model.builder import ModelSpec, build_model
 
-    if not (out_dir / "model.safetensors").is_file():
-        torch.manual_seed(0)
-        build_model(ModelSpec(str(paths.warm / "siglip"), str(paths.warm / "llama"), norm_alignment=ALIGNED)).save(out_dir)
+    torch.manual_seed(0)  # rebuilt every time (a second): the warmed backbones may have changed
+    build_model(ModelSpec(str(paths.warm / "siglip"), str(paths.warm / "llama"), norm_alignment=ALIGNED)).save(out_dir)
     return out_dir
 
 

@@ -150,7 +150,7 @@ class ConversationTokenizer:
     def count_tokens(self, conversations: list[list[dict]], chunk: int = 8192) -> list[int]:
         """Length each conversation will have once encoded (image tokens included), for length
         grouping. Renders every conversation and tokenises the texts in batched fast-tokenizer
-        calls, about 5x cheaper than ``encode``; equal to it except where a token would merge
+        calls, about half the cost of ``encode``; equal to it except where a token would merge
         across a template boundary (rare, a token or two)."""
         lengths: list[int] = []
         for start in range(0, len(conversations), chunk):
