@@ -32,9 +32,9 @@ from llava_norm.evaluation.benchmarks.mcq import (
 from llava_norm.evaluation.benchmarks.tabular import (
     Row,
     assign_item_ids,
-    encoded_image,
     image_index,
     read_rows,
+    required_image,
     resolve_files,
 )
 
@@ -78,11 +78,9 @@ class AI2D(Benchmark):
         rows = read_rows(files)[:limit]
         by_index = image_index(rows)
         ids = assign_item_ids(rows, ("index", "id"))
-        return [self._item(row, item_id, encoded_image(row, "image", by_index)) for row, item_id in zip(rows, ids)]
+        return [self._item(row, item_id, required_image(row, by_index)) for row, item_id in zip(rows, ids)]
 
-    def _item(self, row: Row, item_id: str, image: EncodedImage | None) -> GenerationItem:
-        if image is None:
-            raise ValueError(f"{row.where}: missing or empty column 'image'")
+    def _item(self, row: Row, item_id: str, image: EncodedImage) -> GenerationItem:
         options = options_from_row(row, list_columns=("options",), max_letters=5)
         return GenerationItem(
             benchmark=self.name,

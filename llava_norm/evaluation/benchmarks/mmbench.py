@@ -33,9 +33,9 @@ from llava_norm.evaluation.benchmarks.mcq import (
 )
 from llava_norm.evaluation.benchmarks.tabular import (
     Row,
-    encoded_image,
     image_index,
     read_rows,
+    required_image,
     resolve_files,
 )
 
@@ -93,9 +93,7 @@ class MMBenchEnDev(Benchmark):
         options = options_from_row(row, list_columns=(), max_letters=5)
         question = row.text("question")
         hint = row.optional_text("hint")
-        image = encoded_image(row, "image", by_index)
-        if image is None:
-            raise ValueError(f"{row.where}: missing or empty column 'image'")
+        image = required_image(row, by_index)
         return GenerationItem(
             benchmark=self.name,
             item_id=str(index),

@@ -29,9 +29,9 @@ from llava_norm.evaluation.benchmarks.mcq import (
 )
 from llava_norm.evaluation.benchmarks.tabular import (
     Row,
-    encoded_image,
     image_index,
     read_benchmark_rows,
+    required_image,
 )
 
 # lmms-eval's post_prompt for MMStar: note there is no final period.
@@ -105,9 +105,7 @@ class MMStar(Benchmark):
         answer = row.text("answer").strip().upper()
         if answer not in ("A", "B", "C", "D"):
             raise row.bad_value("answer", "must be one of A, B, C, D")
-        image = encoded_image(row, "image", by_index)
-        if image is None:
-            raise ValueError(f"{row.where}: missing or empty column 'image'")
+        image = required_image(row, by_index)
         return GenerationItem(
             benchmark=self.name,
             item_id=item_id,

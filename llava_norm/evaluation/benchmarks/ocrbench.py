@@ -21,9 +21,9 @@ from llava_norm.evaluation.benchmarks.base import (
 )
 from llava_norm.evaluation.benchmarks.tabular import (
     Row,
-    encoded_image,
     image_index,
     read_benchmark_rows,
+    required_image,
 )
 
 HMER = "Handwritten Mathematical Expression Recognition"
@@ -79,9 +79,7 @@ class OCRBench(Benchmark):
         if question_type not in QUESTION_TYPE_CAPS:
             raise row.bad_value(question_type_column, f"must be one of the ten OCRBench question types {list(QUESTION_TYPE_CAPS)}")
         source = row.optional_text("dataset")
-        image = encoded_image(row, "image", by_index)
-        if image is None:
-            raise ValueError(f"{row.where}: missing or empty column 'image'")
+        image = required_image(row, by_index)
         return GenerationItem(
             benchmark=self.name,
             item_id=item_id,

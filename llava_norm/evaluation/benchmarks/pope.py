@@ -24,9 +24,9 @@ from llava_norm.evaluation.benchmarks.base import (
 from llava_norm.evaluation.benchmarks.tabular import (
     Row,
     assign_item_ids,
-    encoded_image,
     image_index,
     read_rows,
+    required_image,
     resolve_files,
 )
 
@@ -121,9 +121,7 @@ class POPE(Benchmark):
         answer = row.text("answer").strip().lower()
         if answer not in ("yes", "no"):
             raise row.bad_value("answer", "must be yes or no")
-        image = encoded_image(row, "image", by_index)
-        if image is None:
-            raise ValueError(f"{row.where}: missing or empty column 'image'")
+        image = required_image(row, by_index)
         return GenerationItem(
             benchmark=self.name,
             item_id=item_id,

@@ -30,9 +30,9 @@ from llava_norm.evaluation.benchmarks.mcq import (
 )
 from llava_norm.evaluation.benchmarks.tabular import (
     Row,
-    encoded_image,
     image_index,
     read_benchmark_rows,
+    required_image,
 )
 
 IMAGE_TYPES = ("chart", "map", "web")
@@ -61,9 +61,7 @@ class SEEDBench2Plus(Benchmark):
         image_type = row.text("question_image_type", "category").strip().lower()
         if image_type not in IMAGE_TYPES:
             raise row.bad_value(type_column, f"must be one of {IMAGE_TYPES}")
-        image = encoded_image(row, "image", by_index)
-        if image is None:
-            raise ValueError(f"{row.where}: missing or empty column 'image'")
+        image = required_image(row, by_index)
         return GenerationItem(
             benchmark=self.name,
             item_id=item_id,

@@ -192,6 +192,14 @@ def encoded_image(row: Row, column: str = "image", by_index: Mapping[str, Any] |
     return EncodedImage(data, origin=f"{row.where}, column {column!r}")
 
 
+def required_image(row: Row, by_index: Mapping[str, Any] | None = None, column: str = "image") -> EncodedImage:
+    """``encoded_image`` for benchmarks whose every item has an image: an empty cell is an error."""
+    image = encoded_image(row, column, by_index)
+    if image is None:
+        raise ValueError(f"{row.where}: missing or empty column {column!r}")
+    return image
+
+
 def _image_bytes(row: Row, column: str, cell: Any, by_index: Mapping[str, Any]) -> bytes:
     if isinstance(cell, dict):
         if cell.get("bytes"):
