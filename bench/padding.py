@@ -4,7 +4,7 @@ Owns the measurement behind the ``<= 5% padding with grouping`` target. Sample l
 drawn from a distribution shaped like LLaVA-NeXT stage-2 data at 384 px without anyres:
 image samples are 729 image tokens + a log-normal number of text tokens, text-only samples
 are shorter, everything is cut at ``--max-length``. The sampler sees what the dataset gives it
-(``data.length_estimate``: ``tokens``, the default, counts each row's tokens at load, so the
+(``data.length_estimate``: ``tokens``, the default, counts each row's tokens once, so the
 sampler sees the true lengths; ``words`` is image tokens + a word count, i.e. tokens with a
 per-sample noise), while the padding is counted on the true token lengths, batch by batch as
 the ranks receive them: the global order is cut into consecutive per-device batches.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from torch.utils.data import Dataset
@@ -25,8 +26,8 @@ from llava_norm.data.images import BadImageError, open_image, preprocess
 log = logging.getLogger(__name__)
 ROLE_MAP = {"human": "user", "gpt": "assistant", "system": "system"}
 MAX_REPLACEMENTS = 32
-# How the length-grouped sampler measures a row: "tokens" tokenises every row once at load
-# (one batched call; ~0.1 ms per row on one core), "words" counts whitespace words (free,
+# How the length-grouped sampler measures a row: "tokens" tokenises every row once, when the
+# sampler first asks (batched calls; ~0.1 ms per row on one core), "words" counts whitespace words (free,
 # but words per token vary between rows, which left 7% padding at per-device batch 16 in
 # bench/padding.py against 0.3% with token counts).
 LENGTH_ESTIMATES = ("tokens", "words")
@@ -118,6 +119,7 @@ class SupervisedDataset(Dataset):
         self.max_length = max_length
         self.image_aspect = image_aspect
         self.on_bad_sample = on_bad_sample
+        self.length_estimate = length_estimate
         self.rows: list[Row] = []
         self.rejected: list[str] = []  # messages for rows dropped at load time
         for i, source in enumerate(mixture):
@@ -134,17 +136,19 @@ class SupervisedDataset(Dataset):
             log.warning("skipped %d malformed rows at load time; first: %s", len(self.rejected), self.rejected[0])
         if not self.rows:
             raise BadSampleError(f"no usable rows in {[s.path for s in mixture]}")
-        if length_estimate == "tokens":
-            counts = encoder.count_tokens([row.messages for row in self.rows])
-            for row, count in zip(self.rows, counts):
-                row.length = min(count, max_length)  # longer rows are cut to max_length
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    @property
+    @cached_property
     def modality_lengths(self) -> list[int]:
-        """Positive for samples with an image, negative for text-only (the grouped sampler's convention)."""
+        """Positive for samples with an image, negative for text-only (the grouped sampler's convention).
+        Token counts are taken here, on first use, so datasets that never meet the sampler
+        (evaluation batches, analyses, benches) do not pay for them."""
+        if self.length_estimate == "tokens":
+            counts = self.encoder.count_tokens([row.messages for row in self.rows])
+            for row, count in zip(self.rows, counts):
+                row.length = min(count, self.max_length)  # longer rows are cut to max_length
         return [r.length if r.image else -r.length for r in self.rows]
 
     def build(self, row: Row) -> Example:
