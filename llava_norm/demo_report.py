@@ -64,11 +64,6 @@ def diagnostics_step(paths, profile) -> Step:
     return Step("diagnostics", done, run)
 
 
-def _chance_row(world: Path) -> dict[str, float]:
-    """Chance level of each benchmark's headline metric (uniform guessing), from the world's manifest."""
-    return {name: 100.0 * entry["chance"] for name, entry in _manifest_entries(world).items()}
-
-
 def _manifest_entries(world: Path) -> dict[str, dict]:
     """Each evaluated benchmark's manifest entry (path, items, chance), keyed by the runner's name."""
     from llava_norm.evaluation.runner import DATA_DIRS
@@ -110,20 +105,31 @@ def _losses(run: Path) -> str:
 CLEAR_P = 0.01
 
 
-def _versus_chance(column: str, score: float, entry: dict | None) -> tuple[str, bool] | None:
-    """(' p = ...' text, clearly above) for a score that counts items right; None for F1 (POPE),
-    which is not a count of items right."""
-    if entry is None or column == "pope":
-        return None
+def _benchmark_verdict(column: str, table, entry: dict) -> str:
+    """How each arm's score on one mini benchmark stands against guessing (computed, not asserted)."""
+    scores = {run: table.values[run][column] for run in table.runs}
+    if column == "pope":  # F1 is no count of items right, and it rewards always answering "yes"
+        shares = ", ".join(f"{run} {100 * table.metrics[run]['pope']['mean_over_splits']['predicted_yes_share']:.0f}%"
+                           for run in table.runs)
+        beats = all(score > 100 * 2 / 3 for score in scores.values())
+        return (f"{'above' if beats else 'NOT above'} the F1 of always answering 'yes' (66.7) for every arm;"
+                f" predicted 'yes' share: {shares}")
     n = int(entry.get("questions") or entry["items"])  # MMBench scores questions (4 rotations each)
-    k = round(score / 100 * n)
-    if entry["chance"] <= 0:  # free-form answers (OCRBench): guessing gets none, so count instead
-        return f"{k} of {n} right", False
-    p_value = binomial_tail(k, n, entry["chance"])
-    return f"p = {p_value:.1g}", p_value < CLEAR_P
+    chance = entry["chance"]
+    right = {run: round(score / 100 * n) for run, score in scores.items()}
+    if chance <= 0:  # free-form answers (OCRBench): count the hits instead
+        return "free-form answers, which guessing never gets right: " + ", ".join(
+            f"{run} {k} of {n} right" for run, k in right.items())
+    p_values = {run: binomial_tail(k, n, chance) for run, k in right.items()}
+    clear = all(p < CLEAR_P for p in p_values.values())
+    return (f"{'clearly above chance for every arm' if clear else 'NOT clearly above chance for every arm'}"
+            f": one-sided binomial test of {n} items against uniform guessing, "
+            + ", ".join(f"{run} p = {p:.1g}" for run, p in p_values.items())
+            + (", approximate for a macro average" if column == "mmstar" else "")
+            + (", with the mean chance of 2-5 choices" if column == "scienceqa_img" else ""))
 
 
-def _findings(diag: Path, table, chance: dict[str, float], entries: dict[str, dict] | None = None) -> list[str]:
+def _findings(diag: Path, table, entries: dict[str, dict]) -> list[str]:
     lines = []
     interface = _load(diag / "interface_norms.json")
     if interface:
@@ -167,33 +173,12 @@ def _findings(diag: Path, table, chance: dict[str, float], entries: dict[str, di
     if table is not None:
         for column in table.columns:
             values = ", ".join(f"{run} {table.values[run][column]:.1f}" for run in table.runs)
-            c = chance.get(column)
-            if c is None:
+            entry = entries.get(column)
+            if entry is None:
                 lines.append(f"- {table.labels[column]}: {values} (no chance level).")
                 continue
-            tests = {run: _versus_chance(column, table.values[run][column], (entries or {}).get(column))
-                     for run in table.runs}
-            if c == 0.0 and all(t is not None for t in tests.values()):
-                verdict = "free-form answers, which guessing never gets right: " + ", ".join(
-                    f"{run} {t[0]}" for run, t in tests.items())
-            elif all(t is not None for t in tests.values()):
-                n = int((entries or {})[column].get("questions") or entries[column]["items"])
-                clear = all(t[1] for t in tests.values())
-                verdict = (f"{'clearly above chance for every arm' if clear else 'NOT clearly above chance for every arm'}"
-                           f": one-sided binomial test of {n} items against uniform guessing, "
-                           + ", ".join(f"{run} {t[0]}" for run, t in tests.items())
-                           + (", approximate for a macro average" if column == "mmstar" else "")
-                           + (", with the mean chance of 2-5 choices" if column == "scienceqa_img" else ""))
-            elif column == "pope":  # F1 rewards always answering "yes" (0.667 at a 50% yes ratio)
-                shares = ", ".join(f"{run} {100 * table.metrics[run]['pope']['mean_over_splits']['predicted_yes_share']:.0f}%"
-                                   for run in table.runs)
-                beats = all(table.values[run][column] > 100 * 2 / 3 for run in table.runs)
-                verdict = (f"{'above' if beats else 'NOT above'} the F1 of always answering 'yes' (66.7) for every arm;"
-                           f" predicted 'yes' share: {shares}")
-            else:
-                above = all(table.values[run][column] > c for run in table.runs)
-                verdict = "above chance for every arm" if above else "NOT above chance for every arm"
-            lines.append(f"- {table.labels[column]}: {values} (chance {c:.1f}; {verdict}).")
+            lines.append(f"- {table.labels[column]}: {values} (chance {100 * entry['chance']:.1f}; "
+                         f"{_benchmark_verdict(column, table, entry)}).")
     return lines
 
 
@@ -201,7 +186,8 @@ def write_report(paths, profile, timings: dict) -> Path:
     from llava_norm.evaluation.table import build_table, to_markdown
 
     demo, diag = paths.demo, paths.demo / "diagnostics"
-    chance = _chance_row(paths.world)
+    entries = _manifest_entries(paths.world)
+    chance = {name: 100.0 * entry["chance"] for name, entry in entries.items()}  # uniform guessing
     eval_dirs = [demo / arm / "eval" for arm in (BASELINE, ALIGNED)]
     table = build_table(eval_dirs, baseline=BASELINE)
     fresh = _load(demo / "timings_fresh.json")
@@ -227,7 +213,7 @@ def write_report(paths, profile, timings: dict) -> Path:
         "", "## Mini benchmarks", "",
         to_markdown(table, extra_rows={"chance (uniform guessing)": chance}),
         "## Findings (computed from the numbers below)", "",
-        *_findings(diag, table, chance, _manifest_entries(paths.world)), "",
+        *_findings(diag, table, entries), "",
     ]
     body = (demo / "diagnostics.md").read_text().splitlines()  # written by the diagnostics step
     lines += ["#" + line if line.startswith("#") else line for line in body]  # nest its headings one level
