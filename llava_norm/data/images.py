@@ -61,7 +61,10 @@ def preprocess(images: list[Image.Image], image_processor, aspect: str = "resize
     size = fixed_resize(image_processor)
     if size is None:
         return image_processor(images=images, return_tensors="pt")["pixel_values"]
-    return torch.cat([_resize_normalise(image, image_processor, size) for image in images])
+    pixels = torch.cat([_resized_uint8(image, size, TORCH_RESAMPLE[image_processor.resample]) for image in images])
+    mean = torch.tensor(image_processor.image_mean).view(1, 3, 1, 1)
+    std = torch.tensor(image_processor.image_std).view(1, 3, 1, 1)
+    return (pixels.float() * image_processor.rescale_factor - mean) / std
 
 
 def fixed_resize(image_processor) -> tuple[int, int] | None:
@@ -76,12 +79,10 @@ def fixed_resize(image_processor) -> tuple[int, int] | None:
     return (int(height), int(width)) if simple else None
 
 
-def _resize_normalise(image: Image.Image, image_processor, size: tuple[int, int]) -> torch.Tensor:
+def _resized_uint8(image: Image.Image, size: tuple[int, int], mode: str) -> torch.Tensor:
+    """(1, 3, height, width) uint8, RGB, resized as the torchvision-backed processors do."""
     rgb = image if image.mode == "RGB" else image.convert("RGB")
-    pixels = torch.from_numpy(np.array(rgb)).permute(2, 0, 1).unsqueeze(0)  # uint8 (1, 3, H, W)
+    pixels = torch.from_numpy(np.array(rgb)).permute(2, 0, 1).unsqueeze(0)
     if tuple(pixels.shape[-2:]) != size:
-        mode = TORCH_RESAMPLE[image_processor.resample]
         pixels = torch.nn.functional.interpolate(pixels, size=size, mode=mode, antialias=True)
-    mean = torch.tensor(image_processor.image_mean).view(1, 3, 1, 1)
-    std = torch.tensor(image_processor.image_std).view(1, 3, 1, 1)
-    return (pixels.float() * image_processor.rescale_factor - mean) / std
+    return pixels
