@@ -6,6 +6,7 @@ grid arithmetic; they do not call the generator's question code.
 """
 
 import base64
+import collections
 import hashlib
 import io
 import json
@@ -331,26 +332,26 @@ def test_captions_mention_every_shape(worlds):
 def test_text_benchmark_answers(worlds):
     root, bm = worlds["a"], worlds["ma"]["benchmarks"]
     sides = {"triangle": 3, "square": 4, "pentagon": 5, "hexagon": 6, "octagon": 8}
-    n = 0
+    mixes = {frozenset(("red", "yellow")): "orange", frozenset(("blue", "yellow")): "green",
+             frozenset(("red", "blue")): "purple"}
+    checked = collections.Counter()
     for _, r in read_bench(root, bm["mmlu"]).iterrows():
-        truth = r["choices"][r["answer"]]
-        m = re.fullmatch(r"A drawing has (\d) (\w+?)s? and (\d) (\w+?)s?\. How many sides .*", r["question"])
-        m2 = re.fullmatch(r"A box holds (\d) (\w+) and (\d) (\w+) beads\. How many beads .* not \2\?", r["question"])
-        m3 = re.fullmatch(r"An? \w+ starts in the ([a-z ]+) cell of a 3x3 grid, moves one cell (\w+) "
-                          r"and then one cell (\w+)\. Where is it now\?", r["question"])
-        if m:
-            assert int(truth) == int(m[1]) * sides[m[2]] + int(m[3]) * sides[m[4]]
-        elif m2:
-            assert truth == m2[3]
-        elif m3:
-            r0, c0 = rc(m3[1])
-            for mv in (m3[2], m3[3]):
-                r0, c0 = r0 + {"up": -1, "down": 1}.get(mv, 0), c0 + {"left": -1, "right": 1}.get(mv, 0)
-            assert truth == GRID[3 * r0 + c0]
+        truth, q = r["choices"][r["answer"]], r["question"]
+        if m := re.fullmatch(r"An? .+ draws an? \w+ (\w+) on the \w+\. How many (sides|corners) .*", q):
+            assert int(truth) == sides[m[1]], q
+        elif m := re.fullmatch(r"A box holds (\d) (\w+) and (\d) (\w+) beads\. How many beads .* not \2\?", q):
+            assert truth == m[3], q
+        elif m := re.fullmatch(r"An? \w+ \w+ starts in the ([a-z ]+) cell of a 3x3 grid and moves one cell (\w+)\. "
+                               r"Where is it now\?", q):
+            r0, c0 = rc(m[1])
+            r0, c0 = r0 + {"up": -1, "down": 1}.get(m[2], 0), c0 + {"left": -1, "right": 1}.get(m[2], 0)
+            assert truth == GRID[3 * r0 + c0], q
+        elif m := re.fullmatch(r"An? .+ mixes (\w+) paint with (\w+) paint in .*", q):
+            assert truth == mixes[frozenset(m.groups())], q
         else:
             continue
-        n += 1
-    assert n >= 5
+        checked[m.re.pattern] += 1
+    assert len(checked) == 4 and sum(checked.values()) >= 8, checked  # every checked family is asked
     for _, r in read_bench(root, bm["hellaswag"]).iterrows():
         gold = r["endings"][int(r["label"])]
         m = re.search(r"in the ([a-z ]+) cell of a 3x3 grid\. He slides it one cell (\w+)\.", r["ctx_a"])

@@ -274,8 +274,22 @@ def write_hellaswag(rng, n, holdout_pct):
             {path: parquet_bytes(rows, schema)}, [])
 
 
+def _interleave_families(items: list, rng) -> list:
+    """Items shuffled within each question family, then taken family by family in turn, so
+    every family is asked about equally often (as MMLU weighs its subjects, not its templates)."""
+    families: dict[str, list] = {}
+    for it in items:
+        families.setdefault(it.family, []).append(it)
+    queues = [[group[int(i)] for i in rng.permutation(len(group))] for _, group in sorted(families.items())]
+    out = []
+    while any(queues):
+        out += [q.pop(0) for q in queues if q]
+    return out
+
+
 def write_mmlu(rng, n, holdout_pct):
-    """About ``n`` test questions split evenly over the subjects, plus 5 dev per subject."""
+    """About ``n`` test questions split evenly over the subjects (and over the question
+    families within a subject), plus 5 dev per subject."""
     n_per_subject = -(-n // len(MMLU_SUBJECTS))
     schema = pa.schema([("question", pa.string()), ("subject", pa.string()),
                         ("choices", pa.list_(pa.string())), ("answer", pa.int64())])
@@ -283,8 +297,7 @@ def write_mmlu(rng, n, holdout_pct):
     splits: dict[str, list[dict]] = {"dev": [], "test": []}
     files = {}
     for subject in MMLU_SUBJECTS:
-        items = [it for it in pool if it.subject == subject]
-        items = [items[int(i)] for i in rng.permutation(len(items))]
+        items = _interleave_families([it for it in pool if it.subject == subject], rng)
         per = {"dev": items[:5], "test": items[5:5 + n_per_subject]}
         for split, chosen in per.items():
             rows = []

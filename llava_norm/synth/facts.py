@@ -28,12 +28,13 @@ MOVES = {"up": "above", "down": "below", "left": "to the left of", "right": "to 
 
 @dataclass(frozen=True)
 class MCItem:
-    """A 4-way multiple-choice text question (MMLU layout)."""
+    """A 4-way multiple-choice text question (MMLU layout); ``family`` names its template."""
 
     subject: str
     question: str
     answer_text: str
     wrong: tuple[str, ...]
+    family: str = ""
 
     def choices(self, rng: np.random.Generator) -> tuple[list[str], int]:
         idx = rng.permutation(len(self.wrong))[:3]
@@ -66,37 +67,55 @@ def _others(ans: str, domain) -> tuple[str, ...]:
     return tuple(x for x in domain if x != ans)
 
 
-def mmlu_pool() -> list[MCItem]:
-    """Every MMLU-style question of the world, in a fixed order."""
-    out: list[MCItem] = []
-    geo, col, spa = MMLU_SUBJECTS
-    polys = list(POLYGON_SIDES)
+# Who does what, where: slots that change a question's wording but not its answer. A held-out
+# question asks a fact the training text states and asks in other wordings, the way real MMLU
+# asks knowledge from pretraining; no held-out question needs arithmetic the corpus never shows.
+WHO = ("A student", "A teacher", "A girl", "A boy")
+SURFACES = ("board", "paper", "wall")
+CONTAINERS = ("a bowl", "a cup", "a jar")
+
+
+def _geometry() -> list[MCItem]:
+    geo, polys, out = MMLU_SUBJECTS[0], list(POLYGON_SIDES), []
     for p, n in POLYGON_SIDES.items():
-        out.append(MCItem(geo, f"How many sides does a {p} have?", str(n), _nums(n, 1)))
-        out.append(MCItem(geo, f"How many corners does a {p} have?", str(n), _nums(n, 1)))
-        out.append(MCItem(geo, f"Which shape has exactly {NUM_WORDS[n]} sides?", p, _others(p, polys)))
-    out.append(MCItem(geo, "Which shape has no corners?", "circle", ("square", "triangle", "star", "hexagon")))
-    out.append(MCItem(geo, "How many points does a star have?", "5", ("3", "4", "6", "8")))
-    for i, p1 in enumerate(polys):
-        for p2 in polys[i + 1:]:
-            for a in range(1, 6):
-                for b in range(1, 6):
-                    tot = a * POLYGON_SIDES[p1] + b * POLYGON_SIDES[p2]
-                    q = (f"A drawing has {a} {p1 if a == 1 else plural(p1)} and {b} "
-                         f"{p2 if b == 1 else plural(p2)}. How many sides do the shapes have in total?")
-                    out.append(MCItem(geo, q, str(tot), _nums(tot, 1)))
-    cols = list(COLOURS)
+        out.append(MCItem(geo, f"How many sides does a {p} have?", str(n), _nums(n, 1), "facts"))
+        out.append(MCItem(geo, f"How many corners does a {p} have?", str(n), _nums(n, 1), "facts"))
+        out.append(MCItem(geo, f"Which shape has exactly {NUM_WORDS[n]} sides?", p, _others(p, polys), "facts"))
+    out.append(MCItem(geo, "Which shape has no corners?", "circle", ("square", "triangle", "star", "hexagon"), "facts"))
+    out.append(MCItem(geo, "How many points does a star have?", "5", ("3", "4", "6", "8"), "facts"))
+    for who in WHO:
+        for c in COLOURS:
+            for p, n in POLYGON_SIDES.items():
+                for where in SURFACES:
+                    for part in ("sides", "corners"):
+                        out.append(MCItem(geo, f"{who} draws {a_(c + ' ' + p)} on the {where}. How many {part} "
+                                          "does the shape have?", str(n), _nums(n, 1), "count_sides"))
+                out.append(MCItem(geo, f"{who} wants to draw {a_(c)} shape with exactly {NUM_WORDS[n]} straight "
+                                  "sides. Which shape should they draw?", p, _others(p, polys), "name_shape"))
+    return out
+
+
+def _colour_theory() -> list[MCItem]:
+    col, cols, out = MMLU_SUBJECTS[1], list(COLOURS), []
     for (c1, c2), mix in MIXES.items():
         for a, b in ((c1, c2), (c2, c1)):
             out.append(MCItem(col, f"Which colour do you get by mixing {a} paint with {b} paint?",
-                              mix, _others(mix, cols)))
+                              mix, _others(mix, cols), "mixing"))
+            for who in WHO:
+                for where in CONTAINERS:
+                    out.append(MCItem(col, f"{who} mixes {a} paint with {b} paint in {where}. Which colour "
+                                      "does the paint turn?", mix, _others(mix, cols), "mixing"))
     for c, comp in COMPLEMENT.items():
-        out.append(MCItem(col, f"What is the complementary colour of {c}?", comp, _others(comp, cols)))
+        out.append(MCItem(col, f"What is the complementary colour of {c}?", comp, _others(comp, cols), "complement"))
+        for who in WHO:
+            for kind in SHAPES:
+                out.append(MCItem(col, f"{who} paints {a_(kind)} {c}. What is the complementary colour of the "
+                                  f"{kind}'s colour?", comp, _others(comp, cols), "complement"))
     for group, members in COLOUR_GROUPS.items():
         for m in members:
             rest = tuple(c for c in cols if c not in members)
             out.append(MCItem(col, f"Which of these is a {group} colour, like {m}?",
-                              pick_other(members, m), rest))
+                              pick_other(members, m), rest, "groups"))
     seen: set[tuple[int, ...]] = set()
     for c, rgb in COLOURS.items():
         for dr in (-10, 0, 10):
@@ -107,34 +126,44 @@ def mmlu_pool() -> list[MCItem]:
                         continue
                     seen.add(v)
                     out.append(MCItem(col, f"A pixel has the RGB value {v}. Which colour is it closest to?",
-                                      c, _others(c, cols)))
+                                      c, _others(c, cols), "pixel"))
     for ci, c1 in enumerate(cols):
         for c2 in cols[ci + 1:]:
             for a in range(1, 6):
                 for b in range(1, 6):
                     q = (f"A box holds {a} {c1} and {b} {c2} beads. "
                          f"How many beads in the box are not {c1}?")
-                    out.append(MCItem(col, q, str(b), _nums(b, 0)))
-    for pos in POSITIONS:
-        for d in DIRECTIONS:
-            nb = neighbour(pos, d)
-            if nb:
-                out.append(MCItem(spa, f"On a 3x3 grid, which cell is directly {d} the {pos} cell?",
-                                  nb, _others(nb, POSITIONS)))
-        n_adj = sum(neighbour(pos, d) is not None for d in DIRECTIONS)
-        out.append(MCItem(spa, f"On a 3x3 grid, how many cells share a side with the {pos} cell?",
-                          str(n_adj), _others(str(n_adj), ("1", "2", "3", "4", "5", "8"))))
-    for kind in SHAPES:
-        for pos in POSITIONS:
-            for m1, d1 in MOVES.items():
-                for m2, d2 in MOVES.items():
-                    mid = neighbour(pos, d1)
-                    end = neighbour(mid, d2) if mid else None
-                    if end:
-                        q = (f"{a_(kind).capitalize()} starts in the {pos} cell of a 3x3 grid, moves one cell {m1} "
-                             f"and then one cell {m2}. Where is it now?")
-                        out.append(MCItem(spa, q, end, _others(end, POSITIONS)))
+                    out.append(MCItem(col, q, str(b), _nums(b, 0), "beads"))
     return out
+
+
+def _spatial_reasoning() -> list[MCItem]:
+    spa, out = MMLU_SUBJECTS[2], []
+    for pos in POSITIONS:
+        n_adj = str(sum(neighbour(pos, d) is not None for d in DIRECTIONS))
+        for kind in SHAPES:
+            out.append(MCItem(spa, f"{a_(kind).capitalize()} sits in the {pos} cell of a 3x3 grid. How many cells "
+                              "share a side with its cell?", n_adj, _others(n_adj, ("1", "2", "3", "4", "5", "8")),
+                              "adjacent"))
+            for c in COLOURS:
+                thing = a_(f"{c} {kind}").capitalize()
+                for d in DIRECTIONS:
+                    nb = neighbour(pos, d)
+                    if nb:
+                        out.append(MCItem(spa, f"{thing} sits in the {pos} cell of a 3x3 grid. Which cell is "
+                                          f"directly {d} it?", nb, _others(nb, POSITIONS), "neighbour"))
+                for m, d in MOVES.items():
+                    end = neighbour(pos, d)
+                    if end:
+                        out.append(MCItem(spa, f"{thing} starts in the {pos} cell of a 3x3 grid and moves one "
+                                          f"cell {m}. Where is it now?", end, _others(end, POSITIONS), "move"))
+    return out
+
+
+def mmlu_pool() -> list[MCItem]:
+    """Every MMLU-style question of the world, in a fixed order (three subjects, several
+    question families each; see ``WHO``)."""
+    return _geometry() + _colour_theory() + _spatial_reasoning()
 
 
 def _nearest(v) -> str:
