@@ -464,3 +464,20 @@ def test_default_build_under_30s(tmp_path):
     t0 = time.perf_counter()
     build_world(tmp_path)
     assert time.perf_counter() - t0 < 30.0
+
+
+def test_mmlu_test_questions_spread_over_families():
+    """Each subject's test questions cycle through its question families, so a family with
+    hundreds of templated variants (the bead counts) cannot crowd out one with a dozen."""
+    from llava_norm.synth.benchmarks import _interleave_families
+    from llava_norm.synth.facts import mmlu_split
+
+    pool = [it for it in mmlu_split(20)["bench"] if it.subject == "colour_theory"]
+    families = sorted({it.family for it in pool})
+    assert len(families) >= 4
+    order = _interleave_families(pool, np.random.default_rng(0))
+    assert sorted(it.family for it in order[:len(families)]) == families  # one of each, then again
+    smallest = min(collections.Counter(it.family for it in pool).values())
+    rounds = [order[k * len(families):(k + 1) * len(families)] for k in range(smallest)]
+    assert all(sorted(it.family for it in r) == families for r in rounds)
+    assert sorted(map(id, order)) == sorted(map(id, pool))  # a reordering, nothing lost
