@@ -36,6 +36,7 @@ class DemoProfile:
     stage1: tuple[str, ...] = ()  # config overrides on top of configs/tiny/<arm>/stage1.yaml
     stage2: tuple[str, ...] = ()
     eval_args: tuple[str, ...] = ()
+    eval_limit: int | None = None  # items per benchmark (None: all), for the benchmarks and the diagnostics
     processes: int = 2  # DeepSpeed ZeRO-2 over 2 CPU processes, as on a cluster
     analysis_images: int = 8
 
@@ -50,7 +51,8 @@ SMOKE = DemoProfile(
                         vision=LoopConfig(steps=2, batch_size=2, lr=1e-3, warmup_steps=1)),
     stage1=("train.max_steps=2", "train.per_device_batch_size=4", "train.deepspeed=null", "train.save_steps=1"),
     stage2=("train.max_steps=2", "train.per_device_batch_size=4", "train.deepspeed=null", "train.save_steps=1"),
-    eval_args=("--limit=2", "--max-new-tokens-cap=8"),
+    eval_args=("--max-new-tokens-cap=8",),
+    eval_limit=2,
     processes=1,
     analysis_images=2,
 )
@@ -146,7 +148,7 @@ def pipeline_config(paths: DemoPaths, profile: DemoProfile) -> PipelineConfig:
                                       f"image_folder: {world}/images}}]", *profile.stage1],
         stage2_overrides=[*backbones, f"data.mixture=[{{path: {world}/instruct/synth_instruct.json, "
                                       f"image_folder: {world}/images}}]", *profile.stage2],
-        eval_args=list(profile.eval_args),
+        eval_args=[*([f"--limit={profile.eval_limit}"] if profile.eval_limit is not None else []), *profile.eval_args],
         env={"GPUS_PER_NODE": str(profile.processes), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"},
     )
 

@@ -3,7 +3,8 @@
 Owns which checkpoints each diagnostic looks at in the demo (interface norms after stage 1 and
 stage 2 of both arms, Table 5 statistics of the GWC arm after stage 1, layer curves and
 attention of both final models, App. F over the GWC arm's stage-1 checkpoints, gradient flow
-of fresh builds from the warmed backbones), the chance levels next to the results table, and
+of fresh builds from the warmed backbones, MMLU's answer texts against its letters for both
+final models), the chance levels next to the results table, and
 sentences that compare numbers (e.g. visual-token norm against T). Every sentence is computed
 from the JSON files; where the numbers disagree with the paper, the sentence says so.
 """
@@ -24,6 +25,7 @@ PROMPT, PHRASE = "What colour is the largest shape in the picture?", "largest sh
 
 
 INIT_LABEL = f"{ALIGNED} at initialisation"
+CONTINUATION = "mmlu_continuation"
 
 
 def _fresh_aligned_build(paths, out_dir: Path) -> Path:
@@ -36,6 +38,18 @@ def _fresh_aligned_build(paths, out_dir: Path) -> Path:
     torch.manual_seed(0)  # rebuilt every time (a second): the warmed backbones may have changed
     build_model(ModelSpec(str(paths.warm / "siglip"), str(paths.warm / "llama"), norm_alignment=ALIGNED)).save(out_dir)
     return out_dir
+
+
+def _mmlu_continuation(paths, out: Path, limit: int | None) -> None:
+    """Each arm's final model on the same MMLU questions in lm-eval's continuation formulation
+    (answer texts scored, no letters), in-process: it tells a model that does not know the
+    answers from one that cannot map them to a letter."""
+    from llava_norm.evaluation.runner import EvalConfig, PromptSettings, resolve_benchmarks, run_evaluation
+
+    requests = resolve_benchmarks(["mmlu"], str(paths.world / "benchmarks"), {}, {"mmlu": {"formulation": "continuation"}})
+    for arm in (BASELINE, ALIGNED):
+        run_evaluation(EvalConfig(checkpoint=str(paths.run(arm, 2) / "model"), out_dir=str(out / CONTINUATION / arm),
+                                  benchmarks=requests, run_name=arm, prompt=PromptSettings(), limit=limit))
 
 
 def diagnostics_step(paths, profile) -> Step:
@@ -54,6 +68,7 @@ def diagnostics_step(paths, profile) -> Step:
             gain_models={f"{ALIGNED} after stage {stage}": paths.run(ALIGNED, stage) / "model" for stage in (1, 2)},
             attention_prompt=PROMPT, attention_phrase=PHRASE, limit=profile.analysis_images,
         ), out, title="Diagnostics", report_path=paths.demo / "diagnostics.md")
+        _mmlu_continuation(paths, out, profile.eval_limit)
         (out / "complete").write_text(datetime.datetime.now().isoformat())
 
     def done() -> bool:
@@ -179,7 +194,28 @@ def _findings(diag: Path, table, entries: dict[str, dict]) -> list[str]:
                 continue
             lines.append(f"- {table.labels[column]}: {values} (chance {100 * entry['chance']:.1f}; "
                          f"{_benchmark_verdict(column, table, entry)}).")
+        lines += _continuation_finding(diag, table, entries.get("mmlu"))
     return lines
+
+
+def _continuation_finding(diag: Path, table, entry: dict | None) -> list[str]:
+    """MMLU's answer texts against its letters, for the same questions and models."""
+    scores = {run: _load(diag / CONTINUATION / run / "mmlu.json") for run in table.runs}
+    if entry is None or "mmlu" not in table.columns or not all(scores.values()):
+        return []
+    n = int(entry["items"])
+    text = {run: 100 * r["metrics"]["acc"] for run, r in scores.items()}
+    p_text = {run: binomial_tail(round(v / 100 * n), n, entry["chance"]) for run, v in text.items()}
+    p_letter = {run: binomial_tail(round(table.values[run]["mmlu"] / 100 * n), n, entry["chance"]) for run in table.runs}
+    knows = all(p < CLEAR_P for p in p_text.values())
+    binds = all(p < CLEAR_P for p in p_letter.values())
+    verdict = ("the LLM knows answers it does not map to their letter" if knows and not binds else
+               "both formulations clearly above chance" if knows else
+               "the answer texts are not clearly above chance either")
+    return [f"- MMLU, answer text against letter (lm-eval `mmlu_continuation`, the same {n} questions and models): "
+            + ", ".join(f"{run} {text[run]:.1f} (p = {p_text[run]:.1g})" for run in table.runs)
+            + "; with letters " + ", ".join(f"{run} {table.values[run]['mmlu']:.1f}" for run in table.runs)
+            + f" (chance {100 * entry['chance']:.1f}): {verdict}."]
 
 
 def write_report(paths, profile, timings: dict) -> Path:

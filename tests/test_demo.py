@@ -36,6 +36,10 @@ def test_smoke_demo_writes_the_report_then_reuses_every_step(tmp_path):
     for arm in ("none", "ln_textnorm_gwc"):
         results = json.loads((tmp_path / f"demo/{arm}/eval/summary.json").read_text())["benchmarks"]
         assert len(results) == 9
+        # the same MMLU questions, answer texts scored instead of letters
+        text = json.loads((tmp_path / f"demo/diagnostics/mmlu_continuation/{arm}/mmlu.json").read_text())["metrics"]
+        assert text["formulation"] == "continuation" and text["num_items"] == results["mmlu"]["metrics"]["num_items"]
+    assert "answer text against letter (lm-eval `mmlu_continuation`" in report
 
     second = _demo(tmp_path)
     assert [s["status"] for s in second["steps"]] == ["reused"] * len(first["steps"])

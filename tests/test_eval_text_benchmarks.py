@@ -128,6 +128,43 @@ def test_mmlu_five_shot_prompt_uses_first_dev_questions(tmp_path):
     assert get_benchmark("mmlu", num_fewshot=5).settings()["num_fewshot"] == 5
 
 
+def test_mmlu_continuation_formulation_prompt_and_scoring(tmp_path):
+    """lm-eval mmlu_continuation: no options in the prompt, the answer texts are the
+    continuations, shots show the answer text; acc_norm divides by the text's characters."""
+    bench = get_benchmark("mmlu", formulation="continuation", num_fewshot=1)
+    items = bench.load(mmlu_dir(tmp_path))
+    assert items[0].context == (
+        "The following are questions (with answers) about high school biology.\n\n"
+        "Question: Question 100 about high_school_biology?\nAnswer: w100\n\n"
+        "Question: Question 1 about high_school_biology?\nAnswer:"
+    )
+    assert items[0].continuations == [" w1", " x1", " y1", " z1"] and items[0].gold == 2
+    assert items[2].continuations == [" w3", " x3", " y3", " z3"] and items[2].gold == 1
+    lengths = {item.item_id: [len(c) for c in item.continuations] for item in items}
+    assert lengths["high_school_biology#0"] == [3, 3, 3, 3]
+    predictions = {
+        "high_school_biology#0": [-4.0, -3.0, -1.0, -2.0],  # right either way
+        "high_school_biology#1": [-2.0, -1.0, -3.0, -4.0],  # wrong either way (gold A)
+        "virology#0": [-2.0, -0.5, -3.0, -4.0],
+    }
+    metrics = bench.score(items, predictions)
+    assert metrics["acc"] == pytest.approx(2 / 3) and metrics["acc_norm"] == pytest.approx(2 / 3)
+    assert metrics["formulation"] == "continuation"
+    assert "mmlu_continuation" in bench.settings()["formulation"]
+    assert "acc_norm" not in get_benchmark("mmlu").score(get_benchmark("mmlu").load(mmlu_dir(tmp_path)), predictions)
+    with pytest.raises(ValueError, match="formulation must be one of"):
+        get_benchmark("mmlu", formulation="cloze")
+
+
+def test_mmlu_continuation_acc_norm_divides_by_characters():
+    from llava_norm.evaluation.benchmarks.base import LoglikelihoodItem
+
+    item = LoglikelihoodItem("mmlu", "s#0", "ctx", [" a", " longer answer", " b", " c"], gold=1, meta={"subject": "s"})
+    # summed log-probs favour the short " a"; per character the long right answer wins
+    metrics = get_benchmark("mmlu", formulation="continuation").score([item], {"s#0": [-1.0, -2.8, -3.0, -3.0]})
+    assert metrics["acc"] == 0.0 and metrics["acc_norm"] == 1.0
+
+
 def test_mmlu_scoring_micro_and_macro(tmp_path):
     items = get_benchmark("mmlu").load(mmlu_dir(tmp_path))
     predictions = {

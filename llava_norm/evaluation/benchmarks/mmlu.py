@@ -5,6 +5,9 @@ hails/mmlu_no_train) and the original hendrycks CSVs (``data/test/*_test.csv``,
 headerless), building lm-eval's prompt (description, first-n dev shots, question,
 "Answer:") with continuations " A".." D", and accuracy: micro over all questions (lm-eval's
 size-weighted ``mmlu``), macro over subjects (the old hendrycksTest number), per subject.
+Also lm-eval's ``mmlu_continuation`` formulation (``formulation="continuation"``): no options
+in the prompt, each answer text scored as the continuation of "Question: ..\nAnswer:"; it
+separates knowing an answer from mapping it to a letter, which small models fail first.
 """
 
 from __future__ import annotations
@@ -60,6 +63,17 @@ def build_context(q: MMLUQuestion, shots: Sequence[MMLUQuestion]) -> str:
     return description + examples + question_block(q)
 
 
+def continuation_block(q: MMLUQuestion) -> str:
+    """lm-eval mmlu_continuation doc_to_text."""
+    return f"Question: {q.question.strip()}\nAnswer:"
+
+
+def build_continuation_context(q: MMLUQuestion, shots: Sequence[MMLUQuestion]) -> str:
+    description = f"The following are questions (with answers) about {q.subject.replace('_', ' ')}.\n\n"
+    examples = "".join(f"{continuation_block(shot)} {shot.choices[shot.answer]}\n\n" for shot in shots)
+    return description + examples + continuation_block(q)
+
+
 def _hendrycks_csv(path: Path) -> bool:
     """The original release's CSVs have no header row: the first line is already a question."""
     if path.suffix.lower() != ".csv":
@@ -98,21 +112,33 @@ def _questions(path: Path, split: str) -> list[MMLUQuestion]:
     return [_question(row) for row in rows]
 
 
+FORMULATIONS = {"letters": build_context, "continuation": build_continuation_context}
+
+
+def _first_argmax(values: Sequence[float]) -> int:
+    """First maximum wins, like numpy.argmax."""
+    return max(range(len(values)), key=lambda i: (values[i], -i))
+
+
 @register_benchmark
 @dataclass(frozen=True)
 class MMLU(Benchmark):
     """Options: ``num_fewshot`` 0 (lm-eval default) .. 5 (classic); ``dev_path`` for the dev
-    split when ``load`` gets a single test file rather than a directory."""
+    split when ``load`` gets a single test file rather than a directory; ``formulation``
+    ``letters`` (lm-eval ``mmlu``, the paper's) or ``continuation`` (lm-eval ``mmlu_continuation``)."""
 
     name: ClassVar[str] = "mmlu"
     kind: ClassVar[str] = "loglikelihood"
 
     num_fewshot: int = 0
     dev_path: str | None = None
+    formulation: str = "letters"
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_fewshot, int) or not 0 <= self.num_fewshot <= MAX_SHOTS:
             raise ValueError(f"mmlu: num_fewshot must be an int in 0..{MAX_SHOTS}, got {self.num_fewshot!r}")
+        if self.formulation not in FORMULATIONS:
+            raise ValueError(f"mmlu: formulation must be one of {list(FORMULATIONS)}, got {self.formulation!r}")
 
     def load(self, path: str | Path, limit: int | None = None) -> list[LoglikelihoodItem]:
         """Items in file order (subjects alphabetical in the official files); ``limit`` keeps
@@ -129,8 +155,9 @@ class MMLU(Benchmark):
                 LoglikelihoodItem(
                     benchmark=self.name,
                     item_id=f"{q.subject}#{position}",
-                    context=build_context(q, shots.get(q.subject, [])),
-                    continuations=list(CONTINUATIONS),
+                    context=FORMULATIONS[self.formulation](q, shots.get(q.subject, [])),
+                    continuations=(list(CONTINUATIONS) if self.formulation == "letters"
+                                   else [f" {choice}" for choice in q.choices]),
                     gold=q.answer,
                     meta={"subject": q.subject},
                 )
@@ -154,30 +181,40 @@ class MMLU(Benchmark):
 
     def score(self, items: Sequence[LoglikelihoodItem], predictions: Mapping[str, Any]) -> dict[str, Any]:
         logprobs = continuation_logprobs(self.name, items, predictions)
-        # first maximum wins, like numpy.argmax
-        correct = [max(range(4), key=lambda i: (s[i], -i)) == item.gold for item, s in zip(items, logprobs)]
+        correct = [_first_argmax(s) == item.gold for item, s in zip(items, logprobs)]
         per_subject = grouped_accuracy((item.meta["subject"] for item in items), correct)
-        return {
+        metrics = {
             "acc": mean([float(ok) for ok in correct]),
             "acc_macro_subjects": mean(list(per_subject.values())),
             "per_subject": per_subject,
             "num_items": len(items),
             "num_fewshot": self.num_fewshot,
+            "formulation": self.formulation,
             "scale": "0-1",
         }
+        if self.formulation == "continuation":  # answer texts differ in length: lm-eval's acc_norm too
+            normed = [[v / max(len(c), 1) for v, c in zip(s, item.continuations)] for item, s in zip(items, logprobs)]
+            metrics["acc_norm"] = mean([float(_first_argmax(s) == item.gold) for item, s in zip(items, normed)])
+        return metrics
 
     def settings(self) -> dict[str, Any]:
+        letters = self.formulation == "letters"
         return {
             "benchmark": self.name,
             "data": "cais/mmlu config 'all' split 'test' (shots: split 'dev'), or hendrycks data/test/*_test.csv + data/dev/*_dev.csv",
+            "formulation": self.formulation + (" (lm-eval mmlu)" if letters else " (lm-eval mmlu_continuation)"),
             "num_fewshot": self.num_fewshot,
             "fewshot_split": "dev",
             "fewshot_sampler": "first_n (dev file order, same subject)",
-            "prompt_template": "The following are multiple choice questions (with answers) about {subject with _ -> space}.\n\n"
-            "[{shot question}\nA. ..\nB. ..\nC. ..\nD. ..\nAnswer: {letter}\n\n]*"
-            "{question.strip()}\nA. ..\nB. ..\nC. ..\nD. ..\nAnswer:",
-            "continuations": CONTINUATIONS,
-            "scoring": "acc = argmax of summed log-prob over ' A'..' D' (lm-eval)",
+            "prompt_template": (
+                "The following are multiple choice questions (with answers) about {subject with _ -> space}.\n\n"
+                "[{shot question}\nA. ..\nB. ..\nC. ..\nD. ..\nAnswer: {letter}\n\n]*"
+                "{question.strip()}\nA. ..\nB. ..\nC. ..\nD. ..\nAnswer:" if letters else
+                "The following are questions (with answers) about {subject with _ -> space}.\n\n"
+                "[Question: {shot question.strip()}\nAnswer: {shot answer text}\n\n]*Question: {question.strip()}\nAnswer:"),
+            "continuations": CONTINUATIONS if letters else "' ' + each choice text",
+            "scoring": ("acc = argmax of summed log-prob over ' A'..' D' (lm-eval)" if letters else
+                        "acc = argmax of summed log-prob of the choice texts; acc_norm = of log-prob / characters (lm-eval)"),
             "aggregation": "acc = micro over all questions (lm-eval group 'mmlu', weight_by_size); acc_macro_subjects = mean of subject accuracies",
             "headline_metric": "acc (0-1)",
         }
