@@ -120,6 +120,11 @@ def _losses(run: Path) -> str:
 CLEAR_P = 0.01
 
 
+def _guessing_p(score: float, n: int, chance: float) -> float:
+    """P(uniform guessing gets at least the items a score in percent of ``n`` items stands for)."""
+    return binomial_tail(round(score / 100 * n), n, chance)
+
+
 def _benchmark_verdict(column: str, table, entry: dict) -> str:
     """How each arm's score on one mini benchmark stands against guessing (computed, not asserted)."""
     scores = {run: table.values[run][column] for run in table.runs}
@@ -131,11 +136,10 @@ def _benchmark_verdict(column: str, table, entry: dict) -> str:
                 f" predicted 'yes' share: {shares}")
     n = int(entry.get("questions") or entry["items"])  # MMBench scores questions (4 rotations each)
     chance = entry["chance"]
-    right = {run: round(score / 100 * n) for run, score in scores.items()}
     if chance <= 0:  # free-form answers (OCRBench): count the hits instead
         return "free-form answers, which guessing never gets right: " + ", ".join(
-            f"{run} {k} of {n} right" for run, k in right.items())
-    p_values = {run: binomial_tail(k, n, chance) for run, k in right.items()}
+            f"{run} {round(score / 100 * n)} of {n} right" for run, score in scores.items())
+    p_values = {run: _guessing_p(score, n, chance) for run, score in scores.items()}
     clear = all(p < CLEAR_P for p in p_values.values())
     return (f"{'clearly above chance for every arm' if clear else 'NOT clearly above chance for every arm'}"
             f": one-sided binomial test of {n} items against uniform guessing, "
@@ -205,8 +209,8 @@ def _continuation_finding(diag: Path, table, entry: dict | None) -> list[str]:
         return []
     n = int(entry["items"])
     text = {run: 100 * r["metrics"]["acc"] for run, r in scores.items()}
-    p_text = {run: binomial_tail(round(v / 100 * n), n, entry["chance"]) for run, v in text.items()}
-    p_letter = {run: binomial_tail(round(table.values[run]["mmlu"] / 100 * n), n, entry["chance"]) for run in table.runs}
+    p_text = {run: _guessing_p(v, n, entry["chance"]) for run, v in text.items()}
+    p_letter = {run: _guessing_p(table.values[run]["mmlu"], n, entry["chance"]) for run in table.runs}
     knows = all(p < CLEAR_P for p in p_text.values())
     binds = all(p < CLEAR_P for p in p_letter.values())
     verdict = ("the LLM knows answers it does not map to their letter" if knows and not binds else

@@ -195,3 +195,13 @@ def continuation_logprobs(
 def mean(values: Sequence[float]) -> float:
     """Mean of a non-empty sequence; 0.0 for an empty one (a group with no items)."""
     return float(sum(values) / len(values)) if values else 0.0
+
+
+def first_argmax(values: Sequence[float]) -> int:
+    """Index of the largest value; the first maximum wins, like numpy.argmax (lm-eval's rule)."""
+    return max(range(len(values)), key=lambda i: (values[i], -i))
+
+
+def per_character(scores: Sequence[float], lengths: Sequence[int]) -> list[float]:
+    """lm-eval's acc_norm scores: each summed log-prob divided by its choice's character count."""
+    return [score / max(length, 1) for score, length in zip(scores, lengths)]

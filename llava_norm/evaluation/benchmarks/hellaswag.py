@@ -18,7 +18,9 @@ from llava_norm.evaluation.benchmarks.base import (
     Benchmark,
     LoglikelihoodItem,
     continuation_logprobs,
+    first_argmax,
     mean,
+    per_character,
     register_benchmark,
 )
 from llava_norm.evaluation.benchmarks.tabular import Row, read_benchmark_rows
@@ -44,11 +46,6 @@ def clean(text: str) -> str:
 
 def build_context(activity_label: str, ctx_a: str, ctx_b: str) -> str:
     return clean(activity_label + ": " + ctx_a + " " + ctx_b.capitalize())
-
-
-def _argmax(values: Sequence[float]) -> int:
-    # first maximum wins, like numpy.argmax
-    return max(range(len(values)), key=lambda i: (values[i], -i))
 
 
 @register_benchmark
@@ -86,8 +83,8 @@ class HellaSwag(Benchmark):
         acc, acc_norm = [], []
         for item, scores in zip(items, logprobs):
             lengths = item.meta["choice_lengths"]
-            acc.append(float(_argmax(scores) == item.gold))
-            acc_norm.append(float(_argmax([s / max(n, 1) for s, n in zip(scores, lengths)]) == item.gold))
+            acc.append(float(first_argmax(scores) == item.gold))
+            acc_norm.append(float(first_argmax(per_character(scores, lengths)) == item.gold))
         return {"acc": mean(acc), "acc_norm": mean(acc_norm), "num_items": len(items), "scale": "0-1"}
 
     def settings(self) -> dict[str, Any]:

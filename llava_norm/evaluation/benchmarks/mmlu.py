@@ -24,7 +24,9 @@ from llava_norm.evaluation.benchmarks.base import (
     LoglikelihoodItem,
     check_limit,
     continuation_logprobs,
+    first_argmax,
     mean,
+    per_character,
     register_benchmark,
 )
 from llava_norm.evaluation.benchmarks.mcq import LETTERS, grouped_accuracy
@@ -115,11 +117,6 @@ def _questions(path: Path, split: str) -> list[MMLUQuestion]:
 FORMULATIONS = {"letters": build_context, "continuation": build_continuation_context}
 
 
-def _first_argmax(values: Sequence[float]) -> int:
-    """First maximum wins, like numpy.argmax."""
-    return max(range(len(values)), key=lambda i: (values[i], -i))
-
-
 @register_benchmark
 @dataclass(frozen=True)
 class MMLU(Benchmark):
@@ -181,7 +178,7 @@ class MMLU(Benchmark):
 
     def score(self, items: Sequence[LoglikelihoodItem], predictions: Mapping[str, Any]) -> dict[str, Any]:
         logprobs = continuation_logprobs(self.name, items, predictions)
-        correct = [_first_argmax(s) == item.gold for item, s in zip(items, logprobs)]
+        correct = [first_argmax(s) == item.gold for item, s in zip(items, logprobs)]
         per_subject = grouped_accuracy((item.meta["subject"] for item in items), correct)
         metrics = {
             "acc": mean([float(ok) for ok in correct]),
@@ -193,8 +190,8 @@ class MMLU(Benchmark):
             "scale": "0-1",
         }
         if self.formulation == "continuation":  # answer texts differ in length: lm-eval's acc_norm too
-            normed = [[v / max(len(c), 1) for v, c in zip(s, item.continuations)] for item, s in zip(items, logprobs)]
-            metrics["acc_norm"] = mean([float(_first_argmax(s) == item.gold) for item, s in zip(items, normed)])
+            metrics["acc_norm"] = mean([float(first_argmax(per_character(s, [len(c) for c in item.continuations]))
+                                              == item.gold) for item, s in zip(items, logprobs)])
         return metrics
 
     def settings(self) -> dict[str, Any]:
