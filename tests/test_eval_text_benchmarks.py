@@ -159,10 +159,18 @@ def test_mmlu_continuation_formulation_prompt_and_scoring(tmp_path):
 def test_mmlu_continuation_acc_norm_divides_by_characters():
     from llava_norm.evaluation.benchmarks.base import LoglikelihoodItem
 
-    item = LoglikelihoodItem("mmlu", "s#0", "ctx", [" a", " longer answer", " b", " c"], gold=1, meta={"subject": "s"})
+    def item(choices, gold):
+        return LoglikelihoodItem("mmlu", "s#0", "ctx", [f" {c}" for c in choices], gold=gold,
+                                 meta={"subject": "s", "choice_lengths": [len(c) for c in choices]})
+
+    bench = get_benchmark("mmlu", formulation="continuation")
     # summed log-probs favour the short " a"; per character the long right answer wins
-    metrics = get_benchmark("mmlu", formulation="continuation").score([item], {"s#0": [-1.0, -2.8, -3.0, -3.0]})
+    metrics = bench.score([item(["a", "longer answer", "b", "c"], 1)], {"s#0": [-1.0, -2.8, -3.0, -3.0]})
     assert metrics["acc"] == 0.0 and metrics["acc_norm"] == 1.0
+    # lm-eval counts the choice's characters without the leading space: -0.9/1 < -2.0/3
+    # (with the space, -0.9/2 > -2.0/4 would pick "a")
+    metrics = bench.score([item(["a", "bbb", "cccccc", "dddddd"], 1)], {"s#0": [-0.9, -2.0, -9.0, -9.0]})
+    assert metrics["acc_norm"] == 1.0
 
 
 def test_mmlu_scoring_micro_and_macro(tmp_path):

@@ -156,7 +156,8 @@ class MMLU(Benchmark):
                     continuations=(list(CONTINUATIONS) if self.formulation == "letters"
                                    else [f" {choice}" for choice in q.choices]),
                     gold=q.answer,
-                    meta={"subject": q.subject},
+                    # lm-eval's acc_norm divides by the choice's length, without the leading space
+                    meta={"subject": q.subject, "choice_lengths": [len(choice) for choice in q.choices]},
                 )
             )
         return items
@@ -190,8 +191,8 @@ class MMLU(Benchmark):
             "scale": "0-1",
         }
         if self.formulation == "continuation":  # answer texts differ in length: lm-eval's acc_norm too
-            metrics["acc_norm"] = mean([float(first_argmax(per_character(s, [len(c) for c in item.continuations]))
-                                              == item.gold) for item, s in zip(items, logprobs)])
+            metrics["acc_norm"] = mean([float(first_argmax(per_character(s, item.meta["choice_lengths"])) == item.gold)
+                                        for item, s in zip(items, logprobs)])
         return metrics
 
     def settings(self) -> dict[str, Any]:
