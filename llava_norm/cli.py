@@ -37,11 +37,32 @@ def _train(args) -> None:
         sys.exit(f"config error: {error}")
     run_training(config)
     if dist.is_available() and dist.is_initialized():
-        # Leave together and close the group: a rank that exits while another still saves
-        # tears down gloo's threads under it (seen as "terminate called without an active
-        # exception" at exit).
-        dist.barrier()
+        dist.barrier()  # leave together: no rank tears the group down under one still saving
         dist.destroy_process_group()
+    _exit_launched_worker()
+
+
+def _exit_launched_worker() -> None:
+    """End a torchrun worker without interpreter finalisation, once its work is written.
+
+    Why: gloo's worker threads drop the last collectives' tensors a moment after the caller
+    has moved on. Freeing a tensor that Python owns takes the GIL; if the interpreter is
+    already finalising, that thread is killed inside C++ and the whole process aborts
+    ("terminate called without an active exception", SIGABRT), failing the launch after
+    every file was saved. It is rare and load-dependent (seen once in CI under ZeRO-3).
+    So the atexit handlers run and the streams are flushed while the interpreter is fully
+    alive, and the process then leaves with ``os._exit``. Only under torchrun (its agent
+    sets TORCHELASTIC_RUN_ID): called in-process, as from the tests, this returns.
+    """
+    if not os.environ.get("TORCHELASTIC_RUN_ID"):
+        return
+    import atexit
+
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _synth(args) -> None:
@@ -115,6 +136,7 @@ def _eval(args) -> None:
         trust_remote_code=args.trust_remote_code))
     if summary is not None:
         print(f"results in {out}: " + ", ".join(summary["benchmarks"]))
+    _exit_launched_worker()  # data-parallel eval ends on gloo collectives too
 
 
 def _table(args) -> None:

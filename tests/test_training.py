@@ -1,16 +1,15 @@
 """Both training stages under DeepSpeed ZeRO-2/3 with 2 CPU processes; exact resume."""
 
 import json
-import signal
 import subprocess
-import time
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from launch import REPO, env, run_train, step_losses, torchrun_command
+from launch import REPO, env, free_port, kill_after_checkpoint, run_train, step_losses
 from tinydata import write_dataset
 
 from llava_norm.model.builder import ModelSpec, build_model
@@ -83,16 +82,39 @@ def test_killed_run_resumes_with_identical_losses(tmp_path, tiny_dir):
     assert sorted(reference) == list(range(1, 13))
 
     out = tmp_path / "killed"
-    proc = subprocess.Popen(torchrun_command(config, [f"train.output_dir={out}", *common]), cwd=REPO, env=env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 240
-    while not (out / "checkpoint-4" / "checkpoint_complete").exists():
-        assert proc.poll() is None and time.time() < deadline, "run ended before its checkpoint-4"
-        time.sleep(0.05)
-    import os
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not (out / "train_summary.json").exists(), "the run finished before it was killed"
+    kill_after_checkpoint(config, [f"train.output_dir={out}", *common], step=4)
 
     resumed = step_losses(run_train(config, [f"train.output_dir={out}", *common]))
     assert resumed == reference  # exact, per step, fp32 on CPU
+
+
+
+EXIT_PROBE = """
+import atexit, sys
+import torch, torch.distributed as dist
+from llava_norm.cli import _exit_launched_worker
+log = lambda word: open(sys.argv[1], "a").write(word + ";")
+atexit.register(log, "atexit")
+dist.init_process_group("gloo")
+dist.all_reduce(torch.ones(3))
+dist.destroy_process_group()
+print("buffered", end="")
+_exit_launched_worker()
+log("returned")
+"""
+
+
+@pytest.mark.parametrize("launched", [True, False])
+def test_launched_worker_exits_after_atexit_and_flush(tmp_path, launched):
+    marker = tmp_path / "marker"
+    probe_env = {**env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1"}
+    probe_env.pop("PYTHONUNBUFFERED")  # stdout to a pipe stays block-buffered: the flush is what is tested
+    probe_env.pop("TORCHELASTIC_RUN_ID", None)
+    if launched:
+        probe_env["TORCHELASTIC_RUN_ID"] = "probe"  # what torchrun's agent sets for its workers
+    proc = subprocess.run([sys.executable, "-c", EXIT_PROBE, str(marker)], cwd=REPO, env=probe_env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout == "buffered"
+    # A torchrun worker leaves right there, after its atexit handlers; in-process it returns.
+    assert marker.read_text() == ("atexit;" if launched else "returned;atexit;")
