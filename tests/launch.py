@@ -32,6 +32,7 @@ def run_train(config: Path, overrides: list[str], nproc: int = 2, timeout: int =
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"training failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    assert "shm_comm_op built" not in proc.stdout, "DeepSpeed compiled its CPU inference op (see run.py)"
     out = Path(next(o.split("=", 1)[1] for o in overrides if o.startswith("train.output_dir=")))
     return json.loads((out / "train_summary.json").read_text())
 

@@ -55,6 +55,23 @@ def resolve_resume(resume: str, output_dir: str) -> str | None:
     return resume
 
 
+def skip_cpu_inference_comm_op() -> None:
+    """On CPU, keep DeepSpeed from compiling its shared-memory all-reduce op at start-up.
+
+    Why: DeepSpeed's CPU backend JIT-compiles that C++ op whenever its comm layer starts
+    (about 22 s on 2 cores, again in every new environment, and only with a C++ compiler
+    present), yet only its inference engine's all-reduce uses it; ZeRO training reduces
+    through torch.distributed. DeepSpeed builds an op only where ``__compatible_ops__``
+    allows it, so marking this one incompatible skips the build and nothing else changes.
+    """
+    if torch.cuda.is_available():
+        return
+    import deepspeed.ops
+    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
+
+
 def use_bf16(precision: str) -> bool:
     if precision == "auto":
         return torch.cuda.is_available()
@@ -111,6 +128,8 @@ def run_training(config: RunConfig) -> Path:
         freeze_for_lora(bundle.model, config.lora, lora_vision_mode(config))
     else:
         freeze_backbones(bundle.model, t.stage, t.train_vision_tower)
+    if t.deepspeed:
+        skip_cpu_inference_comm_op()
     encoder = conversation_tokenizer(bundle, config.data.prompt_format, dict(config.data.template_kwargs))
     dataset = SupervisedDataset(config.data.mixture, encoder, bundle.image_processor, config.data.max_length,
                                 config.data.image_aspect, config.data.on_bad_sample, config.data.length_estimate)
