@@ -111,7 +111,9 @@ def take_rows(rows: list, take: str, key: str) -> list:
 class SupervisedDataset(Dataset):
     def __init__(self, mixture: list[DataSource], encoder: ConversationTokenizer, image_processor,
                  max_length: int, image_aspect: str = "resize", on_bad_sample: str = "skip",
-                 length_estimate: str = "tokens"):
+                 length_estimate: str = "tokens", system_prompt: str | None = None):
+        """``system_prompt``: a system turn for every row that has none of its own, the same
+        one evaluation puts in its prompts (``data.system_prompt``); None keeps the template's."""
         if length_estimate not in LENGTH_ESTIMATES:
             raise ValueError(f"data.length_estimate must be one of {LENGTH_ESTIMATES}, got {length_estimate!r}")
         self.encoder = encoder
@@ -127,11 +129,15 @@ class SupervisedDataset(Dataset):
             raw_rows = take_rows(read_rows_file(path), source.take, f"data.mixture[{i}].take")
             for index, raw in enumerate(raw_rows):
                 try:
-                    self.rows.append(parse_row(raw, path, index, source.image_folder, encoder.tokens_per_image))
+                    row = parse_row(raw, path, index, source.image_folder, encoder.tokens_per_image)
                 except BadSampleError as error:
                     if on_bad_sample == "error":
                         raise
                     self.rejected.append(str(error))
+                    continue
+                if system_prompt and not any(m["role"] == "system" for m in row.messages):
+                    row.messages.insert(0, {"role": "system", "content": system_prompt})
+                self.rows.append(row)
         if self.rejected:
             log.warning("skipped %d malformed rows at load time; first: %s", len(self.rejected), self.rejected[0])
         if not self.rows:

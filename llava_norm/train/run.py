@@ -132,7 +132,8 @@ def run_training(config: RunConfig) -> Path:
         skip_cpu_inference_comm_op()
     encoder = conversation_tokenizer(bundle, config.data.prompt_format, dict(config.data.template_kwargs))
     dataset = SupervisedDataset(config.data.mixture, encoder, bundle.image_processor, config.data.max_length,
-                                config.data.image_aspect, config.data.on_bad_sample, config.data.length_estimate)
+                                config.data.image_aspect, config.data.on_bad_sample, config.data.length_estimate,
+                                system_prompt=config.data.system_prompt)
     pad_id = bundle.tokenizer.pad_token_id
     trainer = LlavaNormTrainer(
         model=bundle.model, args=training_arguments(config), train_dataset=dataset,
