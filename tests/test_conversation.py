@@ -71,7 +71,7 @@ def test_generation_prompt_matches_template(chat):
     assert all(label == IGNORE_INDEX for label in encoder.encode(messages, add_generation_prompt=True).labels)
 
 
-def test_plain_format_supervises_caption_and_eos(tiny_dir):
+def test_plain_format_supervises_caption_and_separator(tiny_dir):
     for llm in ("llama", "qwen2"):
         tokenizer = load_tokenizer(str(tiny_dir / llm))
         image_id = tokenizer.convert_tokens_to_ids("<image>")
@@ -81,8 +81,10 @@ def test_plain_format_supervises_caption_and_eos(tiny_dir):
         encoded = encoder.encode(messages)
         caption = tokenizer.encode("a red circle on a striped background", add_special_tokens=False)
         bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-        assert encoded.input_ids == bos + [image_id] * 4 + caption + [tokenizer.eos_token_id]
-        assert [l for l in encoded.labels if l != IGNORE_INDEX] == caption + [tokenizer.eos_token_id]
+        end = tokenizer.encode("\n", add_special_tokens=False)  # LLaVA-1.5's plain separator, not eos
+        assert encoded.input_ids == bos + [image_id] * 4 + caption + end
+        assert [l for l in encoded.labels if l != IGNORE_INDEX] == caption + end
+        assert tokenizer.eos_token_id not in encoded.input_ids
 
 
 def test_truncation_keeps_whole_turns_or_skips(chat):

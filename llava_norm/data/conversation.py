@@ -86,10 +86,14 @@ class ChatTemplateFormat:
 
 
 class PlainFormat:
-    """LLaVA's stage-1 'plain' format: image tokens, then the caption and eos, supervised.
+    """LLaVA-1.5's stage-1 'plain' format: bos and the image tokens, then the caption and the
+    separator "\n", supervised (``preprocess_plain`` with ``conv_llava_plain``).
 
-    The human instruction is dropped, as LLaVA-1.5 does for feature alignment.
+    The human instruction is dropped, as LLaVA-1.5 does for feature alignment. The caption ends
+    with "\n", not eos, so a stage-1 model is taught no stop token: it is a projector
+    pretraining, not a captioner; generation from it runs to ``max_new_tokens``.
     """
+    END = "\n"
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
@@ -105,8 +109,7 @@ class PlainFormat:
             return out
         if len(turns) < 2 or turns[1]["role"] != "assistant":
             raise ValueError("plain format needs an assistant caption after the user turn")
-        return out + [Segment(turns[1]["content"].strip(), True, True),
-                      Segment(self.tokenizer.eos_token, True, False)]
+        return out + [Segment(turns[1]["content"].strip(), True, True), Segment(self.END, True, False)]
 
 
 class ConversationTokenizer:
