@@ -410,15 +410,15 @@ def test_pope_metrics_report_predicted_yes_share(tmp_path):
     assert adversarial["accuracy"] == 0.5 and adversarial["precision"] == pytest.approx(1 / 3)
     assert adversarial["recall"] == 1.0 and adversarial["f1"] == pytest.approx(0.5)
     assert adversarial["predicted_yes_share"] == 0.75 and adversarial["gold_yes_share"] == 0.25
-    # popular: the unparsable "yes." is wrong and a miss for recall
+    # popular: the unparsable "yes." is wrong, and (lmms-eval) drops out of precision and recall
     assert popular["accuracy"] == 0.75 and popular["unparsable"] == 1
-    assert popular["precision"] == 1.0 and popular["recall"] == 0.5 and popular["f1"] == pytest.approx(2 / 3)
+    assert popular["precision"] == 1.0 and popular["recall"] == 1.0 and popular["f1"] == 1.0
     assert random["f1"] == 1.0
-    assert metrics["mean_over_splits"]["f1"] == pytest.approx((0.5 + 2 / 3 + 1.0) / 3)
+    assert metrics["mean_over_splits"]["f1"] == pytest.approx((0.5 + 1.0 + 1.0) / 3)
     assert metrics["mean_over_splits"]["accuracy"] == pytest.approx(0.75)
     pooled = metrics["pooled"]
     assert pooled["accuracy"] == pytest.approx(0.7)
-    assert (pooled["precision"], pooled["recall"]) == (pytest.approx(0.6), pytest.approx(0.75))
+    assert (pooled["precision"], pooled["recall"]) == (pytest.approx(0.6), 1.0)
     assert pooled["predicted_yes_share"] == 0.5 and pooled["gold_yes_share"] == 0.4  # they differ
     assert metrics["unparsable_replies"] == 1
 

@@ -50,15 +50,18 @@ def parse_yes_no(reply: str, rule: str) -> str | None:
 
 
 def yes_no_metrics(gold: Sequence[str], predicted: Sequence[str | None]) -> dict[str, float | int]:
-    """Positive class = yes. Recall's denominator is every gold-yes item, so an unreadable
-    reply to a yes question is a miss (lmms-eval only counts an exact "no" as a miss)."""
+    """Positive class = yes, as lmms-eval's ``pope_aggregate_*``: a miss (false negative) is an
+    exact "no" to a yes question, so an unreadable reply drops out of precision and recall.
+    It still counts as wrong in accuracy, and ``unparsable`` says how many there were. With
+    the LLaVA rule every reply parses, so this is also LLaVA's ``eval_pope``."""
     pairs = list(zip(gold, predicted, strict=True))
     true_pos = sum(1 for g, p in pairs if g == "yes" and p == "yes")
     false_pos = sum(1 for g, p in pairs if g == "no" and p == "yes")
+    false_neg = sum(1 for g, p in pairs if g == "yes" and p == "no")
     gold_yes = sum(1 for g in gold if g == "yes")
     predicted_yes = sum(1 for p in predicted if p == "yes")
     precision = true_pos / (true_pos + false_pos) if true_pos + false_pos else 0.0
-    recall = true_pos / gold_yes if gold_yes else 0.0
+    recall = true_pos / (true_pos + false_neg) if true_pos + false_neg else 0.0
     n = len(pairs)
     return {
         "accuracy": mean([float(g == p) for g, p in pairs]),
