@@ -39,7 +39,6 @@ def _train(args) -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # leave together: no rank tears the group down under one still saving
         dist.destroy_process_group()
-    _exit_launched_worker()
 
 
 def _exit_launched_worker() -> None:
@@ -136,7 +135,6 @@ def _eval(args) -> None:
         trust_remote_code=args.trust_remote_code))
     if summary is not None:
         print(f"results in {out}: " + ", ".join(summary["benchmarks"]))
-    _exit_launched_worker()  # data-parallel eval ends on gloo collectives too
 
 
 def _table(args) -> None:
@@ -263,6 +261,7 @@ def main(argv: list[str] | None = None) -> None:
         hf_logging.set_verbosity_error()
     logging.getLogger("llava_norm").setLevel(logging.INFO)
     args.func(args)
+    _exit_launched_worker()  # train and data-parallel eval end on gloo collectives
 
 
 if __name__ == "__main__":

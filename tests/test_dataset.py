@@ -32,14 +32,14 @@ def bundle(tiny_dir):
     return build_model(ModelSpec(f"{tiny_dir}/siglip", f"{tiny_dir}/llama"))
 
 
-def _dataset(bundle, rows, tmp_path, policy, max_length=512):
+def _dataset(bundle, rows, tmp_path, policy, max_length=512, **options):
     _, images = write_dataset(tmp_path, n=2)
     (images / "broken.png").write_bytes(b"\x89PNG not really")
     path = tmp_path / "rows.json"
     path.write_text(json.dumps(rows))
     encoder = conversation_tokenizer(bundle, "chat", {"date_string": "26 Jul 2024"})
     return path, SupervisedDataset([DataSource(path=str(path), image_folder=str(images))], encoder,
-                                   bundle.image_processor, max_length, on_bad_sample=policy)
+                                   bundle.image_processor, max_length, on_bad_sample=policy, **options)
 
 
 @pytest.mark.parametrize("case", sorted(BAD_ROWS))
@@ -92,7 +92,6 @@ def test_token_length_estimate_matches_encoded_length(bundle, tmp_path):
         SupervisedDataset([DataSource(path=str(path))], encoder, bundle.image_processor, 512, length_estimate="chars")
 
 
-
 def test_system_prompt_is_trained_and_matches_the_eval_prompt(bundle, tmp_path):
     """``data.system_prompt`` reaches every training row that has no system turn of its own, and
     the evaluation prompt (same encoder, same setting) is exactly the training sample's prefix."""
@@ -101,23 +100,17 @@ def test_system_prompt_is_trained_and_matches_the_eval_prompt(bundle, tmp_path):
     from llava_norm.inference import Prompt
 
     own = {**GOOD, "id": "own", "conversations": [{"from": "system", "value": "Own rules."}, *GOOD["conversations"]]}
-    _, images = write_dataset(tmp_path, n=2)
-    path = tmp_path / "rows.json"
-    path.write_text(json.dumps([GOOD, own]))
-    encoder = conversation_tokenizer(bundle, "chat", {"date_string": "26 Jul 2024"})
     system = "You describe shapes."
-    dataset = SupervisedDataset([DataSource(path=str(path), image_folder=str(images))], encoder,
-                                bundle.image_processor, 512, system_prompt=system)
+    _, dataset = _dataset(bundle, [GOOD, own], tmp_path, "error", system_prompt=system)
     decode = bundle.tokenizer.decode
     trained, kept = (dataset.build(row) for row in dataset.rows)
     assert system in decode(trained.input_ids) and "Own rules." in decode(kept.input_ids)
     assert system not in decode(kept.input_ids)
     assert system not in decode([t for t in trained.labels if t != -100])  # context, not a target
     prompt = Prompt("What colour?", image=Image.new("RGB", (8, 8)), system=system)
-    asked = encoder.encode(prompt.messages(), add_generation_prompt=True).input_ids
+    asked = dataset.encoder.encode(prompt.messages(), add_generation_prompt=True).input_ids
     assert trained.input_ids[:len(asked)] == asked
-    plain = SupervisedDataset([DataSource(path=str(path), image_folder=str(images))], encoder,
-                              bundle.image_processor, 512)
+    _, plain = _dataset(bundle, [GOOD, own], tmp_path, "error")
     assert system not in decode(plain.build(plain.rows[0]).input_ids)
 
 

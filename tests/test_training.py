@@ -1,6 +1,5 @@
 """Both training stages under DeepSpeed ZeRO-2/3 with 2 CPU processes; exact resume."""
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -86,7 +85,6 @@ def test_killed_run_resumes_with_identical_losses(tmp_path, tiny_dir):
 
     resumed = step_losses(run_train(config, [f"train.output_dir={out}", *common]))
     assert resumed == reference  # exact, per step, fp32 on CPU
-
 
 
 EXIT_PROBE = """
