@@ -29,16 +29,40 @@ def _train(args) -> None:
     import torch.distributed as dist
 
     from llava_norm.config import ConfigError, load_config
+    from llava_norm.train.relaunch import RelaunchError
     from llava_norm.train.run import run_training
+    from llava_norm.train.trainer import ResumeError
 
     try:
         config = load_config(args.config, args.overrides)
     except ConfigError as error:
         sys.exit(f"config error: {error}")
-    run_training(config)
+    try:
+        run_training(config)
+    except (RelaunchError, ResumeError) as error:
+        sys.exit(f"relaunch refused: {error}")
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # leave together: no rank tears the group down under one still saving
         dist.destroy_process_group()
+
+
+def _die_with_launcher() -> None:
+    """Make a launched worker die the moment its launcher does.
+
+    Why: torchrun starts each worker in a session of its own, so when the launcher or its
+    process group is killed (preemption, a scheduler's SIGKILL, a test) the workers used to go
+    on training and writing checkpoints into a run that was meant to be stopped. Linux's
+    parent-death signal ends them with SIGKILL, before they can write anything more.
+    """
+    if not (os.environ.get("TORCHELASTIC_RUN_ID") or "LOCAL_RANK" in os.environ) or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() == 1:  # the launcher died before the line above took effect
+        os._exit(1)
 
 
 def _exit_launched_worker() -> None:
@@ -252,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    _die_with_launcher()
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,15 +42,79 @@ def step_losses(summary: dict) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in summary["log_history"] if "loss" in e}
 
 
-def kill_after_checkpoint(config: Path, overrides: list[str], step: int, timeout: int = 240) -> None:
-    """Start a 2-process run, SIGKILL its whole process group once checkpoint-<step> is complete."""
-    out = Path(next(o.split("=", 1)[1] for o in overrides if o.startswith("train.output_dir=")))
-    proc = subprocess.Popen(torchrun_command(config, overrides), cwd=REPO, env=env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+def script_command(script: str, config: Path, overrides: list[str]) -> list[str]:
+    """scripts/pretrain.sh or finetune.sh, as a user runs them (GPUS_PER_NODE etc. in the env)."""
+    return ["bash", str(REPO / "scripts" / script), str(config), *overrides]
+
+
+def output_dir(overrides: list[str]) -> Path:
+    return Path(next(o.split("=", 1)[1] for o in overrides if o.startswith("train.output_dir=")))
+
+
+def run_launches(launches: list[tuple[list[str], dict]], out: Path, timeout: int = 300, return_output: bool = False):
+    """Run launchers side by side (e.g. two torchrun agents as two nodes); the run's summary
+    (or, with ``return_output``, what they printed)."""
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for cmd, e in launches]
+    outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+    for p, text in zip(procs, outputs):
+        if p.returncode != 0:
+            raise AssertionError(f"launch failed ({p.returncode}):\n{text[-6000:]}")
+    if return_output:
+        return "\n".join(outputs)
+    return json.loads((out / "train_summary.json").read_text())
+
+
+def processes_of(out: Path) -> list[int]:
+    """Live processes (not zombies) whose command line names this output dir: the run's launchers and workers."""
+    needle = f"train.output_dir={out}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if needle in (proc / "cmdline").read_bytes().split(b"\0") and \
+                    (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def snapshot(out: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(out)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(out.rglob("*"))
+            if p.is_file()}
+
+
+def kill_at_checkpoint(launches: list[tuple[list[str], dict]], out: Path, step: int, timeout: int = 240) -> dict:
+    """Start the launchers, each in its own process group, and SIGKILL every group once
+    checkpoint-<step> is complete. Proves the kill: no process of the run survives it, no file in
+    the output dir changes after it, and the run had not finished. Checkpoints the run wrote
+    between the marker and the kill are removed, so the run stands killed right after
+    checkpoint-<step>. Returns that checkpoint's data position (data_state.json)."""
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True) for cmd, e in launches]
     deadline = time.time() + timeout
-    while not (out / f"checkpoint-{step}" / "checkpoint_complete").exists():
-        assert proc.poll() is None and time.time() < deadline, f"run ended before its checkpoint-{step}"
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    marker = out / f"checkpoint-{step}" / "checkpoint_complete"
+    while not marker.exists():
+        assert all(p.poll() is None for p in procs) and time.time() < deadline, f"run ended before checkpoint-{step}"
+        time.sleep(0.02)
+    for p in procs:
+        os.killpg(p.pid, signal.SIGKILL)  # the launchers' groups; torchrun's workers sit in sessions of their own
+    for p in procs:
+        p.wait()
+    time.sleep(0.25)  # the parent-death SIGKILL lands at once; a survivor would still be training
+    assert not processes_of(out), f"processes outlived the kill: {processes_of(out)}"
+    before = snapshot(out)
+    time.sleep(1.0)
+    assert snapshot(out) == before, "files changed after the kill"
     assert not (out / "train_summary.json").exists(), "the run finished before it was killed"
+    for later in out.glob("checkpoint-*"):
+        if int(later.name.split("-")[1]) > step:
+            shutil.rmtree(later)
+    return json.loads((out / f"checkpoint-{step}" / "data_state.json").read_text())
+
+
+def kill_after_checkpoint(config: Path, overrides: list[str], step: int, timeout: int = 240) -> dict:
+    """A 2-process torchrun run killed right after checkpoint-<step> (see kill_at_checkpoint)."""
+    return kill_at_checkpoint([(torchrun_command(config, overrides), env())], output_dir(overrides), step, timeout)

@@ -1,12 +1,11 @@
 """Single-process training: logging backends, activation checkpointing, checkpoint completeness."""
 
-import os
-
 from tinydata import write_dataset
 
-from llava_norm.config import load_config
-from llava_norm.train.run import resolve_resume, run_training
-from llava_norm.train.trainer import COMPLETE_MARKER, complete_checkpoints
+from llava_norm.config import load_config, to_yaml
+from llava_norm.train.relaunch import plan_launch
+from llava_norm.train.run import run_training
+from llava_norm.train.rundir import COMPLETE_MARKER, RUN_CONFIG, complete_checkpoints
 
 
 def test_logs_to_tensorboard_and_offline_wandb_with_checkpointing(tmp_path, tiny_dir, monkeypatch):
@@ -26,12 +25,21 @@ train: {{stage: 2, output_dir: {tmp_path}/out, max_steps: 2, per_device_batch_si
     assert [p.name for p in complete_checkpoints(tmp_path / "out")] == ["checkpoint-1", "checkpoint-2"]
 
 
-def test_incomplete_checkpoint_is_never_resumed(tmp_path):
+def test_incomplete_checkpoint_is_never_resumed(tmp_path, tiny_dir):
+    data, images = write_dataset(tmp_path / "data", n=4)
+    path = tmp_path / "c.yaml"
+    path.write_text(f"""
+model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama}}
+data: {{mixture: [{{path: {data}, image_folder: {images}}}]}}
+train: {{output_dir: {tmp_path}/out}}
+""")
+    config = load_config(path)
+    assert plan_launch(config).action == "fresh"
     for step in (2, 4, 6):
-        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / "out" / f"checkpoint-{step}").mkdir(parents=True)
+        (tmp_path / "out" / f"checkpoint-{step}" / RUN_CONFIG).write_text(to_yaml(config))
     for step in (2, 4):
-        (tmp_path / f"checkpoint-{step}" / COMPLETE_MARKER).write_text(str(step))
+        (tmp_path / "out" / f"checkpoint-{step}" / COMPLETE_MARKER).write_text(str(step))
     # checkpoint-6 was being written when the run died: no marker.
-    assert resolve_resume("auto", str(tmp_path)) == os.path.join(tmp_path, "checkpoint-4")
-    assert resolve_resume("none", str(tmp_path)) is None
-    assert resolve_resume("auto", str(tmp_path / "fresh")) is None
+    plan = plan_launch(config)
+    assert (plan.action, plan.checkpoint) == ("resume", tmp_path / "out" / "checkpoint-4")

@@ -135,7 +135,7 @@ def layer_curves(models: list[Labeled], samples: SampleSet, out_dir: str | Path 
 
 def run_checkpoints(run_dir: str | Path, include_final: bool = True) -> list[Labeled]:
     """``checkpoint-N`` dirs of a run (oldest first; complete ones only), then its final ``model/``."""
-    from llava_norm.train.trainer import complete_checkpoints
+    from llava_norm.train.rundir import complete_checkpoints
 
     run = Path(run_dir)
     found = [Labeled(f"step {re.sub(r'^checkpoint-', '', p.name)}", p) for p in complete_checkpoints(run)]

@@ -10,9 +10,16 @@ the padding share on LLaVA-NeXT-like lengths (bench/padding.py: 8 ranks, per-dev
 LLaVA's original grouping. Deterministic given seed and epoch, so HF Trainer's mid-epoch
 resume (which skips the batches already seen) lands on exactly the same samples. Works with
 a single modality (LLaVA #715, #609) and always yields every index once per epoch.
+
+Both samplers here hold their own epoch (``state_dict``), and the order of an epoch is a pure
+function of (seed, epoch, lengths), so a checkpoint can name its position in the data as
+(epoch, batches consumed) and check, with ``fingerprint``, that the data still gives the same
+order when it resumes.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import torch
 from torch.utils.data import Sampler
@@ -51,20 +58,50 @@ def grouped_order(lengths: list[int], megabatch_size: int, seed: int, epoch: int
     return [i for batch in order for i in batch]
 
 
-class ModalityLengthGroupedSampler(Sampler[int]):
-    def __init__(self, lengths: list[int], batch_size: int, world_size: int = 1, seed: int = 42,
-                 lookahead: int = DEFAULT_LOOKAHEAD):
-        self.lengths = list(lengths)
-        self.megabatch_size = batch_size * world_size
-        self.lookahead = lookahead
+class EpochSampler(Sampler[int]):
+    """A global sample order per epoch, deterministic in (seed, epoch); sharding across ranks is
+    the data loader's (accelerate's batch-sampler shards)."""
+
+    def __init__(self, num_samples: int, seed: int):
+        self.num_samples = num_samples
         self.seed = seed
         self.epoch = 0
+
+    def order(self, epoch: int) -> list[int]:
+        raise NotImplementedError
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return len(self.lengths)
+        return self.num_samples
 
     def __iter__(self):
-        return iter(grouped_order(self.lengths, self.megabatch_size, self.seed, self.epoch, self.lookahead))
+        return iter(self.order(self.epoch))
+
+    def fingerprint(self, epoch: int) -> str:
+        """Digest of an epoch's order: equal only if the same rows come in the same order."""
+        return hashlib.sha256(repr(self.order(epoch)).encode()).hexdigest()[:16]
+
+    def state_dict(self) -> dict:
+        return {"kind": type(self).__name__, "epoch": self.epoch, "seed": self.seed, "num_samples": self.num_samples}
+
+
+class ShuffledSampler(EpochSampler):
+    """A plain seeded shuffle per epoch (``data.group_by_modality_length: false``)."""
+
+    def order(self, epoch: int) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+        return torch.randperm(self.num_samples, generator=generator).tolist()
+
+
+class ModalityLengthGroupedSampler(EpochSampler):
+    def __init__(self, lengths: list[int], batch_size: int, world_size: int = 1, seed: int = 42,
+                 lookahead: int = DEFAULT_LOOKAHEAD):
+        super().__init__(len(lengths), seed)
+        self.lengths = list(lengths)
+        self.megabatch_size = batch_size * world_size
+        self.lookahead = lookahead
+
+    def order(self, epoch: int) -> list[int]:
+        return grouped_order(self.lengths, self.megabatch_size, self.seed, epoch, self.lookahead)

@@ -5,7 +5,9 @@ Owns the order of operations and the run directory layout:
 ``output_dir/model/`` (final model + tokenizer + image processor, safetensors; with LoRA the
 base model plus ``adapter_*`` files, layout in ``llava_norm.model.lora``),
 ``output_dir/projector.safetensors`` (projector and norm layer, what stage 2 starts from),
-``output_dir/config.yaml`` and ``output_dir/train_summary.json``.
+``output_dir/config.yaml`` and ``output_dir/train_summary.json`` (``complete: true`` once the
+final model is written). What a relaunch on an existing output_dir does is decided first, before
+any model or data loads (``llava_norm.train.relaunch``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 from pathlib import Path
 
 import torch
@@ -22,11 +25,13 @@ from transformers import TrainingArguments, set_seed
 from llava_norm.config import RunConfig, effective_grad_accum, lora_vision_mode, to_yaml
 from llava_norm.data.collate import collate
 from llava_norm.data.conversation import conversation_tokenizer
-from llava_norm.data.dataset import SupervisedDataset
+from llava_norm.data.dataset import SupervisedDataset, count_by_cause
 from llava_norm.model.builder import Bundle, ModelSpec, build_model
 from llava_norm.model.lora import split_saved_model
 from llava_norm.train.params import freeze_backbones, freeze_for_lora
-from llava_norm.train.trainer import LlavaNormTrainer, complete_checkpoints
+from llava_norm.train.relaunch import clear_outputs, plan_launch
+from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY
+from llava_norm.train.trainer import LlavaNormTrainer
 
 log = logging.getLogger(__name__)
 PROJECTOR_PREFIX = "model.multi_modal_projector."
@@ -44,15 +49,43 @@ def load_projector(model, path: str | Path) -> None:
     projector.load_state_dict(got)
 
 
-def resolve_resume(resume: str, output_dir: str) -> str | None:
-    if resume == "none":
-        return None
-    if resume == "auto":
-        complete = complete_checkpoints(output_dir)
-        return str(complete[-1]) if complete else None
-    if not Path(resume).is_dir():
-        raise FileNotFoundError(f"train.resume: checkpoint dir not found: {resume}")
-    return resume
+def single_process_rendezvous() -> None:
+    """Give a launcher-less process the environment of a one-process group.
+
+    Why: DeepSpeed (and so every shipped ZeRO config) initialises torch.distributed, and without
+    RANK/WORLD_SIZE in the environment it falls back to MPI discovery, which needs mpi4py. A run
+    started without torchrun is one process: rank 0 of 1, on a free local port.
+    """
+    if "RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ or "PMI_RANK" in os.environ:
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                      MASTER_PORT=os.environ.get("MASTER_PORT", str(port)))
+
+
+def safe_deepspeed_loading() -> None:
+    """Resume DeepSpeed checkpoints without unpickling arbitrary objects.
+
+    Why: DeepSpeed's torch checkpoint engine loads with ``weights_only=False``, so a checkpoint
+    a user was handed could run code on load. Its files hold tensors, containers, strings and
+    four plain DeepSpeed records (loss scaler, ZeRO stage, fragment address); those four are
+    allowed by name for the load and nothing else is.
+    """
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    allowed = [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+    def load(self, path: str, map_location=None):
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location=map_location, weights_only=True)
+
+    TorchCheckpointEngine.load = load
 
 
 def skip_cpu_inference_comm_op() -> None:
@@ -103,6 +136,7 @@ def save_final(trainer: LlavaNormTrainer, bundle: Bundle, config: RunConfig) -> 
     model_dir = out / "model"
     trainer.save_model(str(model_dir))  # gathers ZeRO-3 shards into safetensors
     if trainer.args.should_save:
+        (model_dir / "training_args.bin").unlink(missing_ok=True)  # a pickle: never part of an exported model
         if config.lora.enabled:
             split_saved_model(model_dir, bundle.model)
         bundle.tokenizer.save_pretrained(model_dir)
@@ -112,8 +146,21 @@ def save_final(trainer: LlavaNormTrainer, bundle: Bundle, config: RunConfig) -> 
     return model_dir
 
 
-def run_training(config: RunConfig) -> Path:
+def run_training(config: RunConfig) -> Path | None:
+    """Train, resume or (for a finished run) do nothing; returns the model dir, or None if done already."""
     t = config.train
+    plan = plan_launch(config)  # before any model or data loads: refusals cost nothing
+    if plan.action == "done":
+        print(f"[llava-norm] {plan.message}")
+        return None
+    if t.restart:
+        clear_outputs(config)
+    for difference in plan.differences:
+        log.warning("resuming with a changed config: %s", difference)
+    if t.deepspeed:
+        single_process_rendezvous()
+        skip_cpu_inference_comm_op()
+        safe_deepspeed_loading()
     set_seed(t.seed)
     m = config.model
     bundle = build_model(ModelSpec(
@@ -128,8 +175,6 @@ def run_training(config: RunConfig) -> Path:
         freeze_for_lora(bundle.model, config.lora, lora_vision_mode(config))
     else:
         freeze_backbones(bundle.model, t.stage, t.train_vision_tower)
-    if t.deepspeed:
-        skip_cpu_inference_comm_op()
     encoder = conversation_tokenizer(bundle, config.data.prompt_format, dict(config.data.template_kwargs))
     dataset = SupervisedDataset(config.data.mixture, encoder, bundle.image_processor, config.data.max_length,
                                 config.data.image_aspect, config.data.on_bad_sample, config.data.length_estimate,
@@ -140,23 +185,38 @@ def run_training(config: RunConfig) -> Path:
         data_collator=lambda examples: collate(examples, pad_id, "right"),
         optim_config=config.optim, group_by_modality_length=config.data.group_by_modality_length,
         norm_stats_steps=t.norm_stats_steps, keep_checkpoints=t.save_total_limit,
+        checkpoint_files={RUN_CONFIG: to_yaml(config)},
     )
     out = Path(t.output_dir)
     if trainer.args.should_save:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(to_yaml(config))
-    resume = resolve_resume(t.resume, t.output_dir)
-    if resume:
-        log.info("resuming from %s", resume)
-    result = trainer.train(resume_from_checkpoint=resume)
+    if plan.checkpoint:
+        log.info("resuming from %s", plan.checkpoint)
+    result = trainer.train(resume_from_checkpoint=str(plan.checkpoint) if plan.checkpoint else None)
     model_dir = save_final(trainer, bundle, config)
-    skipped = trainer.total_skipped()
+    draws = trainer.all_skips(out)
     if trainer.args.should_save:
-        summary = {"global_step": trainer.state.global_step, "train_loss": result.training_loss,
-                   "rows_rejected_at_load": len(dataset.rejected), "samples_skipped_in_training": skipped,
-                   "first_rejections": dataset.rejected[:20], "first_skips": trainer.skipped_samples[:20],
-                   "log_history": trainer.state.log_history}
-        (out / "train_summary.json").write_text(json.dumps(summary, indent=2))
-        print(f"[llava-norm] stage {t.stage} done: {trainer.state.global_step} steps; "
-              f"{len(dataset.rejected)} malformed rows rejected, {skipped} bad samples skipped; model in {model_dir}")
+        skipped = unique_skips(dataset.rejected, draws)
+        (out / SKIPPED).write_text("".join(json.dumps(r) + "\n" for r in skipped))
+        by_cause = count_by_cause(skipped)
+        summary = {"complete": True, "global_step": trainer.state.global_step,
+                   "steps_this_launch": trainer.state.global_step - trainer._initial_global_step,
+                   "resumed_from": str(plan.checkpoint) if plan.checkpoint else None, "train_loss": result.training_loss,
+                   "rows_rejected_at_load": len(dataset.rejected), "rows_skipped_when_drawn": len(skipped) - len(dataset.rejected),
+                   "skipped_by_cause": by_cause, "log_history": trainer.state.log_history}
+        (out / SUMMARY).write_text(json.dumps(summary, indent=2))
+        causes = ", ".join(f"{cause} {n}" for cause, n in by_cause.items()) or "none"
+        print(f"[llava-norm] stage {t.stage} done: {trainer.state.global_step} steps "
+              f"({summary['steps_this_launch']} in this launch); {len(skipped)} bad rows skipped ({causes}), "
+              f"listed in {out / SKIPPED}; model in {model_dir}")
     return model_dir
+
+
+def unique_skips(rejected: list[dict], draws: list[dict]) -> list[dict]:
+    """One record per bad row: load-time rejections, then rows found bad when drawn (a bad image
+    is met again every epoch and by every rank that draws it; ``draws`` counts the meetings)."""
+    merged = {(r["file"], r["row"], r["cause"]): {**r, "draws": 0} for r in rejected}
+    for record in draws:
+        merged.setdefault((record["file"], record["row"], record["cause"]), {**record, "draws": 0})["draws"] += 1
+    return list(merged.values())

@@ -5,12 +5,19 @@ named learning-rate groups, per-step lr-per-group / tokens-per-second / norm-lay
 logging, the skipped-bad-sample count, and checkpoints that count as complete only once a
 marker is written after every rank has saved, so a kill during a save leaves the previous
 checkpoint as the one ``resume: auto`` picks. DeepSpeed glue stays the Trainer's.
+
+The position in the data is part of each checkpoint (``data_state.json``): the epoch and the
+micro-batches each rank has consumed in it, counted as they are trained on, with a digest of
+that epoch's sample order. On resume the sampler is put at that epoch by this class, not by
+the Trainer's ``set_epoch`` plumbing: after ``skip_first_batches`` that plumbing no longer
+reaches a sampler under accelerate's batch-sampler shards, and a resumed run in epoch >= 1
+replayed epoch 0's order (accelerate #4071, #4233; transformers #40691).
 """
 
 from __future__ import annotations
 
+import json
 import os
-import re
 import shutil
 import time
 from pathlib import Path
@@ -19,20 +26,10 @@ import torch
 import torch.distributed as dist
 from transformers import Trainer
 
-from llava_norm.data.sampler import ModalityLengthGroupedSampler
+from llava_norm.data.sampler import EpochSampler, ModalityLengthGroupedSampler, ShuffledSampler
 from llava_norm.train.params import parameter_groups
+from llava_norm.train.rundir import COMPLETE_MARKER, DATA_STATE, complete_checkpoints
 
-COMPLETE_MARKER = "checkpoint_complete"
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-
-
-def complete_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Checkpoint dirs whose save finished on every rank, oldest first."""
-    root = Path(output_dir)
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT.match(p.name)) and p.is_dir()]
-    return [p for _, p in sorted(found) if (p / COMPLETE_MARKER).is_file()]
 
 
 def _gathered(params):
@@ -46,24 +43,80 @@ def _gathered(params):
     return contextlib.nullcontext()
 
 
+class ResumeError(RuntimeError):
+    """A checkpoint that cannot be continued exactly."""
+
+
 class LlavaNormTrainer(Trainer):
     def __init__(self, *args, optim_config, group_by_modality_length: bool, norm_stats_steps: int,
-                 keep_checkpoints: int, **kwargs):
+                 keep_checkpoints: int, checkpoint_files: dict[str, str] | None = None, **kwargs):
+        """``checkpoint_files``: name -> text written into every checkpoint before it is marked
+        complete (the run's resolved config, so a relaunch can compare against it)."""
         super().__init__(*args, **kwargs)
+        self.checkpoint_files = dict(checkpoint_files or {})
+        self._sampler: EpochSampler | None = None
+        self._epoch = 0
+        self._batches_in_epoch = 0  # micro-batches this rank has trained on in self._epoch
+        self._batches_per_epoch = 0
         self.optim_config = optim_config
         self.group_by_modality_length = group_by_modality_length
         self.norm_stats_steps = norm_stats_steps
         self.keep_checkpoints = keep_checkpoints
-        self.skipped_samples: list[str] = []
+        self.skipped_samples: list[dict] = []  # this rank's draw-time skips (file, row, cause), whole run
         self._tokens_since_log = 0
         self._last_log_time = time.perf_counter()
 
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        if not self.group_by_modality_length:
-            return super()._get_train_sampler(train_dataset)
-        return ModalityLengthGroupedSampler(dataset.modality_lengths, self.args.per_device_train_batch_size,
-                                            self.args.world_size, seed=self.args.seed)
+        if self.group_by_modality_length:
+            self._sampler = ModalityLengthGroupedSampler(dataset.modality_lengths, self.args.per_device_train_batch_size,
+                                                         self.args.world_size, seed=self.args.seed)
+        else:
+            self._sampler = ShuffledSampler(len(dataset), seed=self.args.seed)
+        return self._sampler
+
+    def _data_position(self) -> dict:
+        """Where the next micro-batch comes from, as (epoch, micro-batches already consumed in it)."""
+        epoch, batches = self._epoch, self._batches_in_epoch
+        if batches >= self._batches_per_epoch:
+            epoch, batches = epoch + 1, 0
+        return {"epoch": epoch, "batches_consumed": batches, "batches_per_epoch": self._batches_per_epoch,
+                "order_fingerprint": self._sampler.fingerprint(epoch), "sampler": self._sampler.state_dict(),
+                "global_step": self.state.global_step}
+
+    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint,
+                             trial):
+        epochs, skip = super()._init_training_state(max_steps, num_update_steps_per_epoch, num_train_epochs,
+                                                    resume_from_checkpoint, trial)
+        if resume_from_checkpoint is None:
+            return epochs, skip
+        skips = self._skips_file(Path(resume_from_checkpoint))  # so the run's skipped.jsonl stays whole across kills
+        if skips.is_file():
+            self.skipped_samples = [json.loads(line) for line in skips.read_text().splitlines() if line]
+        path = Path(resume_from_checkpoint) / DATA_STATE
+        if not path.is_file():
+            raise ResumeError(f"{resume_from_checkpoint}: no {DATA_STATE}; its position in the data is unknown")
+        saved = json.loads(path.read_text())
+        if saved["order_fingerprint"] != self._sampler.fingerprint(saved["epoch"]):
+            raise ResumeError(f"{resume_from_checkpoint}: the data no longer gives epoch {saved['epoch']}'s sample "
+                              "order (rows, their lengths, the seed or the batch layout changed); resuming would "
+                              "not continue the same run")
+        if (saved["epoch"], saved["batches_consumed"]) != (epochs, skip):
+            raise ResumeError(f"{resume_from_checkpoint}: saved data position epoch {saved['epoch']} + "
+                              f"{saved['batches_consumed']} micro-batches, but step {self.state.global_step} "
+                              f"implies epoch {epochs} + {skip} (batch size or accumulation changed?)")
+        return saved["epoch"], saved["batches_consumed"]
+
+    def _run_epoch(self, *args, epoch, epochs_trained, steps_trained_in_current_epoch, resume_from_checkpoint,
+                   steps_in_epoch, **kwargs):
+        resumed = resume_from_checkpoint is not None and epoch == epochs_trained
+        self._epoch, self._batches_per_epoch = epoch, steps_in_epoch
+        self._batches_in_epoch = steps_trained_in_current_epoch if resumed else 0
+        self._sampler.set_epoch(epoch)  # the one place the epoch is set; see the module docstring
+        return super()._run_epoch(*args, epoch=epoch, epochs_trained=epochs_trained,
+                                  steps_trained_in_current_epoch=steps_trained_in_current_epoch,
+                                  resume_from_checkpoint=resume_from_checkpoint, steps_in_epoch=steps_in_epoch,
+                                  **kwargs)
 
     def create_optimizer(self, model=None):
         if self.optimizer is None:
@@ -73,6 +126,8 @@ class LlavaNormTrainer(Trainer):
         return self.optimizer
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if model.training:
+            self._batches_in_epoch += 1
         self.skipped_samples.extend(inputs.pop("skipped_samples", []))
         self._tokens_since_log += int(inputs["attention_mask"].sum())
         return super().compute_loss(model, inputs, return_outputs=return_outputs,
@@ -94,10 +149,14 @@ class LlavaNormTrainer(Trainer):
 
     def _save_checkpoint(self, model, trial) -> None:
         super()._save_checkpoint(model, trial)  # args.save_total_limit is None: rotation is ours
+        self._write_skips(Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}")
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
         if self.args.should_save:
             folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+            files = {**self.checkpoint_files, DATA_STATE: json.dumps(self._data_position(), indent=2)}
+            for name, text in files.items():
+                (folder / name).write_text(text)
             tmp = folder / f".{COMPLETE_MARKER}.tmp"
             tmp.write_text(str(self.state.global_step))
             os.replace(tmp, folder / COMPLETE_MARKER)
@@ -105,8 +164,22 @@ class LlavaNormTrainer(Trainer):
             for old in complete[: max(len(complete) - self.keep_checkpoints, 0)]:
                 shutil.rmtree(old, ignore_errors=True)
 
-    def total_skipped(self) -> int:
-        count = torch.tensor(len(self.skipped_samples))
+    def _skips_file(self, folder: Path) -> Path:
+        return folder / f"skipped_rank{self.args.process_index}.jsonl"
+
+    def _write_skips(self, folder: Path) -> None:
+        self._skips_file(folder).write_text("".join(json.dumps(r) + "\n" for r in self.skipped_samples))
+
+    def all_skips(self, out: Path) -> list[dict]:
+        """Every rank's draw-time skip records (through files, no pickles); complete on the main process."""
+        self._write_skips(out)
         if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(count)
-        return int(count)
+            dist.barrier()
+        if not self.args.should_save:
+            return []
+        records = []
+        for rank in range(self.args.world_size):
+            part = out / f"skipped_rank{rank}.jsonl"
+            records += [json.loads(line) for line in part.read_text().splitlines() if line]
+            part.unlink()
+        return records

@@ -1,0 +1,142 @@
+"""What launching a run does when its output directory already holds one, decided before any
+model or data loads.
+
+Owns the run directory's states and the way out of each:
+- finished (``train_summary.json`` marks it complete): nothing to do, exit 0, no byte written;
+  ``train.extend: true`` continues from the last checkpoint to a new ``max_steps``/``epochs``;
+- checkpoints (a killed or preempted run): resume from the newest complete one, if the config it
+  was saved with (``run_config.yaml`` in the checkpoint) matches this one on every key that can
+  change the result; otherwise refused with the keys named, unless
+  ``train.allow_config_change: true``;
+- empty: a fresh start.
+``train.restart: true`` deletes the run's own outputs and starts from scratch. Keys that only
+say where and how often to write (output path, save and log intervals, reporters, loader workers)
+never block a resume.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from llava_norm.config import RunConfig, to_yaml
+from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY, complete_checkpoints
+
+log = logging.getLogger(__name__)
+# Where and how often to write, and how to treat this launch: none of them changes the trained weights.
+OPERATIONAL_KEYS = frozenset({
+    "train.output_dir", "train.resume", "train.save_steps", "train.save_total_limit", "train.logging_steps",
+    "train.report_to", "train.run_name", "train.norm_stats_steps", "train.restart", "train.extend",
+    "train.allow_config_change", "data.num_workers",
+})
+SCHEDULE_KEYS = frozenset({"train.max_steps", "train.epochs"})  # what train.extend may raise
+# What a run writes into output_dir, and so what train.restart removes (nothing else is touched).
+RUN_OUTPUTS = ("model", "projector.safetensors", SUMMARY, "config.yaml", SKIPPED, "runs")
+
+
+class RelaunchError(RuntimeError):
+    pass
+
+
+@dataclass
+class LaunchPlan:
+    action: str  # "fresh" | "resume" | "done"
+    checkpoint: Path | None = None
+    message: str = ""
+    differences: list[str] = field(default_factory=list)
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{dotted}."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def config_differences(saved_yaml: str, config: RunConfig, allowed: frozenset = frozenset()) -> list[str]:
+    """``key: saved -> now`` for every result-changing key that differs."""
+    saved = flatten(yaml.safe_load(saved_yaml) or {})
+    now = flatten(yaml.safe_load(to_yaml(config)))
+    ignore = OPERATIONAL_KEYS | allowed
+    return [f"{key}: {saved.get(key, '<unset>')!r} -> {now.get(key, '<unset>')!r}"
+            for key in sorted(set(saved) | set(now)) if key not in ignore and saved.get(key) != now.get(key)]
+
+
+def _finished_step(out: Path) -> int | None:
+    path = out / SUMMARY
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    return summary.get("global_step") if summary.get("complete") else None
+
+
+def _checked_resume(checkpoint: Path, config: RunConfig, allowed: frozenset, why: str) -> LaunchPlan:
+    saved = checkpoint / RUN_CONFIG
+    if not saved.is_file():
+        differences = [f"{checkpoint} has no {RUN_CONFIG} (saved by an older version)"]
+    else:
+        differences = config_differences(saved.read_text(), config, allowed)
+    if differences and not config.train.allow_config_change:
+        raise RelaunchError(f"{config.train.output_dir}: {why}, but its config differs: {'; '.join(differences)}. "
+                            "Use train.allow_config_change=true to resume anyway, or train.restart=true to "
+                            "start over")
+    return LaunchPlan("resume", checkpoint, f"resuming from {checkpoint}", differences)
+
+
+def plan_launch(config: RunConfig) -> LaunchPlan:
+    """Decide what this launch does; refuses (RelaunchError) rather than guess."""
+    t = config.train
+    out = Path(t.output_dir)
+    if t.restart:
+        return LaunchPlan("fresh", message="train.restart: starting over")
+    if t.resume not in ("auto", "none"):
+        return _checked_resume(Path(t.resume), config, frozenset(), f"train.resume={t.resume} was asked for")
+    finished = _finished_step(out)
+    checkpoints = complete_checkpoints(out)
+    if t.resume == "none":
+        if finished is not None or checkpoints:
+            raise RelaunchError(f"{out}: holds a run already and train.resume is none; use train.restart=true "
+                                "to delete it and start over, or train.resume=auto to continue it")
+        return LaunchPlan("fresh")
+    if finished is not None:
+        saved = (out / "config.yaml").read_text() if (out / "config.yaml").is_file() else ""
+        if not t.extend:
+            differences = config_differences(saved, config)
+            if differences:
+                raise RelaunchError(f"{out}: a finished run (step {finished}) with a different config: "
+                                    f"{'; '.join(differences)}. Use train.restart=true to train it again, or "
+                                    "train.extend=true with a larger train.max_steps to continue it")
+            return LaunchPlan("done", message=f"{out}: complete at step {finished}; nothing to do "
+                                              "(train.extend=true continues it, train.restart=true starts over)")
+        if not checkpoints:
+            raise RelaunchError(f"{out}: train.extend needs a checkpoint, and the finished run kept none")
+        return _checked_resume(checkpoints[-1], config, SCHEDULE_KEYS, "train.extend continues the finished run")
+    if checkpoints:
+        return _checked_resume(checkpoints[-1], config, frozenset(), "it holds a checkpoint to resume")
+    return LaunchPlan("fresh")
+
+
+def clear_outputs(config: RunConfig) -> None:
+    """train.restart: remove what an earlier run wrote (rank 0; the others wait for no file)."""
+    out = Path(config.train.output_dir)
+    if int(os.environ.get("RANK", "0")) != 0 or not out.is_dir():
+        return
+    targets = [out / name for name in RUN_OUTPUTS] + [p for p in out.glob("checkpoint-*")]
+    trash = out / f".restart-{int(time.time() * 1000)}"
+    trash.mkdir()
+    for target in targets:
+        if target.exists():
+            os.replace(target, trash / target.name)  # one rename each: no half-deleted run is ever visible
+    shutil.rmtree(trash, ignore_errors=True)
+    log.info("train.restart: removed the earlier run's outputs from %s", out)
