@@ -48,7 +48,8 @@ def test_malformed_rows_name_file_and_row(bundle, tmp_path, case):
     with pytest.raises(BadSampleError, match=rf"rows.json: row {row['id']}: .*{message}"):
         _dataset(bundle, [GOOD, row], tmp_path, "error")
     path, dataset = _dataset(bundle, [GOOD, row], tmp_path, "skip")
-    assert len(dataset) == 1 and len(dataset.rejected) == 1 and row["id"] in dataset.rejected[0]
+    assert len(dataset) == 1 and len(dataset.rejected) == 1
+    assert dataset.rejected[0]["file"] == str(path) and dataset.rejected[0]["row"] == row["id"]
 
 
 @pytest.mark.parametrize("image,message", [("missing.png", "image not found"), ("broken.png", "cannot decode image")])
@@ -59,7 +60,7 @@ def test_bad_images_are_skipped_and_counted_or_raise(bundle, tmp_path, image, me
         dataset[0]
     _, dataset = _dataset(bundle, [bad, GOOD], tmp_path, "skip")
     example = dataset[0]  # replaced by the next good row, the skip recorded
-    assert example.sample_id == "ok" and len(example.skipped) == 1 and "img1" in example.skipped[0]
+    assert example.sample_id == "ok" and len(example.skipped) == 1 and example.skipped[0]["row"] == "img1"
     assert any(label != -100 for label in example.labels)
 
 

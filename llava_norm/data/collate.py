@@ -20,7 +20,8 @@ class Example:
     labels: list[int]
     pixel_values: torch.Tensor | None  # (n_images, C, H, W) or None for text-only
     sample_id: str = ""
-    skipped: list[str] = field(default_factory=list)  # bad samples this one replaced
+    # skip records ({"file", "row", "cause", "message"}, see data.dataset) of the bad samples this one replaced
+    skipped: list[dict] = field(default_factory=list)
 
 
 def collate(examples: list[Example], pad_token_id: int, padding_side: str = "right") -> dict:
@@ -38,7 +39,7 @@ def collate(examples: list[Example], pad_token_id: int, padding_side: str = "rig
         attention_mask[row, span] = 1
     batch = {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
     if any(e.skipped for e in examples):
-        batch["skipped_samples"] = [msg for e in examples for msg in e.skipped]
+        batch["skipped_samples"] = [record for e in examples for record in e.skipped]
     images = [e.pixel_values for e in examples if e.pixel_values is not None]
     if images:
         batch["pixel_values"] = torch.cat(images, dim=0)
