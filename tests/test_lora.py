@@ -105,15 +105,16 @@ def test_merged_model_matches_unmerged(lora_run, tmp_path):
 
 
 def test_killed_lora_run_resumes_with_identical_losses(lora_run, tmp_path):
-    config, _, summary = lora_run
+    config, ref, summary = lora_run
     overrides = [f"train.output_dir={tmp_path / 'killed'}", *COMMON]
-    kill_after_checkpoint(config, overrides, step=4)
-    # A run that restarted from scratch would give the same losses; it would also rewrite checkpoint-2.
-    written = tmp_path / "killed" / "checkpoint-2" / "trainer_state.json"
-    before = written.stat().st_mtime_ns
-    resumed = step_losses(run_train(config, overrides))
-    assert resumed == step_losses(summary)  # exact, per step, fp32 on CPU
-    assert written.stat().st_mtime_ns == before, "the run did not resume from its checkpoint"
+    position = kill_after_checkpoint(config, overrides, step=6)
+    assert (position["epoch"], position["batches_consumed"]) == (1, 4)  # 4 steps per epoch: inside epoch 1
+    resumed = run_train(config, overrides)
+    assert resumed["resumed_from"].endswith("checkpoint-6") and resumed["steps_this_launch"] == 2
+    assert step_losses(resumed) == step_losses(summary)  # exact, per step, fp32 on CPU
+    final = load_file(str(tmp_path / "killed" / "model" / ADAPTER_WEIGHTS))
+    expected = load_file(str(ref / "model" / ADAPTER_WEIGHTS))
+    assert all(torch.equal(final[k], expected[k]) for k in expected)
 
 
 def test_zero3_with_vision_lora_saves_and_loads(lora_run, tmp_path, tiny_dir):

@@ -1,0 +1,99 @@
+"""Relaunching on an output dir that holds a run: every decision, and what the files look like after.
+
+Single process, in-process and without DeepSpeed, so each launch costs a few seconds; the
+multi-process shapes are in test_resume.py.
+"""
+
+import json
+import pickle
+
+import pytest
+import torch
+
+from launch import snapshot
+from tinydata import write_dataset
+
+from llava_norm.config import load_config
+from llava_norm.train.relaunch import RelaunchError, plan_launch
+from llava_norm.train.run import run_training, safe_deepspeed_loading
+
+
+@pytest.fixture
+def run(tmp_path, tiny_dir):
+    data, images = write_dataset(tmp_path / "data", n=8, text_only_every=3)
+    path = tmp_path / "c.yaml"
+    path.write_text(f"""
+model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama, norm_alignment: ln_textnorm_gwc}}
+data: {{mixture: [{{path: {data}, image_folder: {images}}}], num_workers: 0, max_length: 256}}
+train: {{stage: 2, output_dir: {tmp_path}/out, max_steps: 3, per_device_batch_size: 2, grad_accum: 1,
+        save_steps: 1, report_to: []}}
+""")
+
+    def launch(*overrides):
+        return run_training(load_config(path, list(overrides)))
+
+    return launch, tmp_path / "out", path
+
+
+def _summary(out):
+    return json.loads((out / "train_summary.json").read_text())
+
+
+def test_finished_run_is_left_alone_and_the_ways_out_are_explicit(run, capsys):
+    launch, out, path = run
+    launch()
+    assert _summary(out)["complete"] and _summary(out)["global_step"] == 3
+    exported = {p.name for p in (out / "model").iterdir()}
+    assert "training_args.bin" not in exported  # a pickle never ships with the model
+    assert all(name.endswith((".safetensors", ".json", ".jinja", ".txt", ".model")) for name in exported), exported
+
+    before = snapshot(out)
+    assert launch() is None  # the same command again: nothing trained, nothing written
+    assert "complete at step 3" in capsys.readouterr().out
+    assert snapshot(out) == before
+
+    with pytest.raises(RelaunchError, match=r"optim\.lr: 1e-05 -> 0\.001"):
+        launch("optim.lr=1e-3")  # a different config is refused, naming the key
+    with pytest.raises(RelaunchError, match="train.restart=true"):
+        launch("train.resume=none")
+    assert snapshot(out) == before
+
+    launch("train.max_steps=5", "train.extend=true")  # continues from the last checkpoint
+    assert (_summary(out)["global_step"], _summary(out)["steps_this_launch"]) == (5, 2)
+    assert _summary(out)["resumed_from"] == str(out / "checkpoint-3")
+
+    launch("train.restart=true")  # deletes the run's outputs, trains from scratch
+    assert (_summary(out)["global_step"], _summary(out)["steps_this_launch"], _summary(out)["resumed_from"]) == (3, 3, None)
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]  # 4, 5 gone
+
+
+def test_checkpoint_with_another_config_is_refused_unless_allowed(run):
+    launch, out, path = run
+    launch()
+    (out / "train_summary.json").unlink()  # as if killed after its last checkpoint
+    config = load_config(path, ["data.max_length=128"])
+    with pytest.raises(RelaunchError, match=r"data\.max_length: 256 -> 128.*allow_config_change"):
+        plan_launch(config)
+    plan = plan_launch(load_config(path, ["data.max_length=128", "train.allow_config_change=true"]))
+    assert (plan.action, plan.checkpoint.name) == ("resume", "checkpoint-3")
+    assert plan.differences == ["data.max_length: 256 -> 128"]
+    # Where and how often to write never block a resume.
+    assert plan_launch(load_config(path, ["train.save_steps=7", "data.num_workers=2"])).action == "resume"
+
+
+class _Payload:
+    def __reduce__(self):
+        return (print, ("unpickled code ran",))
+
+
+def test_deepspeed_checkpoints_load_without_unpickling_code(tmp_path, capsys):
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    safe_deepspeed_loading()
+    good, bad = tmp_path / "good.pt", tmp_path / "bad.pt"
+    torch.save({"module": {"w": torch.ones(2)}, "ds_version": "0.19"}, good)
+    bad.write_bytes(pickle.dumps({"module": _Payload()}))
+    assert torch.equal(TorchCheckpointEngine().load(str(good))["module"]["w"], torch.ones(2))
+    with pytest.raises(pickle.UnpicklingError):
+        TorchCheckpointEngine().load(str(bad))
+    assert "unpickled code ran" not in capsys.readouterr().out
