@@ -1,12 +1,24 @@
-"""Configs: every shipped YAML loads; errors name the key; the paper's recipe is what ships."""
+"""Configs: every shipped YAML loads; the paper's recipe is what ships; every config mistake is
+one line naming the file and the key, raised by load_config before any model or data loads."""
 
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
-from llava_norm.config import ConfigError, effective_grad_accum, load_config
+from llava_norm.config import CHOICES, RANGES, SCHEDULERS, ConfigError, effective_grad_accum, load_config
+from tinydata import write_dataset
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
 ARMS = ["none", "ln_default", "ln_textnorm", "ln_textnorm_gwc"]
 
 
@@ -27,45 +39,200 @@ def test_every_cell_has_both_stages(backbone, arm):
         assert s1.model.vision_tower == "google/siglip-so400m-patch14-384"
 
 
-def test_global_batch_derives_accumulation():
+def test_global_batch_derives_accumulation(monkeypatch):
     cfg = load_config(CONFIGS / "llama3.2-3b/none/stage1.yaml", check_paths=False).train
     assert effective_grad_accum(cfg, 64) == 2 and effective_grad_accum(cfg, 8) == 16
     with pytest.raises(ConfigError, match="global_batch_size"):
         effective_grad_accum(cfg, 3)
+    monkeypatch.setenv("WORLD_SIZE", "3")  # what torchrun gives each worker: checked at load time too
+    with pytest.raises(ConfigError, match=r"stage1.yaml: key 'train.global_batch_size': 256 .* 3 processes"):
+        load_config(CONFIGS / "llama3.2-3b/none/stage1.yaml", check_paths=False)
+
+
+def test_schedulers_are_transformers_schedulers():
+    from transformers import SchedulerType
+
+    assert set(SCHEDULERS) <= {s.value for s in SchedulerType}
 
 
 @pytest.fixture()
-def base_yaml(tmp_path):
-    data = tmp_path / "d.json"
-    data.write_text("[]")
-    path = tmp_path / "base.yaml"
-    path.write_text(f"model: {{vision_tower: org/vision, llm: org/llm}}\n"
-                    f"data: {{mixture: [{{path: {data}}}]}}\ntrain: {{output_dir: {tmp_path}/out}}\n")
-    return path
+def setup(tmp_path, tiny_dir):
+    """A config that passes every check (check_paths included), and the files the cases point at."""
+    data, images = write_dataset(tmp_path / "data", n=4)
+    d = tmp_path
+    (d / "bad.json").write_text("{not json")
+    (d / "list.json").write_text("[1, 2]")
+    (d / "a_file").write_text("x")
+    ds = json.loads((CONFIGS / "deepspeed/zero2.json").read_text())
+    (d / "ds_optimizer.json").write_text(json.dumps({**ds, "optimizer": {"type": "AdamW"}}))
+    (d / "ds_micro3.json").write_text(json.dumps({**ds, "train_micro_batch_size_per_gpu": 3}))
+    (d / "ds_bf16.json").write_text(json.dumps({**ds, "bf16": {"enabled": True}}))
+    (d / "ds_fixed.json").write_text(json.dumps({**ds, "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True}}))
+    prefix = "model.multi_modal_projector."
+    mlp = {f"{prefix}linear_{i}.{p}": torch.zeros(2) for i in (1, 2) for p in ("weight", "bias")}
+    save_file(mlp, str(d / "mlp_projector.safetensors"))
+    save_file({**mlp, f"{prefix}norm.weight": torch.ones(2), f"{prefix}norm.bias": torch.zeros(2)},
+              str(d / "mlp_norm_projector.safetensors"))
+    (d / "checkpoint-2").mkdir()
+    (d / "checkpoint-2/trainer_state.json").write_text("{}")
+    (d / "not_a_checkpoint").mkdir()
+    plain = d / "plain_llm"  # the tiny Llama without any chat template
+    shutil.copytree(tiny_dir / "llama", plain, ignore=shutil.ignore_patterns("chat_template.*", "*.safetensors"))
+    base = d / "base.yaml"
+    base.write_text(f"model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama}}\n"
+                    f"data: {{mixture: [{{path: {data}, image_folder: {images}}}]}}\n"
+                    f"train: {{output_dir: {d}/out, report_to: []}}\n")
+    return {"base": base, "d": d, "tiny": tiny_dir, "data": data, "images": images}
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["model.norm_alignmnt=ln_default"], "key 'model.norm_alignmnt'"),
-    (["train.stage=two"], "key 'train.stage'"),
-    (["model.norm_alignment=ln_fancy"], "key 'model.norm_alignment'"),
-    (["data.mixture=[{path: /nonexistent/x.json}]"], r"key 'data.mixture\[0\].path': path does not exist"),
-    (["model.llm=./missing_local_llm"], "key 'model.llm': path does not exist"),
-    (["data.mixture=[]"], "key 'data.mixture'"),
+def _expand(items, setup):
+    return [item.format(**setup) for item in items]
+
+
+VALID = [
+    [],
+    ["train.deepspeed={d}/ds_fixed.json", "train.precision=bf16"],  # numbers that match are fine
+    ["train.deepspeed=configs/deepspeed/zero3.json", "train.global_batch_size=8"],
+    ["model.pretrained_projector={d}/mlp_projector.safetensors", "train.stage=2"],
+    ["model.pretrained_projector={d}/mlp_norm_projector.safetensors", "model.norm_alignment=ln_textnorm_gwc"],
+    ["train.resume={d}/checkpoint-2"],
+    ["train.restart=true", "train.resume=none"],
+    ["train.stage=2", "lora.enabled=true", "lora.target_modules=[q_proj, layers.0.mlp.up_proj]"],
+    ["train.stage=2", "lora.enabled=true", "lora.lm_head=true", "model.llm={tiny}/qwen2"],  # untied
+    ["model.llm={d}/plain_llm", "data.prompt_format=plain"],
+    ["data.mixture=[{{path: {data}, take: 'first:50%'}}]", "train.report_to=[tensorboard]"],
+]
+
+
+@pytest.mark.parametrize("overrides", VALID)
+def test_valid_settings_pass(setup, overrides, monkeypatch):
+    monkeypatch.chdir(REPO)  # shipped DeepSpeed paths are relative to the repository root
+    load_config(setup["base"], _expand(overrides, setup))
+
+
+def _bad(value: str) -> str:
+    """A value just outside a RANGES spec."""
+    return {"> 0": "0", ">= 1": "0", ">= 0": "-1", "[0, 1)": "1"}[value]
+
+
+# (overrides, expected key (a regex), YAML text for a child of base.yaml or None)
+CASES = [
+    (["model.norm_alignmnt=ln_default"], "model.norm_alignmnt", None),  # unknown key
+    ([], "train.max_stepz", "base: base.yaml\ntrain: {max_stepz: 3}\n"),
+    (["train.stage=two"], "train.stage", None),  # wrong type
+    ([], "optim.lr", "base: base.yaml\noptim: {lr: fast}\n"),
+    (["train.train_vision_tower=maybe"], "train.train_vision_tower", None),
+    (["train.stage=3"], "train.stage", None),
+    (["foo"], "foo", None),  # not KEY=VALUE
+    (["data.mixture.0.path=x.json"], r"data.mixture.0.path", None),
+    ([], "base", "base: missing_parent.yaml\n"),
+    ([], "base", "base: child.yaml\n"),  # circular
+    (["data.mixture=[]"], "data.mixture", None),
+    (["data.mixture=[{{path: {data}, take: 'first:0'}}]"], r"data.mixture\[0\].take", None),
+    (["data.mixture=[{{path: /nonexistent/x.json}}]"], r"data.mixture\[0\].path", None),  # missing data path
+    (["data.mixture=[{{path: {images}}}]"], r"data.mixture\[0\].path", None),  # a directory
+    (["data.mixture=[{{path: {data}, image_folder: /nonexistent/img}}]"], r"data.mixture\[0\].image_folder", None),
+    (["data.mixture=[{{path: {data}, image_folder: {data}}}]"], r"data.mixture\[0\].image_folder", None),
+    (["model.llm=./missing_local_llm"], "model.llm", None),
+    (["model.vision_tower={images}"], "model.vision_tower", None),  # no config.json
+    (["model.llm={d}/plain_llm"], "data.prompt_format", None),  # chat format, no chat template
+    (["train.stage=1", "lora.enabled=true"], "lora.enabled", None),  # LoRA with a stage-1 config
+    (["train.stage=2", "lora.enabled=true", "lora.target_modules=[]"], "lora.target_modules", None),
+    (["train.stage=2", "lora.enabled=true", "lora.target_modules=[qkv]"], "lora.target_modules", None),
+    (["train.stage=2", "lora.enabled=true", "lora.lm_head=true"], "lora.lm_head", None),  # tiny Llama is tied
+    (["lora.vision_tower=partial"], "lora.vision_tower", None),
+    (["train.stage=2", "lora.enabled=true", "lora.vision_tower=full", "train.train_vision_tower=false"],
+     "lora.vision_tower", None),
+    (["train.deepspeed={d}/missing.json"], "train.deepspeed", None),  # DeepSpeed file missing
+    (["train.deepspeed={d}/bad.json"], "train.deepspeed", None),  # malformed JSON
+    (["train.deepspeed={d}/list.json"], "train.deepspeed", None),
+    (["train.deepspeed={d}/ds_optimizer.json"], "train.deepspeed", None),
+    (["train.deepspeed={d}/ds_micro3.json"], "train.deepspeed", None),  # per-device batch is 2
+    (["train.deepspeed={d}/ds_bf16.json", "train.precision=fp32"], "train.deepspeed", None),
+    (["train.resume={d}/missing_checkpoint"], "train.resume", None),
+    (["train.resume={d}/not_a_checkpoint"], "train.resume", None),
+    (["train.restart=true", "train.extend=true"], "train.restart", None),
+    (["train.restart=true", "train.resume={d}/checkpoint-2"], "train.restart", None),
+    (["train.output_dir={d}/a_file"], "train.output_dir", None),
+    (["model.pretrained_projector={d}/missing.safetensors"], "model.pretrained_projector", None),
+    (["model.pretrained_projector={d}/bad.json"], "model.pretrained_projector", None),
+    (["model.pretrained_projector={d}/mlp_projector.safetensors", "model.norm_alignment=ln_textnorm"],
+     "model.pretrained_projector", None),  # a stage-1 projector of another arm
+    (["model.pretrained_projector={d}/mlp_norm_projector.safetensors", "model.projector_type=linear",
+      "model.norm_alignment=ln_default"], "model.pretrained_projector", None),
+    (["train.global_batch_size=7"], "train.global_batch_size", None),  # not a multiple of 2 x 1
+    (["train.max_steps=0"], "train.max_steps", None),
+    (["train.epochs=0"], "train.epochs", None),
+    (["optim.scheduler=cosine_with_min_lr"], "optim.scheduler", None),  # needs kwargs transformers lacks here
+    (["train.report_to=[wandbx]"], "train.report_to", None),
+    (["train.report_to=[none, tensorboard]"], "train.report_to", None),
+    *[([f"{key}=bogus"], key, None) for key in CHOICES],  # every enum key
+    *[([f"{key}={_bad(spec)}"], key, None) for key, spec in RANGES.items()],  # every bounded number
+]
+
+
+def _load_case(setup, overrides, yaml_text):
+    path = setup["base"]
+    if yaml_text is not None:
+        path = setup["d"] / "child.yaml"
+        path.write_text(yaml_text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, _expand(overrides, setup))
+    return path, str(caught.value)
+
+
+@pytest.mark.parametrize("overrides,key,yaml_text", CASES, ids=lambda v: v if isinstance(v, str) else None)
+def test_config_errors_name_the_file_and_key(setup, overrides, key, yaml_text):
+    path, message = _load_case(setup, overrides, yaml_text)
+    assert "\n" not in message
+    assert re.match(rf"{re.escape(str(path))}: key '{key}': \S", message), message
+
+
+def test_missing_required_keys_and_bad_yaml_name_the_file(setup):
+    path, message = _load_case(setup, [], "train: {stage: 1}\n")  # no base: nothing required is set
+    assert message.startswith(f"{path}: key 'model.llm': required, but not set"), message
+    path, message = _load_case(setup, [], "model: {llm: [unclosed\n")
+    assert message.startswith(f"{path}: invalid YAML at line") and "\n" not in message, message
+    with pytest.raises(ConfigError, match="nowhere.yaml: config file not found"):
+        load_config(setup["d"] / "nowhere.yaml")
+
+
+def test_an_error_in_a_base_file_names_that_file(setup):
+    (setup["d"] / "parent.yaml").write_text("base: base.yaml\ndata: {image_aspec: pad}\n")
+    path, message = _load_case(setup, [], "base: parent.yaml\n")
+    assert message.startswith(f"{setup['d'] / 'parent.yaml'}: key 'data.image_aspec'"), message
+
+
+def test_uninstalled_integrations_and_flash_attention(setup):
+    from transformers.integrations.integration_utils import (INTEGRATION_TO_CALLBACK,
+                                                             get_available_reporting_integrations)
+    from transformers.utils import is_flash_attn_2_available
+
+    absent = [n for n in INTEGRATION_TO_CALLBACK if n not in get_available_reporting_integrations() + ["azure_ml"]]
+    if absent:
+        _, message = _load_case(setup, [f"train.report_to=[{absent[0]}]"], None)
+        assert f"key 'train.report_to': ['{absent[0]}'] not installed" in message
+    if not is_flash_attn_2_available():
+        _, message = _load_case(setup, ["model.attn_implementation=flash_attention_2"], None)
+        assert "key 'model.attn_implementation'" in message
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["train.deepspeed={d}/bad.json"], "train.deepspeed"),  # malformed DeepSpeed JSON
+    (["lora.enabled=true"], "lora.enabled"),  # LoRA with a stage-1 config
+    (["optim.lr_lora=0", "train.stage=2"], "optim.lr_lora"),
 ])
-def test_config_errors_name_the_key(base_yaml, overrides, message):
-    with pytest.raises(ConfigError, match=message):
-        load_config(base_yaml, overrides)
-
-
-def test_inheritance_and_unknown_key_in_file(base_yaml, tmp_path):
-    child = tmp_path / "child.yaml"
-    child.write_text("base: base.yaml\nmodel: {norm_alignment: ln_textnorm_gwc}\n")
-    config = load_config(child, ["optim.lr=3e-5"])
-    assert (config.model.norm_alignment, config.optim.lr, config.model.llm) == ("ln_textnorm_gwc", 3e-5, "org/llm")
-    child.write_text("base: base.yaml\ntrain: {max_stepz: 3}\n")
-    with pytest.raises(ConfigError, match=r"child.yaml: key 'train.max_stepz'"):
-        load_config(child)
-    missing = tmp_path / "m.yaml"
-    missing.write_text("train: {stage: 1}\n")
-    with pytest.raises(ConfigError, match="required key"):
-        load_config(missing)
+def test_cli_reports_one_line_before_any_load(setup, overrides, key):
+    """The real command: exit status, one stderr line naming file and key, nothing loaded or written."""
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "llava_norm.cli", "train", str(setup["base"]),
+                             *_expand(overrides, setup)], capture_output=True, text=True, cwd=REPO, env=env,
+                            timeout=300)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode != 0
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert lines[0].startswith(f"config error: {setup['base']}: key '{key}'"), lines[0]
+    assert result.stdout == ""
+    assert not (setup["d"] / "out").exists()  # run_training would have created output_dir
+    assert time.monotonic() - start < 120

@@ -1,0 +1,150 @@
+"""Config checks against this machine: the files, folders, packages and model skeletons a
+config names, read through headers and small JSON files only, never weights or data rows.
+
+Owns ``check_paths``, which ``llava_norm.config.validate`` runs last, so a missing path or an
+incompatible DeepSpeed file stops a run before any model or data loads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from llava_norm.config_schema import ConfigError, RunConfig, effective_grad_accum, world_size
+
+
+def check_paths(config: RunConfig) -> None:
+    """What the config names on this machine: files, directories, packages. Reads headers and
+    small JSON files only, never weights or data rows."""
+    m, t = config.model, config.train
+    for i, source in enumerate(config.data.mixture):
+        _must_exist(source.path, f"data.mixture[{i}].path", kind="file")
+        if source.image_folder:
+            _must_exist(source.image_folder, f"data.mixture[{i}].image_folder", kind="dir")
+    for key in ("vision_tower", "llm"):
+        if _looks_local(getattr(m, key)):
+            _must_exist(getattr(m, key), f"model.{key}", kind="dir")
+            if not (Path(getattr(m, key)).expanduser() / "config.json").is_file():
+                raise ConfigError(f"key 'model.{key}': {getattr(m, key)} has no config.json (not a model directory)")
+    if m.attn_implementation == "flash_attention_2":
+        from transformers.utils import is_flash_attn_2_available
+
+        if not is_flash_attn_2_available():
+            raise ConfigError("key 'model.attn_implementation': flash_attention_2 needs the flash-attn package "
+                              "and a CUDA GPU; use sdpa")
+    if config.data.prompt_format == "chat" and _looks_local(m.llm) and not _has_chat_template(Path(m.llm).expanduser()):
+        raise ConfigError(f"key 'data.prompt_format': 'chat' needs a chat template, but the tokenizer in {m.llm} "
+                          "has none; use 'plain' or a chat model")
+    if m.pretrained_projector:
+        _check_projector(config)
+    if t.deepspeed:
+        _check_deepspeed(config)
+    if t.resume not in ("auto", "none"):
+        _must_exist(t.resume, "train.resume", kind="dir")
+        if not (Path(t.resume).expanduser() / "trainer_state.json").is_file():
+            raise ConfigError(f"key 'train.resume': {t.resume} is not a checkpoint-N dir (no trainer_state.json); "
+                              "use auto, none or a checkpoint dir")
+    if Path(t.output_dir).expanduser().exists() and not Path(t.output_dir).expanduser().is_dir():
+        raise ConfigError(f"key 'train.output_dir': {t.output_dir} exists and is not a directory")
+    if config.lora.enabled and (config.lora.lm_head or config.lora.target_modules) and _looks_local(m.llm):
+        _check_lora_targets(config)
+
+
+def _has_chat_template(llm: Path) -> bool:
+    # Any of the places transformers reads a template from; without one ChatTemplateFormat fails after the load.
+    if any((llm / f).exists() for f in ("chat_template.jinja", "chat_template.json", "additional_chat_templates")):
+        return True
+    try:
+        return bool(json.loads((llm / "tokenizer_config.json").read_text()).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return True  # no or an unreadable tokenizer config: for the tokenizer to report
+
+
+def _check_projector(config: RunConfig) -> None:
+    """The stage-1 file must hold this arm's projector: the tensors ``load_projector`` expects."""
+    path, key, m = config.model.pretrained_projector, "model.pretrained_projector", config.model
+    _must_exist(path, key, kind="file")
+    try:  # safetensors: an 8-byte little-endian header length, then the header as JSON
+        with open(Path(path).expanduser(), "rb") as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(size)) if 0 < size < 100_000_000 else None
+    except (OSError, ValueError):
+        header = None
+    if not isinstance(header, dict):
+        raise ConfigError(f"key '{key}': {path} is not a safetensors file")
+    found = {name.removeprefix("model.multi_modal_projector.").split(".")[0] for name in header} - {"__metadata__"}
+    want = {"linear_1", *(["linear_2"] if m.projector_type == "mlp2x_gelu" else []),
+            *(["norm"] if m.norm_alignment != "none" else [])}  # every arm but none has a norm layer
+    if found != want:
+        raise ConfigError(f"key '{key}': {path} holds projector modules {sorted(found)}, but projector_type "
+                          f"{m.projector_type!r} with norm_alignment {m.norm_alignment!r} needs {sorted(want)} "
+                          "(use the stage-1 run of the same arm)")
+
+
+def _check_deepspeed(config: RunConfig) -> None:
+    t, key = config.train, "train.deepspeed"
+    _must_exist(t.deepspeed, key, kind="file")
+    try:
+        settings = json.loads(Path(t.deepspeed).expanduser().read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"key '{key}': {t.deepspeed} is not valid JSON ({error})") from None
+    if not isinstance(settings, dict):
+        raise ConfigError(f"key '{key}': {t.deepspeed} must hold a JSON object, got {type(settings).__name__}")
+    for section in ("optimizer", "scheduler"):  # DeepSpeed's would replace the per-module AdamW groups / schedule
+        if section in settings:
+            raise ConfigError(f"key '{key}': {t.deepspeed} has an '{section}' section; remove it, optim.* sets it")
+    if importlib.util.find_spec("deepspeed") is None:
+        raise ConfigError(f"key '{key}': the deepspeed package is not installed")
+    # transformers fills "auto" from the run and rejects any other differing value, but only once
+    # training starts; these are the values it compares.
+    accum, micro = effective_grad_accum(t, world_size()), t.per_device_batch_size
+    expected = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accum,
+                "train_batch_size": micro * accum * world_size(), "gradient_clipping": config.optim.max_grad_norm,
+                "fp16.enabled": False, **({"bf16.enabled": t.precision == "bf16"} if t.precision != "auto" else {})}
+    for dotted, want in expected.items():
+        section, _, name = dotted.rpartition(".")
+        node = settings.get(section, {}) if section else settings
+        got = node.get(name, "auto") if isinstance(node, dict) else "auto"
+        if got != "auto" and got != want:
+            raise ConfigError(f"key '{key}': {t.deepspeed} sets {dotted}={got!r}, but this config gives {want!r} "
+                              "(or use \"auto\")")
+
+
+def _check_lora_targets(config: RunConfig) -> None:
+    """lora.lm_head and lora.target_modules against the local LLM, built on the meta device (no weights)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    lora, remote = config.lora, config.model.trust_remote_code
+    try:
+        llm_config = AutoConfig.from_pretrained(config.model.llm, trust_remote_code=remote)
+        with torch.device("meta"):
+            decoder = AutoModelForCausalLM.from_config(llm_config, trust_remote_code=remote).get_decoder()
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # a directory transformers cannot read: the model load reports it, with its own message
+    if lora.lm_head and getattr(llm_config, "tie_word_embeddings", False):
+        raise ConfigError("key 'lora.lm_head': this LLM ties lm_head to its input embeddings "
+                          "(tie_word_embeddings); adapting it is not supported")
+    # Named as in the LlavaNorm model, whose decoder sits at model.language_model (see model.lora).
+    linear = [f"model.language_model.{n}" for n, mod in decoder.named_modules() if isinstance(mod, torch.nn.Linear)]
+    for suffix in lora.target_modules or []:
+        if not any(n == suffix or n.endswith(f".{suffix}") for n in linear):
+            raise ConfigError(f"key 'lora.target_modules': {suffix!r} matches no linear layer of the LLM "
+                              f"(its linear layers end in {sorted({n.rsplit('.', 1)[-1] for n in linear})})")
+
+
+def _looks_local(value: str) -> bool:
+    # A hub id is "org/name"; anything absolute, relative with ./, or existing locally is a path.
+    return value.startswith(("/", ".", "~")) or Path(value).exists() or value.count("/") != 1
+
+
+def _must_exist(path: str, key: str, kind: str = "") -> None:
+    # Relative paths are relative to the working directory, as every module that opens them reads them.
+    found = Path(path).expanduser()
+    if not found.exists():
+        raise ConfigError(f"key '{key}': path does not exist: {path}")
+    if kind == "file" and not found.is_file() or kind == "dir" and not found.is_dir():
+        raise ConfigError(f"key '{key}': not a {'directory' if kind == 'dir' else 'file'}: {path}")
+
+

@@ -1,0 +1,210 @@
+"""The run configuration's schema: typed sections, allowed values and ranges, and the facts
+derived from them (accumulation for a global batch, the vision tower's LoRA mode).
+
+Owns what a key may hold; ``llava_norm.config`` owns reading YAML into it and validating it,
+``llava_norm.config_checks`` what it names on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import MISSING, OmegaConf
+
+
+class ConfigError(ValueError):
+    """``file``: the YAML the error is in, where that is not the config named on the command line."""
+
+    def __init__(self, message: str, file: str | Path | None = None):
+        super().__init__(message)
+        self.file = file
+
+
+@dataclass
+class ModelConfig:
+    vision_tower: str = MISSING  # hub id or local dir
+    llm: str = MISSING
+    norm_alignment: str = "none"  # none | ln_default | ln_textnorm | ln_textnorm_gwc
+    projector_type: str = "mlp2x_gelu"  # mlp2x_gelu | linear
+    vision_feature_layer: int = -2
+    vision_feature_select_strategy: Optional[str] = None  # default (drop CLS) | full | null: from the tower
+    gwc_clamp: float = 1e-6
+    attn_implementation: str = "sdpa"  # sdpa | flash_attention_2 | eager
+    trust_remote_code: bool = False
+    pretrained_projector: Optional[str] = None  # stage 2: projector.safetensors written by stage 1
+
+
+@dataclass
+class DataSource:
+    path: str = MISSING  # LLaVA-format .json or .jsonl
+    image_folder: Optional[str] = None
+    take: str = "all"  # all | first:N | first:P%
+
+
+@dataclass
+class DataConfig:
+    mixture: list[DataSource] = field(default_factory=list)
+    prompt_format: str = "chat"  # plain (stage 1) | chat (the tokenizer's own chat template)
+    template_kwargs: dict[str, str] = field(default_factory=lambda: {"date_string": "26 Jul 2024"})
+    system_prompt: Optional[str] = None
+    image_aspect: str = "resize"  # resize | pad (LLaVA-1.5 pad-to-square)
+    max_length: int = 2048
+    on_bad_sample: str = "skip"  # skip | error
+    group_by_modality_length: bool = True
+    length_estimate: str = "tokens"  # what the grouped sampler sorts by: tokens | words (see data.dataset)
+    num_workers: int = 2
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5  # the LLM's
+    lr_vision_tower: float = 2e-6
+    lr_projector: Optional[float] = None  # null: same as lr
+    lr_norm: Optional[float] = None  # null: same as the projector
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.03
+    scheduler: str = "cosine"
+    max_grad_norm: float = 1.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    # LoRA adapters (LLM and, if adapted, vision tower). LLaVA-1.5 uses 2e-4; users have found
+    # >1e-4 unstable in some setups, so lower it first if the loss spikes.
+    lr_lora: float = 2e-4
+
+
+@dataclass
+class TrainConfig:
+    stage: int = 1  # 1: projector (+norm) only; 2: full model
+    train_vision_tower: bool = True  # stage 2 only
+    output_dir: str = MISSING
+    seed: int = 42
+    epochs: float = 1.0
+    max_steps: int = -1
+    per_device_batch_size: int = 2
+    grad_accum: int = 2
+    # If set, grad_accum is derived at launch: global / (per_device_batch_size x world size).
+    global_batch_size: Optional[int] = None
+    gradient_checkpointing: bool = False
+    precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
+    deepspeed: Optional[str] = None  # path to a DeepSpeed JSON (configs/deepspeed/zero{2,3}.json)
+    save_steps: int = 500
+    save_total_limit: int = 2
+    resume: str = "auto"  # auto | none | a checkpoint dir
+    # A relaunch on an output_dir that already holds a run (llava_norm.train.relaunch): a finished
+    # run is left as it is unless `extend` (continue to a larger max_steps/epochs) or `restart`
+    # (delete its outputs, start over); a checkpoint saved under another config is refused unless
+    # `allow_config_change`.
+    restart: bool = False
+    extend: bool = False
+    allow_config_change: bool = False
+    logging_steps: int = 1
+    norm_stats_steps: int = 50
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    run_name: Optional[str] = None
+
+
+@dataclass
+class LoraSettings:
+    """Stage 2 with LoRA adapters on the LLM (peft); projector and norm layer stay fully trainable."""
+
+    enabled: bool = False
+    rank: int = 128  # LLaVA-1.5's LoRA recipe: r 128, alpha 256
+    alpha: float = 256.0
+    dropout: float = 0.05
+    # Module-name suffixes inside the LLM (peft semantics, e.g. [q_proj, v_proj]); null: every linear layer.
+    target_modules: Optional[list[str]] = None
+    lm_head: bool = False  # also adapt the output projection
+    # frozen | full | lora; null: full if train.train_vision_tower else frozen.
+    vision_tower: Optional[str] = None
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    lora: LoraSettings = field(default_factory=LoraSettings)
+
+
+# Only transformers schedulers that need no extra arguments (cosine_with_min_lr,
+# warmup_stable_decay, reduce_lr_on_plateau need lr_scheduler_kwargs or an eval loop).
+SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+              "inverse_sqrt")
+CHOICES = {
+    "model.norm_alignment": ("none", "ln_default", "ln_textnorm", "ln_textnorm_gwc"),
+    "model.projector_type": ("mlp2x_gelu", "linear"),
+    "model.attn_implementation": ("sdpa", "flash_attention_2", "eager"),
+    "model.vision_feature_select_strategy": (None, "default", "full"),
+    "data.prompt_format": ("plain", "chat"),
+    "data.image_aspect": ("resize", "pad"),
+    "data.on_bad_sample": ("skip", "error"),
+    "data.length_estimate": ("tokens", "words"),
+    "optim.scheduler": SCHEDULERS,
+    "train.precision": ("auto", "bf16", "fp32"),
+}
+# Ranges ("> x", ">= x" or "[low, high)"); checked here because the Trainer, DataLoader, peft or
+# the norm layer would reject them only after the model has loaded, or silently accept them.
+RANGES = {
+    "model.gwc_clamp": "> 0", "data.max_length": ">= 1", "data.num_workers": ">= 0",
+    "optim.lr": ">= 0", "optim.lr_vision_tower": ">= 0", "optim.lr_projector": ">= 0", "optim.lr_norm": ">= 0",
+    "optim.lr_lora": "> 0", "optim.weight_decay": ">= 0", "optim.max_grad_norm": ">= 0",
+    "optim.warmup_ratio": "[0, 1)",  # transformers reads a warmup >= 1 as a number of steps
+    "optim.adam_beta1": "[0, 1)", "optim.adam_beta2": "[0, 1)",
+    "train.per_device_batch_size": ">= 1", "train.grad_accum": ">= 1", "train.global_batch_size": ">= 1",
+    "train.save_steps": ">= 1", "train.logging_steps": ">= 1", "train.norm_stats_steps": ">= 0",
+    # 0 would let checkpoint pruning delete the newest complete checkpoint, leaving nothing to resume.
+    "train.save_total_limit": ">= 1",
+    "lora.rank": ">= 1", "lora.alpha": "> 0", "lora.dropout": "[0, 1)",
+}
+LORA_VISION_MODES = ("frozen", "full", "lora")
+
+
+def world_size() -> int:
+    """Processes in this launch: torchrun and the deepspeed launcher export WORLD_SIZE to every worker."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def lora_vision_mode(config: RunConfig) -> str:
+    """frozen | full | lora: ``lora.vision_tower``, or what ``train.train_vision_tower`` implies."""
+    if config.lora.vision_tower is not None:
+        return config.lora.vision_tower
+    return "full" if config.train.train_vision_tower else "frozen"
+
+
+def effective_grad_accum(train: TrainConfig, world_size: int) -> int:
+    """The accumulation that gives ``global_batch_size`` on this many processes (or ``grad_accum``)."""
+    if train.global_batch_size is None:
+        return train.grad_accum
+    per_step = train.per_device_batch_size * world_size
+    if train.global_batch_size % per_step:
+        raise ConfigError(
+            f"key 'train.global_batch_size': {train.global_batch_size} is not a multiple of per_device_batch_size "
+            f"{train.per_device_batch_size} x {world_size} processes"
+        )
+    return train.global_batch_size // per_step
+
+
+def parse_take(take: str, key: str) -> tuple[str, float]:
+    """'all' -> ('all', 0); 'first:N' -> ('count', N); 'first:P%' -> ('percent', P)."""
+    if take == "all":
+        return "all", 0
+    if take.startswith("first:"):
+        amount = take[len("first:"):]
+        try:
+            if amount.endswith("%"):
+                value = float(amount[:-1])
+                if 0 < value <= 100:
+                    return "percent", value
+            elif int(amount) > 0:
+                return "count", int(amount)
+        except ValueError:
+            pass
+    raise ConfigError(f"key '{key}': {take!r} is not 'all', 'first:N' or 'first:P%'")
+
+
+def to_yaml(config: RunConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
