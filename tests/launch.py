@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,13 +30,8 @@ def env() -> dict:
 
 
 def run_train(config: Path, overrides: list[str], nproc: int = 2, timeout: int = 300) -> dict:
-    proc = subprocess.run(torchrun_command(config, overrides, nproc), cwd=REPO, env=env(),
-                          capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(f"training failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
-    assert "shm_comm_op built" not in proc.stdout, "DeepSpeed compiled its CPU inference op (see run.py)"
-    out = Path(next(o.split("=", 1)[1] for o in overrides if o.startswith("train.output_dir=")))
-    return json.loads((out / "train_summary.json").read_text())
+    """A torchrun launch of ``llava-norm train``; the run's summary."""
+    return run_launches([(torchrun_command(config, overrides, nproc), env())], output_dir(overrides), timeout)
 
 
 def step_losses(summary: dict) -> dict[int, float]:
@@ -53,13 +49,22 @@ def output_dir(overrides: list[str]) -> Path:
 
 def run_launches(launches: list[tuple[list[str], dict]], out: Path, timeout: int = 300, return_output: bool = False):
     """Run launchers side by side (e.g. two torchrun agents as two nodes); the run's summary
-    (or, with ``return_output``, what they printed)."""
-    procs = [subprocess.Popen(cmd, cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for cmd, e in launches]
-    outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+    (or, with ``return_output``, what they printed). Output goes to files, not pipes: a full pipe
+    would stall one agent while the other waits for it in a collective."""
+    logs = [tempfile.TemporaryFile(mode="w+") for _ in launches]
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=e, stdout=log, stderr=subprocess.STDOUT, text=True)
+             for (cmd, e), log in zip(launches, logs)]
+    for p in procs:
+        p.wait(timeout=timeout)
+    outputs = []
+    for log in logs:
+        log.seek(0)
+        outputs.append(log.read())
+        log.close()
     for p, text in zip(procs, outputs):
         if p.returncode != 0:
             raise AssertionError(f"launch failed ({p.returncode}):\n{text[-6000:]}")
+        assert "shm_comm_op built" not in text, "DeepSpeed compiled its CPU inference op (see run.py)"
     if return_output:
         return "\n".join(outputs)
     return json.loads((out / "train_summary.json").read_text())
