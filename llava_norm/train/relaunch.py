@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from llava_norm.config import RunConfig, to_yaml
+from llava_norm.provenance import RECORD
 from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY, complete_checkpoints
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ OPERATIONAL_KEYS = frozenset({
 })
 SCHEDULE_KEYS = frozenset({"train.max_steps", "train.epochs"})  # what train.extend may raise
 # What a run writes into output_dir, and so what train.restart removes (nothing else is touched).
-RUN_OUTPUTS = ("model", "projector.safetensors", SUMMARY, "config.yaml", SKIPPED, "runs")
+RUN_OUTPUTS = ("model", "projector.safetensors", SUMMARY, "config.yaml", SKIPPED, "runs", RECORD)
 
 
 class RelaunchError(RuntimeError):

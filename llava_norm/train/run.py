@@ -30,6 +30,7 @@ from llava_norm.model.builder import Bundle, ModelSpec, build_model
 from llava_norm.model.lora import split_saved_model
 from llava_norm.train.params import freeze_backbones, freeze_for_lora
 from llava_norm.train.relaunch import clear_outputs, plan_launch
+from llava_norm.train.record import finish_record, start_record
 from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY
 from llava_norm.train.trainer import LlavaNormTrainer
 
@@ -191,6 +192,7 @@ def run_training(config: RunConfig) -> Path | None:
     if trainer.args.should_save:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(to_yaml(config))
+        record = start_record(config, plan.differences)
     if plan.checkpoint:
         log.info("resuming from %s", plan.checkpoint)
     result = trainer.train(resume_from_checkpoint=str(plan.checkpoint) if plan.checkpoint else None)
@@ -206,6 +208,7 @@ def run_training(config: RunConfig) -> Path | None:
                    "rows_rejected_at_load": len(dataset.rejected), "rows_skipped_when_drawn": len(skipped) - len(dataset.rejected),
                    "skipped_by_cause": by_cause, "log_history": trainer.state.log_history}
         (out / SUMMARY).write_text(json.dumps(summary, indent=2))
+        finish_record(config, record, {"model": model_dir, "projector": out / "projector.safetensors"})
         causes = ", ".join(f"{cause} {n}" for cause, n in by_cause.items()) or "none"
         print(f"[llava-norm] stage {t.stage} done: {trainer.state.global_step} steps "
               f"({summary['steps_this_launch']} in this launch); {len(skipped)} bad rows skipped ({causes}), "

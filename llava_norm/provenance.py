@@ -1,0 +1,204 @@
+"""What made an artefact: fingerprints of files, the code and the libraries, and the record that
+holds them.
+
+Owns the ``provenance.json`` every stage writes beside its output (training runs, evaluations,
+diagnostics, tables) and the rule that decides whether an artefact can be reused: its record
+must match the record of what would be computed now. The record has three parts:
+
+- ``config``: every setting that can change the result (paths to inputs are left out of it);
+- ``inputs``: ``name -> {path, fingerprint}`` for each file or folder read (data, images,
+  benchmark files, the checkpoint it started from), compared by fingerprint only, so a moved
+  but identical input still matches;
+- ``environment``: the code version (git commit, dirty flag, a digest of the package's source)
+  and the versions of torch, transformers, deepspeed, peft and accelerate. It is recorded and
+  reported, but only counts when asked for (``code_counts``): a new commit alone reruns nothing.
+
+Fingerprints are built to be cheap on a 190 GB corpus and exact on the files that decide a run:
+
+- a file of at most ``WHOLE_FILE_BYTES``: SHA-256 of its content;
+- a larger file: SHA-256 of its size, its first and last MiB and ``SAMPLED_BLOCKS`` blocks of
+  64 KiB spread evenly in between (a retrained weight file changes everywhere; a safetensors
+  header, with every tensor's shape and offset, sits in the first MiB);
+- a folder: every file's relative path and size, plus the fingerprint of each file if it holds
+  at most ``WHOLE_FOLDER_FILES`` files, else of that many files spread evenly over the sorted
+  names (an image folder of 558K files costs one directory walk and 64 reads);
+- a hub id that is not a local path: ``hub:<id>@<commit>`` of the cached snapshot, or
+  ``hub:<id>`` when there is none to resolve.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import subprocess
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+RECORD = "provenance.json"
+WHOLE_FILE_BYTES = 16 << 20
+SAMPLED_BLOCKS = 16
+WHOLE_FOLDER_FILES = 64
+_EDGE, _BLOCK = 1 << 20, 64 << 10
+LIBRARIES = ("torch", "transformers", "deepspeed", "peft", "accelerate")
+PACKAGE = Path(__file__).resolve().parent
+
+
+def file_fingerprint(path: Path) -> str:
+    size = path.stat().st_size
+    digest = hashlib.sha256(f"{size};".encode())
+    with open(path, "rb") as handle:
+        if size <= WHOLE_FILE_BYTES:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+        else:
+            step = (size - 2 * _EDGE) // (SAMPLED_BLOCKS + 1)
+            offsets = [0] + [_EDGE + step * (i + 1) for i in range(SAMPLED_BLOCKS)] + [size - _EDGE]
+            for offset in offsets:
+                handle.seek(offset)
+                digest.update(handle.read(_EDGE if offset in (0, size - _EDGE) else _BLOCK))
+    return digest.hexdigest()[:20]
+
+
+def folder_fingerprint(path: Path) -> str:
+    files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(f"{file.relative_to(path).as_posix()}:{file.stat().st_size};".encode())
+    if len(files) > WHOLE_FOLDER_FILES:
+        stride = len(files) / WHOLE_FOLDER_FILES
+        files = [files[int(i * stride)] for i in range(WHOLE_FOLDER_FILES)]
+    for file in files:
+        digest.update(file_fingerprint(file).encode())
+    return digest.hexdigest()[:20]
+
+
+def _hub_fingerprint(name: str) -> str:
+    try:  # resolving from the local cache only: no network, no download
+        from huggingface_hub import snapshot_download
+
+        return f"hub:{name}@{Path(snapshot_download(name, local_files_only=True)).name}"
+    except Exception:
+        return f"hub:{name}"
+
+
+def fingerprint(path: str | Path) -> str:
+    """The fingerprint of a file, a folder, or a hub id (see the module docstring for the method)."""
+    p = Path(path)
+    if p.is_file():
+        return file_fingerprint(p)
+    if p.is_dir():
+        return folder_fingerprint(p)
+    if not str(path).startswith((".", "/")) and str(path).count("/") == 1:
+        return _hub_fingerprint(str(path))
+    raise FileNotFoundError(f"cannot fingerprint {path}: no such file or folder")
+
+
+def source_digest() -> str:
+    """SHA-256 of the package's Python source: the code that ran, git or not."""
+    digest = hashlib.sha256()
+    for file in sorted(PACKAGE.rglob("*.py")):
+        digest.update(f"{file.relative_to(PACKAGE).as_posix()}\n".encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _git(*args: str) -> str | None:
+    try:
+        result = subprocess.run(["git", *args], cwd=PACKAGE.parent, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def environment() -> dict:
+    """The code version (commit, dirty flag, source digest) and the library versions."""
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--", "llava_norm") if commit else None
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {"commit": commit, "dirty": bool(status) if commit else None, "source": source_digest(),
+            "libraries": versions}
+
+
+def environment_differences(recorded: dict, now: dict) -> list[str]:
+    """What differs in the code or the libraries: the source digest decides, the commit names it."""
+    out = []
+    if recorded.get("source") != now.get("source"):
+        out.append(f"code: {_version(recorded)} -> {_version(now)}")
+    old, new = recorded.get("libraries", {}), now.get("libraries", {})
+    out += [f"{name}: {old.get(name)} -> {new.get(name)}" for name in sorted(set(old) | set(new))
+            if old.get(name) != new.get(name)]
+    return out
+
+
+def _version(env: dict) -> str:
+    commit = (env.get("commit") or "no-git")[:10]
+    return f"{commit}{'+dirty' if env.get('dirty') else ''} (source {env.get('source')})"
+
+
+@dataclass
+class Record:
+    stage: str  # stage1 | stage2 | eval:<benchmark> | analysis:<kind> | table
+    config: dict
+    inputs: dict[str, dict] = field(default_factory=dict)  # name -> {"path", "fingerprint"}
+    seed: int | None = None
+    environment: dict = field(default_factory=dict)
+    complete: bool = False
+    created: str = ""
+    outputs: dict[str, str] = field(default_factory=dict)  # name -> fingerprint, once complete
+
+    def config_hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.config, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def make_record(stage: str, config: dict, inputs: dict[str, str | Path], seed: int | None = None) -> Record:
+    """A record of what this stage would compute now; every input is fingerprinted."""
+    return Record(stage, config, {name: {"path": str(path), "fingerprint": fingerprint(path)}
+                                  for name, path in inputs.items() if path is not None},
+                  seed, environment(), created=now())
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def differences(recorded: Record, expected: Record) -> list[str]:
+    """The result-changing differences: config keys, inputs (by fingerprint) and the seed."""
+    out = [f"{key}: {recorded.config.get(key, '<unset>')!r} -> {expected.config.get(key, '<unset>')!r}"
+           for key in sorted(set(recorded.config) | set(expected.config))
+           if recorded.config.get(key) != expected.config.get(key)]
+    for name in sorted(set(recorded.inputs) | set(expected.inputs)):
+        old, new = recorded.inputs.get(name), expected.inputs.get(name)
+        if old is None or new is None:
+            out.append(f"input {name}: {'added' if old is None else 'removed'}")
+        elif old["fingerprint"] != new["fingerprint"]:
+            out.append(f"input {name} changed ({new['path']}: {old['fingerprint']} -> {new['fingerprint']})")
+    if recorded.seed != expected.seed:
+        out.append(f"seed: {recorded.seed} -> {expected.seed}")
+    return out
+
+
+def write_record(directory: str | Path, record: Record, name: str = RECORD) -> Path:
+    path = Path(directory) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(record), indent=2, default=str))
+    os.replace(tmp, path)  # a reader never sees half a record
+    return path
+
+
+def read_record(directory: str | Path, name: str = RECORD) -> Record | None:
+    path = Path(directory) / name
+    if not path.is_file():
+        return None
+    try:
+        return Record(**json.loads(path.read_text()))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{path}: not a provenance record ({error})") from error
