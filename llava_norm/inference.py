@@ -1,55 +1,42 @@
 """Batched greedy generation and log-likelihood scoring with a LlavaNorm bundle.
 
-Owns the inference-time use of the shared tokenisation path: prompts are encoded by the same
-``ConversationTokenizer`` that builds training samples (with the generation prompt appended),
-left-padded, and decoded up to the end-of-turn token. Log-likelihoods for text-only tasks
-run the LLM inside the trained model on raw text and return true summed log-probabilities.
+Owns the inference-time use of the shared prompt path: prompts are built by
+``data.prompts.PromptEncoder``, the class that builds training samples (with the generation
+prompt appended), left-padded, and decoded up to the end-of-turn token. Log-likelihoods for
+text-only tasks run the LLM inside the trained model on raw text and return true summed
+log-probabilities.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-from PIL import Image
 
 from llava_norm.data.collate import Example, collate
-from llava_norm.data.conversation import IMAGE_PLACEHOLDER, conversation_tokenizer
-from llava_norm.data.images import preprocess
+from llava_norm.data.prompts import Prompt, PromptEncoder, PromptSettings
 
-
-@dataclass
-class Prompt:
-    text: str  # the user turn, without <image>
-    image: Image.Image | None = None
-    system: str | None = None
-
-    def messages(self) -> list[dict]:
-        content = f"{IMAGE_PLACEHOLDER}\n{self.text}" if self.image is not None else self.text
-        system = [{"role": "system", "content": self.system}] if self.system else []
-        return system + [{"role": "user", "content": content}]
+__all__ = ["Predictor", "Prompt"]
 
 
 class Predictor:
     def __init__(self, bundle, prompt_format: str = "chat", template_kwargs: dict | None = None,
                  image_aspect: str = "resize", device: str | torch.device | None = None,
                  system_prompt: str | None = None):
+        """The prompt settings as ``PromptSettings`` fields (``template_kwargs`` None: the training
+        default); ``from_settings`` takes them whole, e.g. ``training_prompt_settings(checkpoint)``."""
+        kwargs = PromptSettings().template_kwargs if template_kwargs is None else dict(template_kwargs)
+        self.settings = PromptSettings(prompt_format, kwargs, system_prompt, image_aspect)
         self.bundle = bundle
-        self.system_prompt = system_prompt  # what callers put in Prompt.system (the training run's)
         self.model = bundle.model.eval()
         self.device = torch.device(device) if device else next(self.model.parameters()).device
-        self.encoder = conversation_tokenizer(bundle, prompt_format, template_kwargs)
-        self.image_aspect = image_aspect
+        self.prompts = PromptEncoder.for_bundle(bundle, self.settings)
         tokenizer = bundle.tokenizer
         eos = self.model.generation_config.eos_token_id
         self.stop_ids = sorted({tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos] if eos else [])})
 
-    def _example(self, prompt: Prompt) -> Example:
-        encoded = self.encoder.encode(prompt.messages(), add_generation_prompt=True)
-        pixels = None
-        if prompt.image is not None:
-            pixels = preprocess([prompt.image], self.bundle.image_processor, self.image_aspect)
-        return Example(encoded.input_ids, encoded.labels, pixels)
+    @classmethod
+    def from_settings(cls, bundle, settings: PromptSettings, device: str | torch.device | None = None) -> Predictor:
+        return cls(bundle, settings.prompt_format, settings.template_kwargs, settings.image_aspect, device,
+                   settings.system_prompt)
 
     def _to_device(self, batch: dict) -> dict:
         dtype = self.model.dtype
@@ -79,9 +66,7 @@ class Predictor:
         tokenizer = self.bundle.tokenizer
         replies: list[list[int]] = []
         for start in range(0, len(prompts), batch_size):
-            examples = [self._example(p) for p in prompts[start:start + batch_size]]
-            batch = self._to_device(collate(examples, tokenizer.pad_token_id, padding_side="left"))
-            batch.pop("labels")
+            batch = self._to_device(self.prompts.prompt_batch(prompts[start:start + batch_size]))
             output = self.model.generate(
                 **batch, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
                 eos_token_id=self.stop_ids, pad_token_id=tokenizer.pad_token_id,

@@ -217,6 +217,9 @@ train: {{stage: 1, output_dir: {tmp_path}/run, max_steps: 2, per_device_batch_si
         main(["analyze", *argv])
         result = json.loads((tmp_path / "analysis" / f"{kind}.json").read_text())
         assert result["analysis"] == kind
+        record = result["provenance"]  # what it was computed from, by fingerprint, and by which code
+        assert record["stage"] == f"analysis:{kind}" and record["environment"]["source"]
+        assert all(len(i["fingerprint"]) == 20 for i in record["inputs"].values())
         with Image.open(tmp_path / "analysis" / f"{kind}.png") as png:
             assert png.size[0] > 300 and png.size[1] > 200
     interface = json.loads((tmp_path / "analysis/interface_norms.json").read_text())["rows"]
@@ -224,6 +227,8 @@ train: {{stage: 1, output_dir: {tmp_path}/run, max_steps: 2, per_device_batch_si
     assert interface[0]["vision_output"]["mean"] == pytest.approx(interface[2]["vision_output"]["mean"], rel=1e-5)
     assert [c["label"] for c in json.loads((tmp_path / "analysis/dynamics.json").read_text())["curves"]] == [
         "step 1", "step 2", "final"]
+    assert set(json.loads((tmp_path / "analysis/layers.json").read_text())["provenance"]["inputs"]) == {
+        "samples", "gwc", "run/checkpoint-1"}
     main(["analyze", "report", out])
     report = (tmp_path / "analysis/REPORT.md").read_text()
     for kind in commands:

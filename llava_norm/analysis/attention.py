@@ -3,29 +3,23 @@
 Owns locating a phrase's tokens in the encoded prompt (character offsets of the user turn,
 which the conversation tokenizer tokenises on its own), reading eager attention weights of the
 chosen layers/heads, averaging them over the phrase's query tokens, and laying the attention to
-the image tokens out on the patch grid. Models load with ``attn_implementation="eager"``:
+the image tokens out on the patch grid. The prompt is the one evaluation would build: the shared
+prompt path with the model's training-run settings. Models load with ``attn_implementation="eager"``:
 SDPA and flash attention never materialise the weights.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from PIL import Image
 from tqdm import tqdm
 
-from llava_norm.analysis.common import (
-    DEFAULT_TEMPLATE_KWARGS,
-    Labeled,
-    analysis_device,
-    load_analysis_bundle,
-    write_result,
-)
-from llava_norm.analysis.masks import encode_prompt
-from llava_norm.data.conversation import IMAGE_PLACEHOLDER, conversation_tokenizer
-from llava_norm.inference import Prompt
+from llava_norm.analysis.common import Labeled, analysis_device, load_analysis_bundle, prompt_settings, write_result
+from llava_norm.data.prompts import IMAGE_PREFIX, Prompt, PromptEncoder, PromptSettings
 
 
 def _find(sequence: list[int], part: list[int]) -> int:
@@ -41,10 +35,9 @@ def phrase_positions(bundle, encoder, prompt_text: str, phrase: str, input_ids: 
     char_start = prompt_text.find(phrase)
     if not phrase or char_start < 0:
         raise ValueError(f"phrase {phrase!r} is not a substring of the prompt {prompt_text!r}")
-    prefix = f"{IMAGE_PLACEHOLDER}\n"  # Prompt.messages() puts the image first
-    content = prefix + prompt_text
+    content = IMAGE_PREFIX + prompt_text  # the user turn as Prompt.messages() writes it
     enc = bundle.tokenizer(content, add_special_tokens=False, return_offsets_mapping=True)
-    lo, hi = len(prefix) + char_start, len(prefix) + char_start + len(phrase)
+    lo, hi = len(IMAGE_PREFIX) + char_start, len(IMAGE_PREFIX) + char_start + len(phrase)
     image_id, n = encoder.image_token_id, encoder.tokens_per_image
     expanded, where = [], []
     for token, (s, e) in zip(enc["input_ids"], enc["offset_mapping"]):
@@ -57,15 +50,15 @@ def phrase_positions(bundle, encoder, prompt_text: str, phrase: str, input_ids: 
 
 @torch.no_grad()
 def attention_map(bundle, image: Image.Image, prompt_text: str, phrase: str, layers: list[int] | None = None,
-                  heads: list[int] | None = None, prompt_format: str = "chat", template_kwargs: dict | None = None) -> dict:
-    """Attention from the phrase's tokens to each image token, averaged over queries, heads and layers."""
+                  heads: list[int] | None = None, settings: PromptSettings | None = None) -> dict:
+    """Attention from the phrase's tokens to each image token, averaged over queries, heads and layers;
+    ``settings``: the model's training-run prompt settings (None: the training defaults)."""
     model = bundle.model.eval()
     if model.config._attn_implementation != "eager":
         raise ValueError("attention maps need a model loaded with attn_implementation='eager'")
-    encoder = conversation_tokenizer(bundle, prompt_format,
-                                     DEFAULT_TEMPLATE_KWARGS if template_kwargs is None else template_kwargs)
-    example = encode_prompt(encoder, Prompt(prompt_text, image), bundle.image_processor)
-    queries = phrase_positions(bundle, encoder, prompt_text, phrase, example.input_ids)
+    encoder = PromptEncoder.for_bundle(bundle, settings)
+    example = encoder.prompt_example(Prompt(prompt_text, image))
+    queries = phrase_positions(bundle, encoder.tokenizer, prompt_text, phrase, example.input_ids)
     device = next(model.parameters()).device
     ids = torch.tensor([example.input_ids], device=device)
     out = model(input_ids=ids, pixel_values=example.pixel_values.to(device, model.dtype), output_attentions=True,
@@ -88,8 +81,9 @@ def attention_map(bundle, image: Image.Image, prompt_text: str, phrase: str, lay
 
 def attention_maps(models: list[Labeled], image_path: str | Path, prompt_text: str, phrase: str,
                    layers: list[int] | None = None, heads: list[int] | None = None, out_dir: str | Path | None = None,
-                   prompt_format: str = "chat", device: str | None = None) -> dict:
-    """Heatmaps of several checkpoints side by side for one image, prompt and phrase."""
+                   prompt_format: str | None = None, device: str | None = None) -> dict:
+    """Heatmaps of several checkpoints side by side for one image, prompt and phrase, each prompted
+    as its training run prompts (``prompt_format`` overrides the format)."""
     from llava_norm.analysis.plots import attention_figure
     from llava_norm.data.images import open_image
 
@@ -97,9 +91,11 @@ def attention_maps(models: list[Labeled], image_path: str | Path, prompt_text: s
     maps = []
     for item in tqdm(models, desc="attention", unit="model"):
         bundle = load_analysis_bundle(item.path, analysis_device(device), attn_implementation="eager")
-        maps.append({"label": item.label, "path": str(item.path),
-                     **attention_map(bundle, image, prompt_text, phrase, layers, heads, prompt_format)})
+        settings = prompt_settings(item.path, prompt_format)
+        maps.append({"label": item.label, "path": str(item.path), "prompt": asdict(settings),
+                     **attention_map(bundle, image, prompt_text, phrase, layers, heads, settings)})
         del bundle
     result = {"analysis": "attention", "image": str(image_path), "prompt": prompt_text, "phrase": phrase,
               "maps": maps}
-    return write_result(result, out_dir, attention_figure(image, maps, phrase))
+    return write_result(result, out_dir, attention_figure(image, maps, phrase),
+                        {"image": image_path, **{m.label: m.path for m in models}})

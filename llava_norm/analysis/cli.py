@@ -84,18 +84,21 @@ def _dynamics(args) -> None:
 
 
 def _gradients(args) -> None:
-    from llava_norm.analysis.common import analysis_device, load_analysis_bundle, parse_labeled
+    from llava_norm.analysis.common import analysis_device, load_analysis_bundle, parse_labeled, prompt_settings
     from llava_norm.analysis.gradients import arm_bundles, gradient_flow, training_batch
 
     if bool(args.checkpoint) == bool(args.vision and args.llm):
         raise SystemExit("gradient-flow: give either --vision and --llm (fresh builds per arm) or --checkpoint")
     if args.checkpoint:
-        models = ((m.label, load_analysis_bundle(m.path, analysis_device(args.device)))
-                  for m in parse_labeled(args.checkpoint))
+        checkpoints = parse_labeled(args.checkpoint)
+        models = ((m.label, load_analysis_bundle(m.path, analysis_device(args.device))) for m in checkpoints)
+        # One batch is shared by every model: it is built as the first checkpoint's run trained.
+        settings = prompt_settings(checkpoints[0].path, args.prompt_format)
     else:
         models = arm_bundles(args.vision, args.llm, tuple(args.arms), args.seed, args.device)
+        settings = prompt_settings(None, args.prompt_format)
     result = gradient_flow(models, lambda b: training_batch(b, args.data, args.image_folder, args.batch_size,
-                                                            args.prompt_format), args.out)
+                                                            settings), args.out)
     _done(result, args.out)
 
 
@@ -122,7 +125,8 @@ def _common(p, samples: bool = False, checkpoints: bool = True) -> None:
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda if available)")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--prompt-format", choices=("chat", "plain"), default="chat")
+    p.add_argument("--prompt-format", choices=("chat", "plain"), default=None,
+                   help="override the prompt format (default: each checkpoint's training run's, as eval uses)")
     if checkpoints:
         p.add_argument("--checkpoint", action="append", default=[], metavar="[LABEL=]PATH",
                        help="a saved model dir or checkpoint-N dir (repeatable)")

@@ -3,7 +3,8 @@
 Owns the conventions every analysis follows: bf16 on a GPU and fp32 on CPU; a model directory
 may be a saved bundle (``<run>/model``) or a Trainer ``checkpoint-N`` dir, which holds weights and
 config but no tokenizer or image processor (those are taken from the run's ``model/`` dir or
-rebuilt from the run's ``config.yaml``); each analysis writes ``<out>/<kind>.json`` and
+rebuilt from the run's ``config.yaml``); a model's prompts are built with its training run's
+prompt settings, read as evaluation reads them; each analysis writes ``<out>/<kind>.json`` and
 ``<out>/<kind>.png``.
 """
 
@@ -11,15 +12,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from llava_norm.data.prompts import PromptSettings, training_prompt_settings
 from llava_norm.model.builder import resolve_dtype
-
-# Llama-3's chat template stamps today's date into every prompt; pin it so numbers are reproducible.
-DEFAULT_TEMPLATE_KWARGS = {"date_string": "26 Jul 2024"}
+from llava_norm.provenance import make_record
 
 
 def analysis_device(device: str | None = None) -> torch.device:
@@ -51,6 +51,16 @@ def parse_labeled(specs: list[str]) -> list[Labeled]:
             label = "/".join(Path(spec).parts[-2:])
         out.append(Labeled(label, Path(path)))
     return out
+
+
+def prompt_settings(path: str | Path | None, prompt_format: str | None = None) -> PromptSettings:
+    """The prompt settings of the model dir's training run, exactly as ``llava-norm eval`` reads
+    them (the training defaults for a fresh build, ``path`` None); ``prompt_format`` overrides the
+    format, as eval's ``--prompt-format`` does."""
+    settings = training_prompt_settings(path) if path is not None else PromptSettings()
+    if prompt_format:
+        settings.prompt_format = prompt_format
+    return settings
 
 
 def _has_tokenizer(path: Path) -> bool:
@@ -109,8 +119,12 @@ def finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def write_result(result: dict, out_dir: str | Path | None, figure) -> dict:
-    """Save ``<kind>.json`` and the matplotlib figure as ``<kind>.png``; returns the result with its paths."""
+def write_result(result: dict, out_dir: str | Path | None, figure, inputs: dict | None = None) -> dict:
+    """Save ``<kind>.json`` and the matplotlib figure as ``<kind>.png``; returns the result with its paths.
+
+    The JSON carries a provenance record (``llava_norm.provenance``): the fingerprints of
+    ``inputs`` (label -> checkpoint, run, image or sample path; names that are not paths, such as
+    backbones built in memory, are left out), the code and library versions, and the date."""
     import matplotlib.pyplot as plt
 
     if out_dir is None:
@@ -122,5 +136,7 @@ def write_result(result: dict, out_dir: str | Path | None, figure) -> dict:
     figure.savefig(out / f"{kind}.png", dpi=120, bbox_inches="tight")
     plt.close(figure)
     result["figure"] = f"{kind}.png"
+    paths = {label: path for label, path in (inputs or {}).items() if path and Path(path).exists()}
+    result["provenance"] = asdict(make_record(f"analysis:{kind}", {}, paths))
     (out / f"{kind}.json").write_text(json.dumps(result, indent=2))
     return result

@@ -69,4 +69,5 @@ def gain_stats(models: list[Labeled], out_dir: str | Path | None = None) -> dict
     from llava_norm.analysis.plots import gains_figure
 
     rows = [checkpoint_gain_stats(m.path, m.label) for m in models]
-    return write_result({"analysis": "gain_stats", "rows": rows}, out_dir, gains_figure(rows))
+    return write_result({"analysis": "gain_stats", "rows": rows}, out_dir, gains_figure(rows),
+                        {m.label: m.path for m in models})

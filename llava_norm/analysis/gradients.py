@@ -17,23 +17,22 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from llava_norm.analysis.common import DEFAULT_TEMPLATE_KWARGS, analysis_device, analysis_dtype, write_result
+from llava_norm.analysis.common import analysis_device, analysis_dtype, write_result
 from llava_norm.data.collate import collate
+from llava_norm.data.prompts import PromptSettings
 
 DEFAULT_ARMS = ("none", "ln_default", "ln_textnorm", "ln_textnorm_gwc")
 
 
 def training_batch(bundle, data: str | Path, image_folder: str | Path | None = None, batch_size: int = 4,
-                   prompt_format: str = "chat", template_kwargs: dict | None = None) -> dict:
-    """The first ``batch_size`` samples of a LLaVA json, tokenised and collated as training does."""
+                   settings: PromptSettings | None = None) -> dict:
+    """The first ``batch_size`` samples of a LLaVA json, tokenised and collated as training does,
+    with ``settings`` (a checkpoint's training-run prompt settings; None: the training defaults)."""
     from llava_norm.config import DataSource
-    from llava_norm.data.conversation import conversation_tokenizer
     from llava_norm.data.dataset import SupervisedDataset
 
-    encoder = conversation_tokenizer(bundle, prompt_format,
-                                     DEFAULT_TEMPLATE_KWARGS if template_kwargs is None else template_kwargs)
     source = DataSource(path=str(data), image_folder=str(image_folder) if image_folder else None)
-    dataset = SupervisedDataset([source], encoder, bundle.image_processor, max_length=4096)
+    dataset = SupervisedDataset.from_settings([source], bundle, settings or PromptSettings(), max_length=4096)
     return collate([dataset[i] for i in range(min(batch_size, len(dataset)))], bundle.tokenizer.pad_token_id)
 
 

@@ -130,7 +130,8 @@ def interface_norms(rows: list[dict], samples: SampleSet, out_dir: str | Path | 
 
     result = {"analysis": "interface_norms", "images": len(samples.images), "prompts": samples.prompts,
               "source": samples.source, "rows": rows}
-    return write_result(result, out_dir, interface_figure(rows))
+    return write_result(result, out_dir, interface_figure(rows),
+                        {"samples": samples.source})
 
 
 @torch.no_grad()

@@ -5,22 +5,25 @@ output of each decoder layer; transformers' own ``hidden_states[-1]`` has the fi
 applied and so is not a residual state), and the statistics over masked tokens: mean L2 norm
 per boundary, and the mean over tokens of cos(h_l, h_{l+1}) (computed per token, then
 averaged), separately for image and text positions. ``dynamics`` repeats the curves over the
-``checkpoint-N`` dirs of one run.
+``checkpoint-N`` dirs of one run. Each model is prompted with its training run's prompt
+settings, so its inputs are exactly the ones ``llava-norm eval`` would give it.
 """
 
 from __future__ import annotations
 
 import re
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from llava_norm.analysis.common import DEFAULT_TEMPLATE_KWARGS, Labeled, finite, load_analysis_bundle, write_result
+from llava_norm.analysis.common import Labeled, finite, load_analysis_bundle, prompt_settings, write_result
 from llava_norm.analysis.masks import interleave_prompts, prompt_batches
 from llava_norm.analysis.samples import SampleSet
+from llava_norm.data.prompts import PromptSettings
 
 GROUPS = ("image", "text")
 
@@ -92,14 +95,14 @@ def residual_stream(model):
 
 
 @torch.no_grad()
-def bundle_layer_curves(bundle, samples: SampleSet, batch_size: int = 8, prompt_format: str = "chat",
-                        template_kwargs: dict | None = None, desc: str = "layers") -> dict:
-    """Curves for one model over image prompts and text-only prompts mixed in left-padded batches."""
+def bundle_layer_curves(bundle, samples: SampleSet, batch_size: int = 8, settings: PromptSettings | None = None,
+                        desc: str = "layers") -> dict:
+    """Curves for one model over image prompts and text-only prompts mixed in left-padded batches,
+    built with ``settings`` (the model's training-run prompt settings; None: the training defaults)."""
     model = bundle.model.eval()
     prompts = interleave_prompts(samples.images, samples.prompts)
     acc = LayerAccumulator()
-    kwargs = DEFAULT_TEMPLATE_KWARGS if template_kwargs is None else template_kwargs
-    batches = prompt_batches(bundle, prompts, batch_size, prompt_format, kwargs)
+    batches = prompt_batches(bundle, prompts, batch_size, settings)
     for batch in tqdm(batches, total=-(-len(prompts) // batch_size), desc=desc, unit="batch", leave=False):
         with residual_stream(model) as states:
             model(**batch.inputs, use_cache=False)
@@ -107,30 +110,32 @@ def bundle_layer_curves(bundle, samples: SampleSet, batch_size: int = 8, prompt_
     return {"layers": len(decoder_layers(model)), **acc.result()}
 
 
-def collect_curves(models: list[Labeled], samples: SampleSet, batch_size: int = 8, prompt_format: str = "chat",
+def collect_curves(models: list[Labeled], samples: SampleSet, batch_size: int = 8, prompt_format: str | None = None,
                    device: str | None = None) -> list[dict]:
-    """Curves of each model, loaded one at a time (a 7B model and its copy need not fit together)."""
+    """Curves of each model, loaded one at a time (a 7B model and its copy need not fit together),
+    each prompted as its training run prompts (``prompt_format`` overrides the format)."""
     from llava_norm.analysis.common import analysis_device
 
     curves = []
     for item in tqdm(models, desc="checkpoints", unit="model"):
         bundle = load_analysis_bundle(item.path, analysis_device(device))
-        curves.append({"label": item.label, "path": str(item.path),
-                       **bundle_layer_curves(bundle, samples, batch_size, prompt_format, desc=item.label)})
+        settings = prompt_settings(item.path, prompt_format)
+        curves.append({"label": item.label, "path": str(item.path), "prompt": asdict(settings),
+                       **bundle_layer_curves(bundle, samples, batch_size, settings, desc=item.label)})
         del bundle
     return curves
 
 
 def layer_curves(models: list[Labeled], samples: SampleSet, out_dir: str | Path | None = None,
-                 batch_size: int = 8, prompt_format: str = "chat", device: str | None = None) -> dict:
+                 batch_size: int = 8, prompt_format: str | None = None, device: str | None = None) -> dict:
     """Fig. 3/4: norm and cosine curves of several checkpoints/arms, overlaid in one figure."""
     from llava_norm.analysis.plots import layers_figure
 
     curves = collect_curves(models, samples, batch_size, prompt_format, device)
     result = {"analysis": "layers", "source": samples.source, "images": len(samples.images),
-              "text_only_prompts": len(samples.prompts), "prompt_format": prompt_format, "text_excludes_bos": True,
-              "curves": curves}
-    return write_result(result, out_dir, layers_figure(curves))
+              "text_only_prompts": len(samples.prompts), "text_excludes_bos": True, "curves": curves}
+    return write_result(result, out_dir, layers_figure(curves),
+                        {"samples": samples.source, **{m.label: m.path for m in models}})
 
 
 def run_checkpoints(run_dir: str | Path, include_final: bool = True) -> list[Labeled]:
@@ -147,12 +152,13 @@ def run_checkpoints(run_dir: str | Path, include_final: bool = True) -> list[Lab
 
 
 def dynamics(run_dir: str | Path, samples: SampleSet, out_dir: str | Path | None = None, batch_size: int = 8,
-             prompt_format: str = "chat", include_final: bool = True, device: str | None = None) -> dict:
-    """App. F: the cosine curves of one run at each saved checkpoint."""
+             prompt_format: str | None = None, include_final: bool = True, device: str | None = None) -> dict:
+    """App. F: the cosine curves of one run at each saved checkpoint, prompted as the run's
+    evaluation prompts them (a stage-1 run's 'plain' format keeps no text: its text curve is empty)."""
     from llava_norm.analysis.plots import dynamics_figure
 
     checkpoints = run_checkpoints(run_dir, include_final)
     curves = collect_curves(checkpoints, samples, batch_size, prompt_format, device)
-    result = {"analysis": "dynamics", "run_dir": str(run_dir), "source": samples.source,
-              "prompt_format": prompt_format, "curves": curves}
-    return write_result(result, out_dir, dynamics_figure(curves))
+    result = {"analysis": "dynamics", "run_dir": str(run_dir), "source": samples.source, "curves": curves}
+    return write_result(result, out_dir, dynamics_figure(curves),
+                        {"samples": samples.source, **{c.label: c.path for c in checkpoints}})

@@ -1,9 +1,10 @@
 """Batches for the diagnostics and the masks that split their positions into image and text tokens.
 
-Owns encoding prompts (with or without an image) through the same conversation tokenizer the
-training and inference use, left-padding them (as generation does) and deriving, per position,
-whether it holds an image feature, a text token, or padding. Text-only samples mixed into a
-batch contribute text positions only; padding is neither.
+Owns batching prompts (with or without an image) for a diagnostic, through the prompt path that
+builds training samples and evaluation prompts (``data.prompts.PromptEncoder``: a diagnostic's
+batch is the one evaluation would feed the model), and deriving, per position, whether it holds
+an image feature, a text token, or padding. Text-only samples mixed into a batch contribute text
+positions only; padding is neither.
 """
 
 from __future__ import annotations
@@ -13,10 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llava_norm.data.collate import Example, collate
-from llava_norm.data.conversation import conversation_tokenizer
-from llava_norm.data.images import preprocess
-from llava_norm.inference import Prompt
+from llava_norm.data.prompts import Prompt, PromptEncoder, PromptSettings
 
 
 @dataclass
@@ -47,29 +45,22 @@ def interleave_prompts(images: list, prompts: list[str], n_text_only: int | None
     return mixed
 
 
-def encode_prompt(encoder, prompt: Prompt, image_processor, image_aspect: str = "resize") -> Example:
-    encoded = encoder.encode(prompt.messages(), add_generation_prompt=True)
-    pixels = preprocess([prompt.image], image_processor, image_aspect) if prompt.image is not None else None
-    return Example(encoded.input_ids, encoded.labels, pixels)
-
-
-def prompt_batches(bundle, prompts: list[Prompt], batch_size: int = 8, prompt_format: str = "chat",
-                   template_kwargs: dict | None = None, exclude_bos: bool = True,
-                   device: torch.device | None = None) -> Iterator[TokenBatch]:
+def prompt_batches(bundle, prompts: list[Prompt], batch_size: int = 8, settings: PromptSettings | None = None,
+                   exclude_bos: bool = True, device: torch.device | None = None) -> Iterator[TokenBatch]:
     """Left-padded batches of the prompts with their image/text masks, on the model's device and dtype.
 
-    exclude_bos: LLMs park huge activations on the first token (an attention sink); counting
-    BOS as a text token would let one position dominate the per-layer text norms.
+    settings: the model's training-run prompt settings (``analysis.common.prompt_settings``);
+    None: the training defaults, for fresh builds. exclude_bos: LLMs park huge activations on
+    the first token (an attention sink); counting BOS as a text token would let one position
+    dominate the per-layer text norms.
     """
-    encoder = conversation_tokenizer(bundle, prompt_format, template_kwargs)
+    encoder = PromptEncoder.for_bundle(bundle, settings)
     tokenizer = bundle.tokenizer
     model = bundle.model
     device = device or next(model.parameters()).device
     excluded = (tokenizer.bos_token_id,) if exclude_bos and tokenizer.bos_token_id is not None else ()
     for start in range(0, len(prompts), batch_size):
-        examples = [encode_prompt(encoder, p, bundle.image_processor) for p in prompts[start:start + batch_size]]
-        batch = collate(examples, tokenizer.pad_token_id, padding_side="left")
-        batch.pop("labels")
+        batch = encoder.prompt_batch(prompts[start:start + batch_size])
         image, text = token_masks(batch["input_ids"], batch["attention_mask"], model.config.image_token_id, excluded)
         inputs = {k: v.to(device, model.dtype) if k == "pixel_values" else v.to(device) for k, v in batch.items()}
         yield TokenBatch(inputs, image.to(device), text.to(device))

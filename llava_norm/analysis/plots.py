@@ -87,11 +87,13 @@ def dynamics_figure(curves: list[dict]):
         for colour, c in zip(colours, curves):
             if c[group]["cosine"] is not None:
                 ax.plot(c[group]["cosine"], color=colour, label=c["label"])
-        ax.set_title(f"{group} tokens: cos(h_l, h_l+1) over training")
+        # A stage-1 run's 'plain' prompts hold the image and BOS only: no text tokens to plot.
+        empty = all(c[group]["cosine"] is None for c in curves)
+        ax.set_title(f"{group} tokens: cos(h_l, h_l+1) over training" + (" (none in these prompts)" if empty else ""))
         ax.set_xlabel("layer l")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     img_ax.set_ylabel("mean cosine similarity")
-    txt_ax.legend(fontsize=7)
+    (img_ax if all(c["text"]["cosine"] is None for c in curves) else txt_ax).legend(fontsize=7)
     fig.tight_layout()
     return fig
 

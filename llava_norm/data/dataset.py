@@ -25,18 +25,15 @@ from pathlib import Path
 from torch.utils.data import Dataset
 
 from llava_norm.config import DataSource, parse_take
+from llava_norm.config_schema import LENGTH_ESTIMATES
 from llava_norm.data.collate import Example
-from llava_norm.data.conversation import IMAGE_PLACEHOLDER, ConversationTokenizer, truncate
-from llava_norm.data.images import IMAGE_CAUSES, BadImageError, open_image, preprocess
+from llava_norm.data.conversation import IMAGE_PLACEHOLDER, ConversationTokenizer, conversation_tokenizer
+from llava_norm.data.images import IMAGE_CAUSES, BadImageError
+from llava_norm.data.prompts import PromptEncoder, PromptSettings, with_system
 
 log = logging.getLogger(__name__)
 ROLE_MAP = {"human": "user", "gpt": "assistant", "system": "system"}
 MAX_REPLACEMENTS = 32
-# How the length-grouped sampler measures a row: "tokens" tokenises every row once, when the
-# sampler first asks (batched calls; ~0.1 ms per row on one core), "words" counts whitespace words (free,
-# but words per token vary between rows, which left 7% padding at per-device batch 16 in
-# bench/padding.py against 0.3% with token counts).
-LENGTH_ESTIMATES = ("tokens", "words")
 # The stable ``cause`` of a skip record; logs and skipped.jsonl count by these, so they are
 # only ever added to, never renamed. The image_* ones come from data.images.IMAGE_CAUSES.
 SKIP_CAUSES = (
@@ -189,10 +186,13 @@ class SupervisedDataset(Dataset):
                  max_length: int, image_aspect: str = "resize", on_bad_sample: str = "skip",
                  length_estimate: str = "tokens", system_prompt: str | None = None):
         """``system_prompt``: a system turn for every row that has none of its own, the same
-        one evaluation puts in its prompts (``data.system_prompt``); None keeps the template's."""
+        one evaluation puts in its prompts (``data.system_prompt``); None keeps the template's.
+        Samples are built by ``data.prompts.PromptEncoder``, the path evaluation and the
+        diagnostics build their prompts with."""
         if length_estimate not in LENGTH_ESTIMATES:
             raise ValueError(f"data.length_estimate must be one of {LENGTH_ESTIMATES}, got {length_estimate!r}")
         self.encoder = encoder
+        self.prompts = PromptEncoder(encoder, image_processor, system_prompt, image_aspect)
         self.image_processor = image_processor
         self.max_length = max_length
         self.image_aspect = image_aspect
@@ -215,8 +215,7 @@ class SupervisedDataset(Dataset):
                 except BadSampleError as error:
                     self._reject(error)
                     continue
-                if system_prompt and not any(m["role"] == "system" for m in row.messages):
-                    row.messages.insert(0, {"role": "system", "content": system_prompt})
+                row.messages = with_system(row.messages, system_prompt)  # counted in the row's length too
                 self.rows.append(row)
         if self.rejected:
             log.warning("skipped %d bad rows at load time %s; first: %s", len(self.rejected),
@@ -224,6 +223,14 @@ class SupervisedDataset(Dataset):
         if not self.rows:
             first = f"; first rejection: {self.rejected[0]['message']}" if self.rejected else ""
             raise BadSampleError(f"no usable rows in {[s.path for s in mixture]}{first}", cause="no_usable_rows")
+
+    @classmethod
+    def from_settings(cls, mixture: list[DataSource], bundle, settings: PromptSettings, max_length: int,
+                      **options) -> SupervisedDataset:
+        """The dataset a run with these prompt settings trains on (``options``: on_bad_sample, length_estimate)."""
+        return cls(mixture, conversation_tokenizer(bundle, settings.prompt_format, settings.template_kwargs),
+                   bundle.image_processor, max_length, settings.image_aspect, system_prompt=settings.system_prompt,
+                   **options)
 
     def _reject(self, error: BadSampleError) -> None:
         if self.on_bad_sample == "error":
@@ -246,17 +253,15 @@ class SupervisedDataset(Dataset):
 
     def build(self, row: Row) -> Example:
         where = dict(file=row.source, row=row.row_id)
-        encoded = truncate(self.encoder.encode(row.messages), self.max_length)
-        if encoded is None:
+        try:
+            example = self.prompts.example(row.messages, [row.image] if row.image is not None else [],
+                                           max_length=self.max_length, sample_id=row.row_id)
+        except BadImageError as error:
+            raise BadSampleError(f"{row.source}: row {row.row_id}: {error}", cause=error.cause, **where) from None
+        if example is None:
             raise BadSampleError(f"{row.source}: row {row.row_id}: first turn does not fit "
                                  f"max_length={self.max_length}", cause="too_long", **where)
-        pixels = None
-        if row.image is not None:
-            try:
-                pixels = preprocess([open_image(row.image)], self.image_processor, self.image_aspect)
-            except BadImageError as error:
-                raise BadSampleError(f"{row.source}: row {row.row_id}: {error}", cause=error.cause, **where) from None
-        return Example(encoded.input_ids, encoded.labels, pixels, sample_id=row.row_id)
+        return example
 
     def __getitem__(self, index: int) -> Example:
         # A bad row is replaced by the next one in file order: the same index always gives the

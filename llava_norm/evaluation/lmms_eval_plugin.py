@@ -1,8 +1,9 @@
 """lmms-eval model plugin: ``python -m lmms_eval --model llava_norm --model_args pretrained=DIR``.
 
 Owns the adapter between lmms-eval's "simple" model protocol and ``Predictor``, so a
-llava-norm checkpoint is prompted exactly as in training and in ``llava-norm eval`` (the
-training run's chat template and image handling). Registered through lmms-eval's
+llava-norm checkpoint is prompted exactly as in training and in ``llava-norm eval``: the
+training run's prompt settings (``data.prompts.training_prompt_settings``) through the one
+prompt path (``data.prompts.PromptEncoder``). Registered through lmms-eval's
 entry-point group ``lmms_eval.models`` (see pyproject.toml); importing this module needs
 lmms-eval installed, which llava-norm itself never requires.
 
@@ -19,8 +20,8 @@ import os
 import torch
 from lmms_eval.api.model import lmms
 
-from llava_norm.evaluation.runner import training_prompt_settings
-from llava_norm.inference import Predictor, Prompt
+from llava_norm.data.prompts import Prompt, training_prompt_settings
+from llava_norm.inference import Predictor
 
 MODEL_ID = "llava_norm"
 
@@ -62,11 +63,13 @@ class LlavaNormLmms(lmms):
         bundle = load_bundle(pretrained, dtype=resolve_dtype(dtype, self._device),
                              trust_remote_code=_as_bool(trust_remote_code))
         bundle.model.to(self._device)
-        prompt = training_prompt_settings(pretrained)
+        settings = training_prompt_settings(pretrained)
+        if prompt_format:
+            settings.prompt_format = prompt_format
+        if system_prompt is not None:
+            settings.system_prompt = system_prompt or None
         self.batch_size_per_gpu = int(batch_size) if str(batch_size).isdigit() else 8
-        self.predictor = Predictor(bundle, prompt_format or prompt.prompt_format, prompt.template_kwargs,
-                                   prompt.image_aspect, device=self._device,
-                                   system_prompt=system_prompt if system_prompt is not None else prompt.system_prompt)
+        self.predictor = Predictor.from_settings(bundle, settings, device=self._device)
 
     @property
     def device(self) -> torch.device:
@@ -84,8 +87,7 @@ class LlavaNormLmms(lmms):
                 visuals = [v for v in (doc_to_visual(self._doc(task, split, doc_id)) or []) if v is not None]
                 if len(visuals) > 1:
                     raise ValueError(f"{task} doc {doc_id}: {len(visuals)} images; llava-norm models take one image")
-                prompts.append(Prompt(context, visuals[0].convert("RGB") if visuals else None,
-                                      self.predictor.system_prompt))
+                prompts.append(Prompt(context, visuals[0].convert("RGB") if visuals else None))
                 budgets.append(int(gen_kwargs.get("max_new_tokens", 1024)))
                 stops.append(gen_kwargs.get("until"))
             # Greedy everywhere, as the paper evaluates.
