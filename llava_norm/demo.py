@@ -21,11 +21,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from llava_norm.pipeline import REPO, PipelineConfig, Step, arm_steps, run_steps
+from llava_norm.synth.benchmarks import FOLDER as BENCHMARK_FOLDER
+from llava_norm.synth.build import CORPUS_PATHS, IMAGE_FOLDER, MANIFEST
 from llava_norm.warmup.loop import LoopConfig
+from llava_norm.warmup.run import REPORT as WARMUP_REPORT
 from llava_norm.warmup.run import WarmupConfig
 
-ARMS = ("none", "ln_textnorm_gwc")
+BASELINE, ALIGNED = "none", "ln_textnorm_gwc"  # the arms: no alignment; text-norm + GWC
+ARMS = (BASELINE, ALIGNED)
 SEED = 0
+BACKBONES_STAMP = "built_from.json"  # beside the tiny backbones: what they were built from
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,7 @@ class DemoProfile:
 FULL = DemoProfile("full", world=dict(n_bench=150))
 SMOKE = DemoProfile(
     "smoke",
-    world=dict(n_pretrain=48, n_instruct=24, n_text=40, n_bench=3, bench_sizes={"pope": 2, "mmbench": 2}),
+    world=dict(n_pretrain=48, n_instruct=24, n_text=40, n_bench=3, bench_sizes={"pope": 2, "mmbench_en_dev": 2}),
     warmup=WarmupConfig(seed=SEED, lm_block_tokens=64, lm=LoopConfig(steps=2, batch_size=4, lr=3e-3, warmup_steps=1),
                         vision=LoopConfig(steps=2, batch_size=2, lr=1e-3, warmup_steps=1)),
     stage1=("train.max_steps=2", "train.per_device_batch_size=4", "train.deepspeed=null", "train.save_steps=1"),
@@ -76,11 +81,24 @@ class DemoPaths:
         return self.root / "tiny" / "warm"
 
     @property
+    def images(self) -> Path:
+        return self.world / IMAGE_FOLDER
+
+    @property
+    def benchmarks(self) -> Path:
+        """The world's mini benchmarks: the demo's evaluation --data-root."""
+        return self.world / BENCHMARK_FOLDER
+
+    @property
     def demo(self) -> Path:
         return self.root / "demo"
 
     def run(self, arm: str, stage: int) -> Path:
         return self.demo / arm / f"stage{stage}"
+
+    def model(self, arm: str, stage: int) -> Path:
+        """The model a training stage saved (``<run>/model``)."""
+        return self.run(arm, stage) / "model"
 
 
 def _stamp_matches(stamp: Path, wanted: dict) -> bool:
@@ -107,11 +125,10 @@ def _backbones_step(paths: DemoPaths) -> Step:
     from llava_norm.warmup.lm import world_tokenizer_corpus
     from llava_norm.warmup.loop import file_digest
 
-    stamp = paths.backbones / "built_from.json"
+    stamp = paths.backbones / BACKBONES_STAMP
 
     def wanted() -> dict:
-        return {"seed": SEED, "sizes": asdict(TinySizes()),
-                "world_manifest_sha256": file_digest(paths.world / "manifest.json")}
+        return {"seed": SEED, "sizes": asdict(TinySizes()), "world_manifest_sha256": file_digest(paths.world / MANIFEST)}
 
     def run() -> None:
         make_tiny(paths.backbones, seed=SEED, corpus=world_tokenizer_corpus(paths.world))
@@ -123,8 +140,8 @@ def _backbones_step(paths: DemoPaths) -> Step:
 def _warmup_step(paths: DemoPaths, profile: DemoProfile) -> Step:
     from llava_norm.warmup import warm_up
 
-    report = paths.warm / "warmup_report.json"
-    stamp = paths.backbones / "built_from.json"
+    report = paths.warm / WARMUP_REPORT
+    stamp = paths.backbones / BACKBONES_STAMP
 
     def done() -> bool:
         # warm_up would reuse finished backbones itself (it fingerprints settings, sources and
@@ -138,16 +155,16 @@ def _warmup_step(paths: DemoPaths, profile: DemoProfile) -> Step:
 
 
 def pipeline_config(paths: DemoPaths, profile: DemoProfile) -> PipelineConfig:
-    world = paths.world
     backbones = [f"model.vision_tower={paths.warm / 'siglip'}", f"model.llm={paths.warm / 'llama'}"]
+
+    def mixture(corpus: str) -> str:  # one of the world's LLaVA-format corpora
+        return f"data.mixture=[{{path: {paths.world / CORPUS_PATHS[corpus]}, image_folder: {paths.images}}}]"
     return PipelineConfig(
         arms=[str(REPO / "configs" / "tiny" / arm) for arm in ARMS],
         runs_dir=str(paths.demo),
-        data_root=str(world / "benchmarks"),
-        stage1_overrides=[*backbones, f"data.mixture=[{{path: {world}/pretrain/synth_pretrain.json, "
-                                      f"image_folder: {world}/images}}]", *profile.stage1],
-        stage2_overrides=[*backbones, f"data.mixture=[{{path: {world}/instruct/synth_instruct.json, "
-                                      f"image_folder: {world}/images}}]", *profile.stage2],
+        data_root=str(paths.benchmarks),
+        stage1_overrides=[*backbones, mixture("pretrain"), *profile.stage1],
+        stage2_overrides=[*backbones, mixture("instruct"), *profile.stage2],
         eval_args=[*([f"--limit={profile.eval_limit}"] if profile.eval_limit is not None else []), *profile.eval_args],
         env={"GPUS_PER_NODE": str(profile.processes), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"},
     )

@@ -4,9 +4,10 @@ Owns which checkpoints each diagnostic looks at in the demo (interface norms aft
 stage 2 of both arms, Table 5 statistics of the GWC arm after stage 1, layer curves and
 attention of both final models, App. F over the GWC arm's stage-1 checkpoints, gradient flow
 of fresh builds from the warmed backbones, MMLU's answer texts against its letters for both
-final models), the chance levels next to the results table, and
-sentences that compare numbers (e.g. visual-token norm against T). Every sentence is computed
-from the JSON files; where the numbers disagree with the paper, the sentence says so.
+final models), the chance levels next to the results table (each benchmark's declared chance
+rule over the items its evaluation scored), and sentences that compare numbers (e.g.
+visual-token norm against T). Every sentence is computed from the JSON files; where the
+numbers disagree with the paper, the sentence says so.
 """
 
 from __future__ import annotations
@@ -16,14 +17,18 @@ import json
 import math
 import os
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 
+from transformers.utils import SAFE_WEIGHTS_NAME
+
+from llava_norm.demo import ALIGNED, ARMS, BASELINE, SEED
 from llava_norm.pipeline import Step
+from llava_norm.synth.build import CORPUS_PATHS
+from llava_norm.train.rundir import SUMMARY as TRAIN_SUMMARY
+from llava_norm.warmup.run import REPORT as WARMUP_REPORT
 
-BASELINE, ALIGNED = "none", "ln_textnorm_gwc"
 PROMPT, PHRASE = "What colour is the largest shape in the picture?", "largest shape"
-
-
 INIT_LABEL = f"{ALIGNED} at initialisation"
 CONTINUATION = "mmlu_continuation"
 
@@ -35,7 +40,7 @@ def _fresh_aligned_build(paths, out_dir: Path) -> Path:
 
     from llava_norm.model.builder import ModelSpec, build_model
 
-    torch.manual_seed(0)  # rebuilt every time (a second): the warmed backbones may have changed
+    torch.manual_seed(SEED)  # rebuilt every time (a second): the warmed backbones may have changed
     build_model(ModelSpec(str(paths.warm / "siglip"), str(paths.warm / "llama"), norm_alignment=ALIGNED)).save(out_dir)
     return out_dir
 
@@ -46,50 +51,63 @@ def _mmlu_continuation(paths, out: Path, limit: int | None) -> None:
     answers from one that cannot map them to a letter."""
     from llava_norm.evaluation.runner import EvalConfig, PromptSettings, resolve_benchmarks, run_evaluation
 
-    requests = resolve_benchmarks(["mmlu"], str(paths.world / "benchmarks"), {}, {"mmlu": {"formulation": "continuation"}})
-    for arm in (BASELINE, ALIGNED):
-        run_evaluation(EvalConfig(checkpoint=str(paths.run(arm, 2) / "model"), out_dir=str(out / CONTINUATION / arm),
+    requests = resolve_benchmarks(["mmlu"], str(paths.benchmarks), {}, {"mmlu": {"formulation": "continuation"}})
+    for arm in ARMS:
+        run_evaluation(EvalConfig(checkpoint=str(paths.model(arm, 2)), out_dir=str(out / CONTINUATION / arm),
                                   benchmarks=requests, run_name=arm, prompt=PromptSettings(), limit=limit))
 
 
 def diagnostics_step(paths, profile) -> Step:
     out = paths.demo / "diagnostics"
+    marker = out / "complete"
 
     def run() -> None:
         from llava_norm.analysis import SuiteInputs, run_suite
 
-        stages = {f"{arm} stage {stage}": paths.run(arm, stage) / "model"
-                  for arm in (BASELINE, ALIGNED) for stage in (1, 2)}
+        stages = {f"{arm} stage {stage}": paths.model(arm, stage) for arm in ARMS for stage in (1, 2)}
         stages = {INIT_LABEL: _fresh_aligned_build(paths, out / f"{ALIGNED}_init"), **stages}
         run_suite(SuiteInputs(
-            runs={arm: paths.run(arm, 2) for arm in (BASELINE, ALIGNED)},
-            samples=paths.world, data=paths.world / "instruct" / "synth_instruct.json",
-            image_folder=paths.world / "images", dynamics_run=paths.run(ALIGNED, 1), interface_models=stages,
-            gain_models={f"{ALIGNED} after stage {stage}": paths.run(ALIGNED, stage) / "model" for stage in (1, 2)},
+            runs={arm: paths.run(arm, 2) for arm in ARMS},
+            samples=paths.world, data=paths.world / CORPUS_PATHS["instruct"],
+            image_folder=paths.images, dynamics_run=paths.run(ALIGNED, 1), interface_models=stages,
+            gain_models={f"{ALIGNED} after stage {stage}": paths.model(ALIGNED, stage) for stage in (1, 2)},
             attention_prompt=PROMPT, attention_phrase=PHRASE, limit=profile.analysis_images,
         ), out, title="Diagnostics", report_path=paths.demo / "diagnostics.md")
         _mmlu_continuation(paths, out, profile.eval_limit)
-        (out / "complete").write_text(datetime.datetime.now().isoformat())
+        marker.write_text(datetime.datetime.now().isoformat())
 
     def done() -> bool:
-        marker = out / "complete"
-        finals = [paths.run(arm, 2) / "model" / "model.safetensors" for arm in (BASELINE, ALIGNED)]
+        finals = [paths.model(arm, 2) / SAFE_WEIGHTS_NAME for arm in ARMS]
         return marker.exists() and all(f.stat().st_mtime < marker.stat().st_mtime for f in finals)
 
     return Step("diagnostics", done, run)
 
 
-def _manifest_entries(world: Path) -> dict[str, dict]:
-    """Each evaluated benchmark's manifest entry (path, items, chance), keyed by the runner's name."""
-    from llava_norm.evaluation.runner import DATA_DIRS
+@dataclass(frozen=True)
+class Chance:
+    """Uniform guessing on one benchmark, over the items its evaluation scored."""
 
-    manifest = json.loads((world / "manifest.json").read_text())["benchmarks"]
-    entries = {}
-    for name, directory in DATA_DIRS.items():
-        entry = next((e for e in manifest.values() if e["path"].startswith(f"benchmarks/{directory}/")), None)
-        if entry is not None:
-            entries[name] = entry
-    return entries
+    level: float  # expected headline, a fraction
+    units: int  # scored units (items; MMBench: questions)
+    fewest: int  # 1 / the largest and the smallest chance of a unit (the choices, for an MCQ)
+    most: int
+    macro: bool  # the headline averages group accuracies: a test over items approximates it
+
+
+def chance_levels(paths, names: list[str], limit: int | None) -> dict[str, Chance]:
+    """Each benchmark's declared chance rule over the items ``llava-norm eval`` scored: the
+    same data directory (the runner's resolution) and the same limit."""
+    from llava_norm.evaluation.benchmarks import get_benchmark
+    from llava_norm.evaluation.runner import resolve_benchmarks
+
+    levels = {}
+    for request in resolve_benchmarks(names, str(paths.benchmarks), {}, {}) if names else []:
+        bench = get_benchmark(request.name, **request.options)
+        per_unit = bench.declaration.chance(bench.load(request.path, limit))
+        odds = [round(1 / c) for c in per_unit if c > 0] or [0]
+        levels[request.name] = Chance(sum(per_unit) / len(per_unit) if per_unit else 0.0, len(per_unit),
+                                      min(odds), max(odds), bench.declaration.headline.macro)
+    return levels
 
 
 def binomial_tail(k: int, n: int, p: float) -> float:
@@ -111,7 +129,7 @@ def _load(path: Path) -> dict | None:
 
 
 def _losses(run: Path) -> str:
-    summary = _load(run / "train_summary.json")
+    summary = _load(run / TRAIN_SUMMARY)
     losses = [e["loss"] for e in (summary or {}).get("log_history", []) if "loss" in e]
     return f"{losses[0]:.3f} → {losses[-1]:.3f} ({len(losses)} steps)" if losses else "-"
 
@@ -125,7 +143,7 @@ def _guessing_p(score: float, n: int, chance: float) -> float:
     return binomial_tail(round(score / 100 * n), n, chance)
 
 
-def _benchmark_verdict(column: str, table, entry: dict) -> str:
+def _benchmark_verdict(column: str, table, chance: Chance) -> str:
     """How each arm's score on one mini benchmark stands against guessing (computed, not asserted)."""
     scores = {run: table.values[run][column] for run in table.runs}
     if column == "pope":  # F1 is no count of items right, and it rewards always answering "yes"
@@ -134,21 +152,20 @@ def _benchmark_verdict(column: str, table, entry: dict) -> str:
         beats = all(score > 100 * 2 / 3 for score in scores.values())
         return (f"{'above' if beats else 'NOT above'} the F1 of always answering 'yes' (66.7) for every arm;"
                 f" predicted 'yes' share: {shares}")
-    n = int(entry.get("questions") or entry["items"])  # MMBench scores questions (4 rotations each)
-    chance = entry["chance"]
-    if chance <= 0:  # free-form answers (OCRBench): count the hits instead
+    n = chance.units
+    if chance.level <= 0:  # free-form answers (OCRBench): count the hits instead
         return "free-form answers, which guessing never gets right: " + ", ".join(
             f"{run} {round(score / 100 * n)} of {n} right" for run, score in scores.items())
-    p_values = {run: _guessing_p(score, n, chance) for run, score in scores.items()}
+    p_values = {run: _guessing_p(score, n, chance.level) for run, score in scores.items()}
     clear = all(p < CLEAR_P for p in p_values.values())
     return (f"{'clearly above chance for every arm' if clear else 'NOT clearly above chance for every arm'}"
             f": one-sided binomial test of {n} items against uniform guessing, "
             + ", ".join(f"{run} p = {p:.1g}" for run, p in p_values.items())
-            + (", approximate for a macro average" if column == "mmstar" else "")
-            + (", with the mean chance of 2-5 choices" if column == "scienceqa_img" else ""))
+            + (", approximate for a macro average" if chance.macro else "")
+            + (f", with the mean of chances from 1/{chance.most} to 1/{chance.fewest}" if chance.fewest != chance.most else ""))
 
 
-def _findings(diag: Path, table, entries: dict[str, dict]) -> list[str]:
+def _findings(diag: Path, table, chances: dict[str, Chance]) -> list[str]:
     lines = []
     interface = _load(diag / "interface_norms.json")
     if interface:
@@ -192,25 +209,23 @@ def _findings(diag: Path, table, entries: dict[str, dict]) -> list[str]:
     if table is not None:
         for column in table.columns:
             values = ", ".join(f"{run} {table.values[run][column]:.1f}" for run in table.runs)
-            entry = entries.get(column)
-            if entry is None:
-                lines.append(f"- {table.labels[column]}: {values} (no chance level).")
-                continue
-            lines.append(f"- {table.labels[column]}: {values} (chance {100 * entry['chance']:.1f}; "
-                         f"{_benchmark_verdict(column, table, entry)}).")
-        lines += _continuation_finding(diag, table, entries.get("mmlu"))
+            chance = chances[column]
+            lines.append(f"- {table.labels[column]}: {values} (chance {100 * chance.level:.1f}; "
+                         f"{_benchmark_verdict(column, table, chance)}).")
+        lines += _continuation_finding(diag, table, chances.get("mmlu"))
     return lines
 
 
-def _continuation_finding(diag: Path, table, entry: dict | None) -> list[str]:
-    """MMLU's answer texts against its letters, for the same questions and models."""
+def _continuation_finding(diag: Path, table, chance: Chance | None) -> list[str]:
+    """MMLU's answer texts against its letters, for the same questions and models (four
+    continuations each way, so one chance level)."""
     scores = {run: _load(diag / CONTINUATION / run / "mmlu.json") for run in table.runs}
-    if entry is None or "mmlu" not in table.columns or not all(scores.values()):
+    if chance is None or "mmlu" not in table.columns or not all(scores.values()):
         return []
-    n = int(entry["items"])
+    n = chance.units
     text = {run: 100 * r["metrics"]["acc"] for run, r in scores.items()}
-    p_text = {run: _guessing_p(v, n, entry["chance"]) for run, v in text.items()}
-    p_letter = {run: _guessing_p(table.values[run]["mmlu"], n, entry["chance"]) for run in table.runs}
+    p_text = {run: _guessing_p(v, n, chance.level) for run, v in text.items()}
+    p_letter = {run: _guessing_p(table.values[run]["mmlu"], n, chance.level) for run in table.runs}
     knows = all(p < CLEAR_P for p in p_text.values())
     binds = all(p < CLEAR_P for p in p_letter.values())
     verdict = ("the LLM knows answers it does not map to their letter" if knows and not binds else
@@ -219,26 +234,25 @@ def _continuation_finding(diag: Path, table, entry: dict | None) -> list[str]:
     return [f"- MMLU, answer text against letter (lm-eval `mmlu_continuation`, the same {n} questions and models): "
             + ", ".join(f"{run} {text[run]:.1f} (p = {p_text[run]:.1g})" for run in table.runs)
             + "; with letters " + ", ".join(f"{run} {table.values[run]['mmlu']:.1f}" for run in table.runs)
-            + f" (chance {100 * entry['chance']:.1f}): {verdict}."]
+            + f" (chance {100 * chance.level:.1f}): {verdict}."]
 
 
 def write_report(paths, profile, timings: dict) -> Path:
     from llava_norm.evaluation.table import build_table, to_markdown
 
     demo, diag = paths.demo, paths.demo / "diagnostics"
-    entries = _manifest_entries(paths.world)
-    chance = {name: 100.0 * entry["chance"] for name, entry in entries.items()}  # uniform guessing
-    eval_dirs = [demo / arm / "eval" for arm in (BASELINE, ALIGNED)]
+    eval_dirs = [demo / arm / "eval" for arm in ARMS]
     table = build_table(eval_dirs, baseline=BASELINE)
+    chances = chance_levels(paths, table.columns, profile.eval_limit)
     fresh = _load(demo / "timings_fresh.json")
     if any(s["status"] == "done" and s["step"] != "diagnostics" for s in timings["steps"]) or fresh is None:
         fresh = timings
         (demo / "timings_fresh.json").write_text(json.dumps(timings, indent=1) + "\n")
-    warm = _load(paths.warm / "warmup_report.json") or {"backbones": {}}
+    warm = _load(paths.warm / WARMUP_REPORT) or {"backbones": {}}
 
     lines = [
         "# llava-norm demo report", "",
-        f"Profile `{profile.name}`, seed 0, written {datetime.datetime.now():%Y-%m-%d %H:%M}, on "
+        f"Profile `{profile.name}`, seed {SEED}, written {datetime.datetime.now():%Y-%m-%d %H:%M}, on "
         f"{platform.machine()} with {os.cpu_count()} CPU cores ({platform.platform()}). Everything below was "
         "measured by this run; nothing is copied from the paper.", "",
         "## Time", "",
@@ -249,11 +263,11 @@ def write_report(paths, profile, timings: dict) -> Path:
         "| backbone warm-up | held-out loss before → after |", "|---|---|",
         *[f"| {name} | {e['before']['loss']:.3f} → {e['after']['loss']:.3f} |" for name, e in warm["backbones"].items()],
         "", "| arm | stage 1 loss | stage 2 loss |", "|---|---|---|",
-        *[f"| {arm} | {_losses(paths.run(arm, 1))} | {_losses(paths.run(arm, 2))} |" for arm in (BASELINE, ALIGNED)],
+        *[f"| {arm} | {_losses(paths.run(arm, 1))} | {_losses(paths.run(arm, 2))} |" for arm in ARMS],
         "", "## Mini benchmarks", "",
-        to_markdown(table, extra_rows={"chance (uniform guessing)": chance}),
+        to_markdown(table, extra_rows={"chance (uniform guessing)": {name: 100 * c.level for name, c in chances.items()}}),
         "## Findings (computed from the numbers below)", "",
-        *_findings(diag, table, entries), "",
+        *_findings(diag, table, chances), "",
     ]
     body = (demo / "diagnostics.md").read_text().splitlines()  # written by the diagnostics step
     lines += ["#" + line if line.startswith("#") else line for line in body]  # nest its headings one level

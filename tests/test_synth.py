@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from llava_norm.evaluation.benchmarks import get_benchmark
 from llava_norm.synth import build_world
 from llava_norm.synth.render import render_scene
 from llava_norm.synth.world import COLOURS, Scene, sample_scene, split_of
@@ -29,12 +30,12 @@ SMALL = dict(n_pretrain=120, n_instruct=200, n_text=300, n_bench=24)
 GRID = ["top left", "top middle", "top right", "middle left", "center", "middle right",
         "bottom left", "bottom middle", "bottom right"]
 EXPECTED_COLUMNS = {
-    "mmbench": ["index", "question", "hint", "A", "B", "C", "D", "answer", "category", "image",
+    "mmbench_en_dev": ["index", "question", "hint", "A", "B", "C", "D", "answer", "category", "image",
                 "source", "l2-category", "comment", "split"],
     "mmstar": ["index", "question", "image", "answer", "category", "l2_category", "meta_info"],
     "ocrbench": ["dataset", "question", "question_type", "answer", "image"],
-    "seedbench_2_plus": ["question_id", "question", "choice_A", "choice_B", "choice_C", "choice_D", "answer",
-                         "question_image_type", "question_image_subtype", "image"],
+    "seedbench2_plus": ["question_id", "question", "choice_A", "choice_B", "choice_C", "choice_D", "answer",
+                        "question_image_type", "question_image_subtype", "image"],
     "scienceqa_img": ["image", "question", "choices", "answer", "hint", "subject", "grade"],
     "ai2d": ["question", "options", "answer", "image"],
     "pope": ["id", "question_id", "question", "answer", "image_source", "image", "category"],
@@ -232,12 +233,12 @@ def test_benchmark_files(worlds, name):
         assert all(len(o) == 4 for o in df["options"]) and set(df["answer"]) <= {"0", "1", "2", "3"}
     if name == "scienceqa_img":
         assert all(2 <= len(c) <= 4 and 0 <= a < len(c) for c, a in zip(df["choices"], df["answer"]))
-    if name == "seedbench_2_plus":
+    if name == "seedbench2_plus":
         assert set(df["question_image_type"]) == {"chart", "map", "web"}
 
 
 def test_mmbench_circular_copies(worlds):
-    root, entry = worlds["a"], worlds["ma"]["benchmarks"]["mmbench"]
+    root, entry = worlds["a"], worlds["ma"]["benchmarks"]["mmbench_en_dev"]
     df = read_bench(root, entry)
     base = df[df["index"] < 1_000_000]
     assert len(base) == entry["questions"] and len(df) == 4 * len(base)
@@ -252,13 +253,20 @@ def test_mmbench_circular_copies(worlds):
 
 
 def test_chance_levels(worlds):
+    """Uniform guessing, as the declarations compute it on the world's files."""
     root, b = worlds["a"], worlds["ma"]["benchmarks"]
-    assert b["mmbench"]["chance"] == pytest.approx(1 / 256) and b["mmbench"]["chance_per_row"] == 0.25
-    assert b["ocrbench"]["chance"] == 0.0 and b["pope"]["chance"] == 0.5
-    for name in ("mmstar", "seedbench_2_plus", "ai2d", "hellaswag", "mmlu"):
-        assert b[name]["chance"] == 0.25
+
+    def chance(name):  # (expected headline, scored units)
+        bench = get_benchmark(name)
+        per_unit = bench.declaration.chance(bench.load(root / "benchmarks" / bench.declaration.data_dir))
+        return np.mean(per_unit), len(per_unit)
+
+    assert chance("mmbench_en_dev") == (pytest.approx(1 / 256), b["mmbench_en_dev"]["questions"])
+    assert chance("ocrbench") == (0.0, b["ocrbench"]["items"]) and chance("pope") == (0.5, b["pope"]["items"])
+    for name in ("mmstar", "seedbench2_plus", "ai2d", "hellaswag", "mmlu"):
+        assert chance(name) == (0.25, b[name]["items"])
     sqa = read_bench(root, b["scienceqa_img"])
-    assert b["scienceqa_img"]["chance"] == pytest.approx(np.mean([1 / len(c) for c in sqa["choices"]]))
+    assert chance("scienceqa_img") == (pytest.approx(np.mean([1 / len(c) for c in sqa["choices"]])), len(sqa))
 
 
 # ---------------------------------------------------------------------- answers are right
@@ -275,13 +283,13 @@ def test_benchmark_answers_match_scenes(worlds):
         assert got == truth_text, f"{name} item {item}: {question!r} -> {truth_text!r}, scene says {got!r}"
         checked[name] = checked.get(name, 0) + 1
 
-    for _, r in read_bench(root, bm["mmbench"]).iterrows():
-        check("mmbench", r["index"] % 1_000_000, r["question"], r[r["answer"]])
+    for _, r in read_bench(root, bm["mmbench_en_dev"]).iterrows():
+        check("mmbench_en_dev", r["index"] % 1_000_000, r["question"], r[r["answer"]])
     for _, r in read_bench(root, bm["mmstar"]).iterrows():
         q, opts = parse_mc(r["question"])
         check("mmstar", r["index"], q, opts["ABCD".index(r["answer"])])
-    for _, r in read_bench(root, bm["seedbench_2_plus"]).iterrows():
-        check("seedbench_2_plus", r["question_id"], r["question"], r["choice_" + r["answer"]])
+    for _, r in read_bench(root, bm["seedbench2_plus"]).iterrows():
+        check("seedbench2_plus", r["question_id"], r["question"], r["choice_" + r["answer"]])
     for i, r in read_bench(root, bm["scienceqa_img"]).iterrows():
         check("scienceqa_img", i, r["question"], r["choices"][r["answer"]])
     for i, r in read_bench(root, bm["ai2d"]).iterrows():
@@ -406,7 +414,7 @@ def test_train_and_benchmarks_are_disjoint(worlds):
     train_px = {hashlib.sha256(np.asarray(Image.open(p)).tobytes()).hexdigest()
                 for p in (root / "images").rglob("*.png")}
     bm = worlds["ma"]["benchmarks"]
-    for name in ("mmbench", "mmstar", "ocrbench", "seedbench_2_plus", "scienceqa_img", "ai2d", "pope"):
+    for name in ("mmbench_en_dev", "mmstar", "ocrbench", "seedbench2_plus", "scienceqa_img", "ai2d", "pope"):
         for v in read_bench(root, bm[name])["image"]:
             assert hashlib.sha256(np.asarray(decode_image(v)).tobytes()).hexdigest() not in train_px
     # text benchmarks: no held-out stem / context appears in any training text

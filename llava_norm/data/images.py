@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-IMAGE_ASPECTS = ("resize", "pad")
+from llava_norm.config_schema import IMAGE_ASPECTS
 TORCH_RESAMPLE = {Image.Resampling.BICUBIC: "bicubic", Image.Resampling.BILINEAR: "bilinear"}
 # Largest image (width x height) that is decoded at all: PIL's own decompression-bomb limit
 # (~89.5 M pixels, 9459 x 9459), checked from the header before any pixel is decoded, so a

@@ -22,12 +22,12 @@ from transformers import (
     AutoTokenizer,
 )
 
+from llava_norm.data.conversation import IMAGE_PLACEHOLDER
 from llava_norm.model.lora import is_lora_dir, merge_lora
 from llava_norm.model.modeling import LlavaNormConfig, LlavaNormForConditionalGeneration, blank_image
 from llava_norm.model.norm_align import get_arm, text_embedding_norm
 from llava_norm.model.projector import NormAlignedProjector
 
-IMAGE_TOKEN = "<image>"
 log = logging.getLogger(__name__)
 
 
@@ -81,8 +81,8 @@ def torch_dtype(name: str) -> torch.dtype:
 def load_tokenizer(llm: str, trust_remote_code: bool = False):
     """The LLM's tokenizer with ``<image>`` added and a pad token that is never a real eos."""
     tokenizer = AutoTokenizer.from_pretrained(llm, trust_remote_code=trust_remote_code)
-    if IMAGE_TOKEN not in tokenizer.get_vocab():
-        tokenizer.add_tokens([IMAGE_TOKEN], special_tokens=True)
+    if IMAGE_PLACEHOLDER not in tokenizer.get_vocab():
+        tokenizer.add_tokens([IMAGE_PLACEHOLDER], special_tokens=True)
     if tokenizer.pad_token is None:
         # Llama-3 ships no pad token; its reserved right-pad token exists for exactly this.
         candidates = [t for t in ("<|finetune_right_pad_id|>", "<|end_of_text|>") if t in tokenizer.get_vocab()]
@@ -134,7 +134,7 @@ def build_model(spec: ModelSpec) -> Bundle:
     strategy, tokens_per_image = select_strategy(tower, spec.vision_feature_select_strategy)
 
     text_norm = text_embedding_norm(llm.get_input_embeddings().weight)  # before the <image> row exists
-    image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_PLACEHOLDER)
     old_rows = llm.get_input_embeddings().num_embeddings
     if image_token_id >= old_rows:
         # Zero rows, like Qwen's padding: <image> is never an input embedding (features replace it)

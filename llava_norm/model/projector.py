@@ -11,9 +11,8 @@ from __future__ import annotations
 from torch import nn
 from transformers.activations import ACT2FN
 
+from llava_norm.config_schema import PROJECTOR_TYPES
 from llava_norm.model.norm_align import GlobalWeightCompensatedLayerNorm, get_arm, text_norm_gain
-
-PROJECTOR_TYPES = ("mlp2x_gelu", "linear")
 
 
 class NormAlignedProjector(nn.Module):

@@ -11,7 +11,7 @@ as it loads hub ids on a cluster.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -56,19 +56,30 @@ QWEN25_ADDED = ["<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>
 
 
 @dataclass(frozen=True)
+class Tower:
+    """Width and depth of one transformer stack."""
+
+    hidden: int
+    layers: int
+    heads: int
+    intermediate: int  # MLP width
+    kv_heads: int | None = None  # grouped-query attention (the LLMs)
+
+    def config(self) -> dict:
+        """The keys every Hugging Face config here (Llama, Qwen2, SigLIP, CLIP) names alike."""
+        keys = dict(hidden_size=self.hidden, intermediate_size=self.intermediate,
+                    num_hidden_layers=self.layers, num_attention_heads=self.heads)
+        return keys if self.kv_heads is None else {**keys, "num_key_value_heads": self.kv_heads}
+
+
+@dataclass(frozen=True)
 class TinySizes:
     """Shapes of the tiny backbones; small enough that a CPU step takes milliseconds."""
 
     image_size: int = 64
     patch_size: int = 8
-    vision_hidden: int = 64
-    vision_layers: int = 3
-    vision_heads: int = 4
-    text_hidden: int = 96
-    text_layers: int = 3
-    text_heads: int = 4
-    text_kv_heads: int = 2
-    text_intermediate: int = 192
+    vision: Tower = Tower(hidden=64, layers=3, heads=4, intermediate=256)  # also the dual encoders' text towers
+    text: Tower = Tower(hidden=96, layers=3, heads=4, intermediate=192, kv_heads=2)  # the LLMs
     tokenizer_vocab: int = 1200
     max_positions: int = 512
 
@@ -144,9 +155,7 @@ def _round_up(n: int, multiple: int) -> int:
 def make_tiny_llama(tokenizer, sizes: TinySizes) -> LlamaForCausalLM:
     """Llama-3.2 style: tied embeddings, llama3 rope, vocab equal to the tokenizer."""
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=sizes.text_hidden, intermediate_size=sizes.text_intermediate,
-        num_hidden_layers=sizes.text_layers, num_attention_heads=sizes.text_heads,
-        num_key_value_heads=sizes.text_kv_heads, max_position_embeddings=sizes.max_positions,
+        vocab_size=len(tokenizer), **sizes.text.config(), max_position_embeddings=sizes.max_positions,
         rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=[tokenizer.convert_tokens_to_ids(t) for t in ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>")],
         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
@@ -158,9 +167,7 @@ def make_tiny_llama(tokenizer, sizes: TinySizes) -> LlamaForCausalLM:
 def make_tiny_qwen2(tokenizer, sizes: TinySizes) -> Qwen2ForCausalLM:
     """Qwen2.5 style: untied embeddings, qkv bias, vocab padded past the tokenizer with zero rows."""
     config = Qwen2Config(
-        vocab_size=_round_up(len(tokenizer) + 1, 64), hidden_size=sizes.text_hidden,
-        intermediate_size=sizes.text_intermediate, num_hidden_layers=sizes.text_layers,
-        num_attention_heads=sizes.text_heads, num_key_value_heads=sizes.text_kv_heads,
+        vocab_size=_round_up(len(tokenizer) + 1, 64), **sizes.text.config(),
         max_position_embeddings=sizes.max_positions, rms_norm_eps=1e-6, tie_word_embeddings=False,
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         eos_token_id=[tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")],
@@ -173,14 +180,11 @@ def make_tiny_qwen2(tokenizer, sizes: TinySizes) -> Qwen2ForCausalLM:
 
 
 def _vision_kwargs(sizes: TinySizes) -> dict:
-    return dict(hidden_size=sizes.vision_hidden, intermediate_size=sizes.vision_hidden * 4,
-                num_hidden_layers=sizes.vision_layers, num_attention_heads=sizes.vision_heads,
-                image_size=sizes.image_size, patch_size=sizes.patch_size)
+    return dict(**sizes.vision.config(), image_size=sizes.image_size, patch_size=sizes.patch_size)
 
 
 def _text_tower_kwargs(sizes: TinySizes, tokenizer) -> dict:
-    return dict(hidden_size=sizes.vision_hidden, intermediate_size=sizes.vision_hidden * 4,
-                num_hidden_layers=2, num_attention_heads=sizes.vision_heads, vocab_size=len(tokenizer),
+    return dict(**replace(sizes.vision, layers=2).config(), vocab_size=len(tokenizer),
                 max_position_embeddings=64, bos_token_id=tokenizer.bos_token_id,
                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
 
@@ -193,7 +197,7 @@ def make_tiny_siglip(sizes: TinySizes, tokenizer) -> tuple[SiglipModel, SiglipIm
 
 def make_tiny_clip(sizes: TinySizes, tokenizer) -> tuple[CLIPModel, CLIPImageProcessorPil]:
     config = CLIPConfig(vision_config=_vision_kwargs(sizes), text_config=_text_tower_kwargs(sizes, tokenizer),
-                        projection_dim=sizes.vision_hidden)
+                        projection_dim=sizes.vision.hidden)
     processor = CLIPImageProcessorPil(
         size={"shortest_edge": sizes.image_size}, crop_size={"height": sizes.image_size, "width": sizes.image_size}
     )

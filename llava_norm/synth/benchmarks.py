@@ -4,7 +4,9 @@ Writers for MMBench-EN dev (VLMEvalKit TSV with circular copies), MMStar, OCRBen
 SEED-Bench-2-Plus, ScienceQA-IMG, AI2D, POPE (HF-datasets parquet, images as
 ``{"bytes", "path"}`` structs) and the text-only HellaSwag and MMLU (parquet). Every image
 comes from a scene in the held-out 'bench' split; every text item from a held-out stem.
-Each writer returns ``(manifest entry, files {relpath: bytes}, scene records)``.
+Each writer returns ``(manifest entry, files {relpath: bytes}, scene records)``; writers are
+keyed by the benchmark's registered name and write under ``benchmarks/<its data_dir>/``, the
+layout ``llava-norm eval --data-root`` reads, with file names its ``files`` globs accept.
 """
 
 from __future__ import annotations
@@ -13,17 +15,21 @@ import base64
 import io
 import json
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from llava_norm.evaluation.benchmarks import BENCHMARKS
+from llava_norm.evaluation.benchmarks.mcq import LETTERS as ALL_LETTERS
+from llava_norm.evaluation.benchmarks.mmbench import CIRCULAR_STRIDE
+from llava_norm.evaluation.benchmarks.pope import SPLITS as POPE_SPLITS
 from llava_norm.synth.facts import MMLU_SUBJECTS, hellaswag_split, mmlu_split
 from llava_norm.synth.render import scene_png
 from llava_norm.synth.world import (COLOURS, COLOUR_WEIGHTS, SHAPES, SHAPE_WEIGHTS, Scene, a_, pick,
                                     sample_mc_qa, sample_split_scene)
 
-LETTERS = "ABCD"
+FOLDER = "benchmarks"  # under the world's root: the --data-root of its evaluations
+LETTERS = ALL_LETTERS[:4]  # four options per question (ScienceQA: two to four)
 IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 MMBENCH_CATS = {
     "colour": ("attribute_recognition", "finegrained_perception (instance-level)"),
@@ -95,8 +101,13 @@ def _scene_mc(rng, holdout_pct, qtypes, n_opts=4, **scene_kw):
             return (scene, *got)
 
 
-def _entry(path, fmt, rows, chance, columns, **extra) -> dict:
-    return {"path": path, "format": fmt, "items": rows, "chance": chance, "columns": columns, **extra}
+def bench_path(name: str, *parts: str) -> str:
+    """A file of benchmark ``name`` relative to the world's root, in its declared data_dir."""
+    return "/".join((FOLDER, BENCHMARKS[name].declaration.data_dir, *parts))
+
+
+def _entry(path, fmt, rows, columns, **extra) -> dict:
+    return {"path": path, "format": fmt, "items": rows, "columns": columns, **extra}
 
 
 def _rec(bench, item, scene):
@@ -104,7 +115,7 @@ def _rec(bench, item, scene):
 
 
 def write_mmbench(rng, n, size, holdout_pct):
-    cols = ["index", "question", "hint", "A", "B", "C", "D", "answer", "category", "image",
+    cols = ["index", "question", "hint", *LETTERS, "answer", "category", "image",
             "source", "l2-category", "comment", "split"]
     rows, recs = [], []
     for i in range(n):
@@ -112,17 +123,17 @@ def write_mmbench(rng, n, size, holdout_pct):
         img = base64.b64encode(scene_png(scene, size)).decode()
         hint = "The picture shows coloured shapes on a 3x3 grid." if rng.random() < 0.3 else ""
         cat, l2 = MMBENCH_CATS[qa.qtype]
-        recs.append(_rec("mmbench", i, scene))
+        recs.append(_rec("mmbench_en_dev", i, scene))
         for k in range(4):  # circular copies: option j of copy k is option (j + k) % 4
             rot = [opts[(j + k) % 4] for j in range(4)]
-            rows.append({"index": i + k * 1_000_000, "question": qa.question, "hint": hint,
+            rows.append({"index": i + k * CIRCULAR_STRIDE, "question": qa.question, "hint": hint,
                          **dict(zip(LETTERS, rot)), "answer": LETTERS[(ans - k) % 4], "category": cat,
                          "image": img, "source": "synth", "l2-category": l2, "comment": "", "split": "dev"})
     df = pd.DataFrame(rows, columns=cols).sort_values("index", kind="stable")
     data = df.to_csv(sep="\t", index=False, lineterminator="\n").encode()
-    path = "benchmarks/mmbench/MMBench_DEV_EN.tsv"
-    return (_entry(path, "vlmevalkit_tsv", len(rows), 0.25 ** 4, cols, questions=n, chance_per_row=0.25,
-                   split="dev", metric="CircularEval over index % 1e6"), {path: data}, recs)
+    path = bench_path("mmbench_en_dev", "MMBench_DEV_EN.tsv")
+    return (_entry(path, "vlmevalkit_tsv", len(rows), cols, questions=n, split="dev",
+                   metric="CircularEval over index % 1e6"), {path: data}, recs)
 
 
 def write_mmstar(rng, n, size, holdout_pct):
@@ -139,8 +150,8 @@ def write_mmstar(rng, n, size, holdout_pct):
                      "answer": LETTERS[ans], "category": cat, "l2_category": l2,
                      "meta_info": {"source": "synth", "split": "val", "image_path": f"images/{i}.png"}})
         recs.append(_rec("mmstar", i, scene))
-    path = "benchmarks/mmstar/mmstar.parquet"
-    return (_entry(path, "hf_parquet", n, 0.25, schema.names, split="val"),
+    path = bench_path("mmstar", "mmstar.parquet")
+    return (_entry(path, "hf_parquet", n, schema.names, split="val"),
             {path: parquet_bytes(rows, schema)}, recs)
 
 
@@ -155,8 +166,8 @@ def write_ocrbench(rng, n, size, holdout_pct):
         rows.append({"dataset": source, "question": question, "question_type": qtype, "answer": answers,
                      "image": hf_image(scene_png(scene, size))})
         recs.append(_rec("ocrbench", i, scene))
-    path = "benchmarks/ocrbench/test-00000-of-00001.parquet"
-    return (_entry(path, "hf_parquet", n, 0.0, schema.names, split="test", max_score=n),
+    path = bench_path("ocrbench", "test-00000-of-00001.parquet")
+    return (_entry(path, "hf_parquet", n, schema.names, split="test", max_score=n),
             {path: parquet_bytes(rows, schema)}, recs)
 
 
@@ -173,9 +184,9 @@ def write_seedbench2plus(rng, n, size, holdout_pct):
                      **{f"choice_{x}": o for x, o in zip(LETTERS, opts)}, "answer": LETTERS[ans],
                      "question_image_type": itype, "question_image_subtype": subtype,
                      "image": hf_image(scene_png(scene, size))})
-        recs.append(_rec("seedbench_2_plus", f"synth_{i}", scene))
-    path = "benchmarks/seedbench_2_plus/test-00000-of-00001.parquet"
-    return (_entry(path, "hf_parquet", n, 0.25, schema.names, split="test"),
+        recs.append(_rec("seedbench2_plus", f"synth_{i}", scene))
+    path = bench_path("seedbench2_plus", "test-00000-of-00001.parquet")
+    return (_entry(path, "hf_parquet", n, schema.names, split="test"),
             {path: parquet_bytes(rows, schema)}, recs)
 
 
@@ -183,7 +194,7 @@ def write_scienceqa(rng, n, size, holdout_pct):
     schema = pa.schema([("image", IMAGE), ("question", pa.string()), ("choices", pa.list_(pa.string())),
                         ("answer", pa.int64()), ("hint", pa.string()), ("subject", pa.string()),
                         ("grade", pa.string())])
-    rows, recs, inv = [], [], []
+    rows, recs = [], []
     for i in range(n):
         subject, qtypes = SQA_KINDS[i % 3]
         scene, qa, choices, ans = _scene_mc(rng, holdout_pct, qtypes, int(rng.integers(2, 5)),
@@ -192,10 +203,9 @@ def write_scienceqa(rng, n, size, holdout_pct):
         rows.append({"image": hf_image(scene_png(scene, size)), "question": qa.question, "choices": choices,
                      "answer": ans, "hint": hint, "subject": subject, "grade": f"grade{int(rng.integers(1, 7))}"})
         recs.append(_rec("scienceqa_img", i, scene))
-        inv.append(1 / len(choices))
-    path = "benchmarks/scienceqa/ScienceQA-IMG/test-00000-of-00001.parquet"
-    return (_entry(path, "hf_parquet", n, float(np.mean(inv)), schema.names, split="test",
-                   config="ScienceQA-IMG"), {path: parquet_bytes(rows, schema)}, recs)
+    path = bench_path("scienceqa_img", "ScienceQA-IMG", "test-00000-of-00001.parquet")
+    return (_entry(path, "hf_parquet", n, schema.names, split="test", config="ScienceQA-IMG"),
+            {path: parquet_bytes(rows, schema)}, recs)
 
 
 def write_ai2d(rng, n, size, holdout_pct):
@@ -208,8 +218,8 @@ def write_ai2d(rng, n, size, holdout_pct):
         rows.append({"question": qa.question.replace("in the image", "in the diagram"), "options": opts,
                      "answer": str(ans), "image": hf_image(scene_png(scene, size))})
         recs.append(_rec("ai2d", i, scene))
-    path = "benchmarks/ai2d/test-00000-of-00001.parquet"
-    return (_entry(path, "hf_parquet", n, 0.25, schema.names, split="test"),
+    path = bench_path("ai2d", "test-00000-of-00001.parquet")
+    return (_entry(path, "hf_parquet", n, schema.names, split="test"),
             {path: parquet_bytes(rows, schema)}, recs)
 
 
@@ -239,7 +249,7 @@ def write_pope(rng, n, size, holdout_pct):
     scenes = _scenes(rng, (n + 1) // 2, holdout_pct, text_prob=0.0)
     pngs = [scene_png(s, size) for s in scenes]
     rows, recs = [], []
-    for category in ("adversarial", "popular", "random"):
+    for category in POPE_SPLITS:
         for j in range(n):
             scene, yes = scenes[j // 2], j % 2 == 0
             obj = pick(rng, sorted(scene.objects())) if yes else pope_negative(scene, category, rng)
@@ -248,10 +258,10 @@ def write_pope(rng, n, size, holdout_pct):
                          "answer": "yes" if yes else "no", "image_source": f"synth_{j // 2:05d}",
                          "image": hf_image(pngs[j // 2]), "category": category})
             recs.append(_rec("pope", qid, scene))
-    path = "benchmarks/pope/test-00000-of-00001.parquet"
+    path = bench_path("pope", "test-00000-of-00001.parquet")
     yes_ratio = sum(r["answer"] == "yes" for r in rows) / len(rows) if rows else 0.0
-    return (_entry(path, "hf_parquet", len(rows), 0.5, schema.names, split="test", images=len(scenes),
-                   yes_ratio=yes_ratio, categories=["adversarial", "popular", "random"]),
+    return (_entry(path, "hf_parquet", len(rows), schema.names, split="test", images=len(scenes),
+                   yes_ratio=yes_ratio, categories=list(POPE_SPLITS)),
             {path: parquet_bytes(rows, schema)}, recs)
 
 
@@ -269,8 +279,8 @@ def write_hellaswag(rng, n, holdout_pct):
         rows.append({"ind": i, "activity_label": c.activity_label, "ctx_a": c.ctx_a, "ctx_b": c.ctx_b,
                      "ctx": f"{c.ctx_a} {c.ctx_b}", "endings": endings, "label": str(endings.index(c.ending)),
                      "split": "val"})
-    path = "benchmarks/hellaswag/validation-00000-of-00001.parquet"
-    return (_entry(path, "hf_parquet", len(rows), 0.25, schema.names, split="validation"),
+    path = bench_path("hellaswag", "validation-00000-of-00001.parquet")
+    return (_entry(path, "hf_parquet", len(rows), schema.names, split="validation"),
             {path: parquet_bytes(rows, schema)}, [])
 
 
@@ -304,20 +314,23 @@ def write_mmlu(rng, n, holdout_pct):
             for it in chosen:
                 choices, ans = it.choices(rng)
                 rows.append({"question": it.question, "subject": subject, "choices": choices, "answer": ans})
-            files[f"benchmarks/mmlu/{subject}/{split}-00000-of-00001.parquet"] = parquet_bytes(rows, schema)
+            files[_mmlu_file(subject, split)] = parquet_bytes(rows, schema)
             splits[split] += rows
     for split, rows in splits.items():
-        files[f"benchmarks/mmlu/all/{split}-00000-of-00001.parquet"] = parquet_bytes(rows, schema)
-    path = "benchmarks/mmlu/all/test-00000-of-00001.parquet"
-    return (_entry(path, "hf_parquet", len(splits["test"]), 0.25, schema.names, split="test",
-                   dev_path="benchmarks/mmlu/all/dev-00000-of-00001.parquet", dev_items=len(splits["dev"]),
-                   subjects=list(MMLU_SUBJECTS),
-                   subject_paths={s: {sp: f"benchmarks/mmlu/{s}/{sp}-00000-of-00001.parquet"
-                                      for sp in ("dev", "test")} for s in MMLU_SUBJECTS}),
+        files[_mmlu_file("all", split)] = parquet_bytes(rows, schema)
+    return (_entry(_mmlu_file("all", "test"), "hf_parquet", len(splits["test"]), schema.names, split="test",
+                   dev_path=_mmlu_file("all", "dev"), dev_items=len(splits["dev"]), subjects=list(MMLU_SUBJECTS),
+                   subject_paths={s: {sp: _mmlu_file(s, sp) for sp in ("dev", "test")} for s in MMLU_SUBJECTS}),
             files, [])
 
 
-VISION_WRITERS = {"mmbench": write_mmbench, "mmstar": write_mmstar, "ocrbench": write_ocrbench,
-                  "seedbench_2_plus": write_seedbench2plus, "scienceqa_img": write_scienceqa,
+def _mmlu_file(config: str, split: str) -> str:
+    """cais/mmlu's layout: one directory per config ("all" or a subject), one file per split."""
+    return bench_path("mmlu", config, f"{split}-00000-of-00001.parquet")
+
+
+# Registered name -> writer, in BENCHMARKS' order; the text-only ones draw no images.
+VISION_WRITERS = {"mmbench_en_dev": write_mmbench, "mmstar": write_mmstar, "ocrbench": write_ocrbench,
+                  "seedbench2_plus": write_seedbench2plus, "scienceqa_img": write_scienceqa,
                   "ai2d": write_ai2d, "pope": write_pope}
 TEXT_WRITERS = {"hellaswag": write_hellaswag, "mmlu": write_mmlu}

@@ -20,18 +20,24 @@ import numpy as np
 from llava_norm.synth import benchmarks as B
 from llava_norm.synth.corpora import instruct_row, pretrain_row, text_corpus, text_instruct_row
 from llava_norm.synth.facts import fact_sentences, hellaswag_split, mmlu_split
-from llava_norm.synth.render import scene_png
+from llava_norm.synth.render import IMAGE_SIZE, scene_png
 from llava_norm.synth.world import sample_split_scene
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: benchmarks keyed by their registered names; chance left to the declarations
 GENERATOR_VERSION = "synth-1"  # bump whenever generated content changes
 MANIFEST = "manifest.json"
 IMAGE_FOLDER = "images"
 CORPUS_PATHS = {"pretrain": "pretrain/synth_pretrain.json", "instruct": "instruct/synth_instruct.json",
                 "text": "text/corpus.jsonl"}
-RNG_STREAMS = {"pretrain": 1, "instruct": 2, "text": 3, "mmbench": 11, "mmstar": 12, "ocrbench": 13,
-               "seedbench_2_plus": 14, "scienceqa_img": 15, "ai2d": 16, "pope": 17, "hellaswag": 18,
+# One generator per component; a benchmark's stream number is fixed, whatever its name.
+RNG_STREAMS = {"pretrain": 1, "instruct": 2, "text": 3, "mmbench_en_dev": 11, "mmstar": 12, "ocrbench": 13,
+               "seedbench2_plus": 14, "scienceqa_img": 15, "ai2d": 16, "pope": 17, "hellaswag": 18,
                "mmlu": 19}
+
+
+def read_manifest(world: str | Path) -> dict:
+    """The manifest of a world ``build_world`` wrote."""
+    return json.loads((Path(world) / MANIFEST).read_text())
 
 
 def _json(obj) -> bytes:
@@ -55,20 +61,20 @@ def _remove_listed(root: Path, manifest: dict) -> None:
             p.unlink()
 
 
-def build_world(out_dir, seed: int = 0, *, image_size: int = 64, n_pretrain: int = 3000,
+def build_world(out_dir, seed: int = 0, *, image_size: int = IMAGE_SIZE, n_pretrain: int = 3000,
                 n_instruct: int = 2000, n_text: int = 4000, n_bench: int = 60,
                 bench_sizes: dict[str, int] | None = None, holdout_pct: int = 20,
                 text_prob: float = 0.25, text_only_frac: float = 0.1) -> dict:
     """Write the synthetic world under ``out_dir`` and return its manifest (also saved as
     ``out_dir/manifest.json``). ``n_bench`` is the default item count of every benchmark
     (POPE: per category; MMLU: test questions per subject; MMBench: base questions, each
-    with 3 circular copies); ``bench_sizes`` overrides it per benchmark name."""
+    with 3 circular copies); ``bench_sizes`` overrides it per registered benchmark name."""
     root = Path(out_dir)
     if not 0 < holdout_pct < 100:
         raise ValueError("holdout_pct must be in 1..99 (both splits need scenes)")
     if min(n_pretrain, n_instruct, n_text, n_bench, *(bench_sizes or {}).values()) < 0:
         raise ValueError("sizes must be >= 0")
-    sizes = {name: int((bench_sizes or {}).get(name, n_bench)) for name in RNG_STREAMS if RNG_STREAMS[name] > 10}
+    sizes = {name: int((bench_sizes or {}).get(name, n_bench)) for name in (*B.VISION_WRITERS, *B.TEXT_WRITERS)}
     unknown = set(bench_sizes or {}) - set(sizes)
     if unknown:
         raise ValueError(f"unknown benchmarks in bench_sizes: {sorted(unknown)}")

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from llava_norm.data.prompts import IMAGE_PREFIX
+from llava_norm.evaluation.benchmarks import ai2d, mmbench, mmstar
+from llava_norm.evaluation.benchmarks.mcq import LETTERS
+from llava_norm.evaluation.benchmarks.pope import INSTRUCTION as SHORT_SUFFIX
 from llava_norm.synth.facts import (Completion, MCItem, fact_sentences, mmlu_header, mmlu_prompt)
 from llava_norm.synth.world import (LEXICON, QTYPES, POSITIONS, QA, Scene, a_, cell_phrase, make_qa,
                                     mc_options, pick)
 
-SHORT_SUFFIX = "\nAnswer the question using a single word or phrase."
-LETTER_SUFFIX = "\nAnswer with the option's letter from the given choices directly."
-LETTERS = "ABCDEFGH"
 CAPTION_PROMPTS = (
     "Describe the image briefly.",
     "Give a short caption for the image.",
@@ -64,22 +65,21 @@ def caption(scene: Scene, rng: np.random.Generator) -> str:
 
 def pretrain_row(row_id: str, image: str, scene: Scene, rng: np.random.Generator) -> dict:
     return {"id": row_id, "image": image, "conversations": [
-        {"from": "human", "value": "<image>\n" + pick(rng, CAPTION_PROMPTS)},
+        {"from": "human", "value": IMAGE_PREFIX + pick(rng, CAPTION_PROMPTS)},
         {"from": "gpt", "value": caption(scene, rng)},
     ]}
 
 
-def format_mc(question: str, options: list[str], style: str, hint: str | None = None) -> str:
-    """Multiple-choice prompt in one of the benchmark layouts."""
-    if style == "inline":  # MMStar
-        return (question + "\nOptions: " + ", ".join(f"{LETTERS[i]}: {o}" for i, o in enumerate(options))
-                + LETTER_SUFFIX.rstrip("."))
-    lines = "".join(f"\n{LETTERS[i]}. {o}" for i, o in enumerate(options))
+def format_mc(question: str, options: list[str], style: str) -> str:
+    """Multiple-choice prompt in one of the benchmark layouts, built by the benchmark's own
+    prompt builder: "inline" (MMStar), "lmms_mmbench" (lmms-eval MMBench), "lines" (AI2D,
+    SEED-Bench-2-Plus, LLaVA's MMBench)."""
+    lettered = dict(zip(LETTERS, options))
+    if style == "inline":
+        return mmstar.build_prompt(question + "\nOptions: " + ", ".join(f"{k}: {v}" for k, v in lettered.items()))
     if style == "lmms_mmbench":
-        head = f"{hint} {question}" if hint else question
-        return head + " There are several options:" + lines + "\n" + LETTER_SUFFIX
-    head = f"{hint}\n{question}" if hint else question
-    return head + lines + LETTER_SUFFIX
+        return mmbench.build_prompt(question, None, lettered, "lmms_eval")
+    return ai2d.build_prompt(question, lettered)
 
 
 def qa_turn(qa: QA, rng: np.random.Generator) -> tuple[str, str]:
@@ -117,7 +117,7 @@ def instruct_row(row_id: str, image: str, scene: Scene, rng: np.random.Generator
         turns.append(qa_turn(qa, rng))
     conv = []
     for i, (h, g) in enumerate(turns):
-        conv.append({"from": "human", "value": ("<image>\n" + h) if i == 0 else h})
+        conv.append({"from": "human", "value": (IMAGE_PREFIX + h) if i == 0 else h})
         conv.append({"from": "gpt", "value": g})
     return {"id": row_id, "image": image, "conversations": conv}
 

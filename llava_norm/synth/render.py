@@ -42,6 +42,7 @@ _GLYPHS = {
 GLYPH_W, GLYPH_H = 5, 7
 INK = (20, 20, 20)
 PLATE = (255, 255, 255)
+IMAGE_SIZE = 64  # pixels a side, unless a world is built with another image_size
 
 
 def glyph_bitmap(text: str) -> np.ndarray:
@@ -96,7 +97,7 @@ def cell_center(position: str, size: int) -> tuple[float, float]:
     return (c + 0.5) * cell, (r + 0.5) * cell
 
 
-def render_scene(scene: Scene, size: int = 64) -> Image.Image:
+def render_scene(scene: Scene, size: int = IMAGE_SIZE) -> Image.Image:
     """RGB image of ``scene`` at ``size`` x ``size`` pixels."""
     img = Image.fromarray(_background(scene, size), "RGB")
     draw = ImageDraw.Draw(img)
@@ -138,5 +139,5 @@ def png_bytes(img: Image.Image) -> bytes:
     return buf.getvalue()
 
 
-def scene_png(scene: Scene, size: int = 64) -> bytes:
+def scene_png(scene: Scene, size: int = IMAGE_SIZE) -> bytes:
     return png_bytes(render_scene(scene, size))

@@ -229,22 +229,18 @@ def make_qa(scene: Scene, qtype: str, rng: np.random.Generator) -> QA | None:
         return QA(qtype, "How many shapes are there in the image?", str(n),
                   f"There {'is' if n == 1 else 'are'} {NUM_WORDS[n]} shape{'s' * (n != 1)} in the image.",
                   [str(i) for i in range(1, 8) if i != n])
-    if qtype == "colour":
-        kinds = _unique([x.shape for x in s.shapes])
-        if not kinds:
+    if qtype in ("colour", "shape"):  # the one attribute asked about, from the other, unique one
+        given = "shape" if qtype == "colour" else "colour"
+        keys = _unique([getattr(x, given) for x in s.shapes])
+        if not keys:
             return None
-        kind = pick(rng, kinds)
-        col = next(x.colour for x in s.shapes if x.shape == kind)
-        return QA(qtype, f"What colour is the {kind}?", col, f"The {kind} is {col}.",
-                  [c for c in COLOURS if c != col])
-    if qtype == "shape":
-        cols = _unique([x.colour for x in s.shapes])
-        if not cols:
-            return None
-        col = pick(rng, cols)
-        kind = next(x.shape for x in s.shapes if x.colour == col)
-        return QA(qtype, f"What shape is the {col} object?", kind, f"The {col} object is {a_(kind)}.",
-                  [k for k in SHAPES if k != kind])
+        key = pick(rng, keys)
+        value = next(getattr(x, qtype) for x in s.shapes if getattr(x, given) == key)
+        if qtype == "colour":
+            return QA(qtype, f"What colour is the {key}?", value, f"The {key} is {value}.",
+                      [c for c in COLOURS if c != value])
+        return QA(qtype, f"What shape is the {key} object?", value, f"The {key} object is {a_(value)}.",
+                  [k for k in SHAPES if k != value])
     names = _unique([x.name for x in s.shapes])
     if qtype in ("position", "size", "relation"):
         if not names:

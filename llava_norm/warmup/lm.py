@@ -21,12 +21,13 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from llava_norm.config_schema import TEMPLATE_KWARGS
+from llava_norm.data.dataset import ROLE_MAP
 from llava_norm.model.norm_align import text_embedding_norm
-from llava_norm.warmup.loop import LoopConfig, train_steps
+from llava_norm.synth.build import read_manifest
+from llava_norm.warmup.loop import LoopConfig, holdout_split, train_steps
 
-HOLDOUT_EVERY = 20
 END_OF_TEXT = ("<|end_of_text|>", "<|endoftext|>")  # Llama-3, Qwen2 document separators
-ROLE = {"human": "user", "gpt": "assistant"}
 
 
 @dataclass(frozen=True)
@@ -38,16 +39,14 @@ class LMData:
 def world_lm_documents(world: str | Path, template_kwargs: dict | None, tokenizer) -> LMData:
     """The LM warm-up's documents from a synthetic world directory (see the module docstring)."""
     world = Path(world)
-    manifest = json.loads((world / "manifest.json").read_text())
-    corpora = manifest["corpora"]
+    corpora = read_manifest(world)["corpora"]
     docs = [json.loads(line)["text"] for line in (world / corpora["text"]["path"]).read_text().splitlines() if line]
     for row in json.loads((world / corpora["instruct"]["path"]).read_text()):
         if "image" in row:
             continue
-        messages = [{"role": ROLE[turn["from"]], "content": turn["value"]} for turn in row["conversations"]]
+        messages = [{"role": ROLE_MAP[turn["from"]], "content": turn["value"]} for turn in row["conversations"]]
         docs.append(tokenizer.apply_chat_template(messages, tokenize=False, **(template_kwargs or {})))
-    return LMData([d for i, d in enumerate(docs) if i % HOLDOUT_EVERY],
-                  [d for i, d in enumerate(docs) if i % HOLDOUT_EVERY == 0])
+    return LMData(*holdout_split(docs))
 
 
 def end_of_text_id(tokenizer) -> int:
@@ -116,13 +115,13 @@ def world_tokenizer_corpus(world: str | Path) -> list[str]:
     from llava_norm.model.tiny import make_llama3_tokenizer, make_qwen25_tokenizer
 
     world = Path(world)
-    corpora = json.loads((world / "manifest.json").read_text())["corpora"]
+    corpora = read_manifest(world)["corpora"]
     texts = [json.loads(line)["text"] for line in (world / corpora["text"]["path"]).read_text().splitlines() if line]
     texts += [t["value"] for row in json.loads((world / corpora["pretrain"]["path"]).read_text())
               for t in row["conversations"]]
     # Throwaway tokenizers: only their chat templates are used, to render the conversations as text.
     renderers = [make(["a"], 300) for make in (make_llama3_tokenizer, make_qwen25_tokenizer)]
     for row in json.loads((world / corpora["instruct"]["path"]).read_text()):
-        messages = [{"role": ROLE[t["from"]], "content": t["value"]} for t in row["conversations"]]
-        texts += [r.apply_chat_template(messages, tokenize=False, date_string="26 Jul 2024") for r in renderers]
+        messages = [{"role": ROLE_MAP[t["from"]], "content": t["value"]} for t in row["conversations"]]
+        texts += [r.apply_chat_template(messages, tokenize=False, **TEMPLATE_KWARGS) for r in renderers]
     return texts

@@ -4,7 +4,8 @@ Owns: ``LoopConfig`` (steps, batch, learning rate, schedule), ``train_steps`` (A
 cosine schedule from ``transformers``, a tqdm bar, per-step losses, seeded batch order) and
 ``Output`` (write a backbone into a temporary directory, drop a completion marker holding the
 settings and the report, then rename it into place, so an interrupted warm-up never leaves a
-directory that looks complete and a finished one is skipped on the next call).
+directory that looks complete and a finished one is skipped on the next call), and the
+hold-out split both warm-ups measure on (``holdout_split``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ from tqdm import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
 MARKER = "warmup_complete.json"
+HOLDOUT_EVERY = 20  # every 20th document or image-caption pair is held out for the before/after loss
+
+
+def holdout_split(items: list) -> tuple[list, list]:
+    """(train, held-out): every ``HOLDOUT_EVERY``-th item, from the first, is held out."""
+    return ([x for i, x in enumerate(items) if i % HOLDOUT_EVERY],
+            [x for i, x in enumerate(items) if i % HOLDOUT_EVERY == 0])
 
 
 @dataclass(frozen=True)

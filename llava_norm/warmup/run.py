@@ -13,6 +13,10 @@ import logging
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from transformers.utils import SAFE_WEIGHTS_NAME
+
+from llava_norm.config_schema import TEMPLATE_KWARGS
+from llava_norm.synth.build import MANIFEST
 from llava_norm.warmup.lm import warm_lm, world_lm_documents
 from llava_norm.warmup.loop import LoopConfig, Output, file_digest
 from llava_norm.warmup.vision import warm_siglip, world_caption_pairs
@@ -30,7 +34,7 @@ class WarmupConfig:
 
     seed: int = 0
     llms: tuple[str, ...] = ("llama",)
-    towers: tuple[str, ...] = ("siglip",)
+    towers: tuple[str, ...] = TOWERS
     # 900 steps (about 16 epochs of the corpus): measured 2026-11-22 on the demo world, the warmed
     # LLM scored 53% on the held-out HellaSwag items after 600 steps and 76% after 900 (chance 25%);
     # batch 8 for 900 steps reached 63%.
@@ -38,7 +42,7 @@ class WarmupConfig:
     lm_block_tokens: int = 256
     vision: LoopConfig = LoopConfig(steps=300, batch_size=64, lr=1e-3)
     vision_feature_layer: int = -2  # the hidden state LLaVA reads; its norm goes into the report
-    template_kwargs: dict = field(default_factory=lambda: {"date_string": "26 Jul 2024"})
+    template_kwargs: dict = field(default_factory=lambda: dict(TEMPLATE_KWARGS))
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.llms) - set(LLMS)) + sorted(set(self.towers) - set(TOWERS))
@@ -51,7 +55,7 @@ class WarmupConfig:
 
 
 def _source_weights(path: Path) -> Path:
-    weights = path / "model.safetensors"
+    weights = path / SAFE_WEIGHTS_NAME
     if not weights.is_file():
         raise FileNotFoundError(f"{weights}: no backbone here; run `llava-norm make-tiny` first")
     return weights
@@ -62,7 +66,7 @@ def warm_up(backbones: str | Path, world: str | Path, out: str | Path, config: W
     report (also written to ``out/warmup_report.json``). Finished backbones are reused."""
     backbones, world, out = Path(backbones), Path(world), Path(out)
     config = config.with_seed()
-    manifest = world / "manifest.json"
+    manifest = world / MANIFEST
     if not manifest.is_file():
         raise FileNotFoundError(f"{manifest}: no synthetic world here; run `llava-norm synth` first")
     world_digest = file_digest(manifest)

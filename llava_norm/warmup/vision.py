@@ -20,9 +20,8 @@ import torch
 from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer, SiglipModel
 
-from llava_norm.warmup.loop import LoopConfig, train_steps
-
-HOLDOUT_EVERY = 20
+from llava_norm.synth.build import read_manifest
+from llava_norm.warmup.loop import LoopConfig, holdout_split, train_steps
 
 
 @dataclass(frozen=True)
@@ -34,13 +33,11 @@ class Pairs:
 def world_caption_pairs(world: str | Path) -> tuple[Pairs, Pairs]:
     """(train, held-out) image-caption pairs from the world's stage-1 caption file."""
     world = Path(world)
-    manifest = json.loads((world / "manifest.json").read_text())
-    corpus = manifest["corpora"]["pretrain"]
+    corpus = read_manifest(world)["corpora"]["pretrain"]
     rows = json.loads((world / corpus["path"]).read_text())
     folder = world / corpus["image_folder"]
     pairs = [(folder / r["image"], next(t["value"] for t in r["conversations"] if t["from"] == "gpt")) for r in rows]
-    split = ([p for i, p in enumerate(pairs) if i % HOLDOUT_EVERY], [p for i, p in enumerate(pairs) if i % HOLDOUT_EVERY == 0])
-    return tuple(Pairs([p[0] for p in part], [p[1] for p in part]) for part in split)
+    return tuple(Pairs([p[0] for p in part], [p[1] for p in part]) for part in holdout_split(pairs))
 
 
 def encode_pairs(pairs: Pairs, processor, tokenizer, text_length: int) -> tuple[torch.Tensor, torch.Tensor]:

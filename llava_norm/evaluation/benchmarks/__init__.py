@@ -1,8 +1,11 @@
 """Benchmark formats, prompts and community scoring rules for the paper's nine benchmarks.
 
-Owns: one module per benchmark (loader, prompt builder, scorer, settings), the shared item
-types and registry (``base``), file/row/image reading (``tabular``) and the multiple-choice
-helpers every MCQ scorer uses (``mcq``). Importing this package registers all nine:
+Owns: one module per benchmark (its ``Declaration``, loader, prompt builder, scorer,
+settings), the shared item types, declaration and registry (``base``), file/row/image
+reading and the row-per-item load loop (``tabular``) and the multiple-choice helpers every
+MCQ scorer uses (``mcq``). Importing this package registers all nine. Code outside a
+benchmark's module reads its facts (data directory, files, headline, chance, ...) from
+``BENCHMARKS[name].declaration`` and nowhere else:
 
     bench = get_benchmark("ai2d", variant="no_mask")
     items = bench.load("/data/ai2d-no-mask")
@@ -12,8 +15,10 @@ helpers every MCQ scorer uses (``mcq``). Importing this package registers all ni
 from llava_norm.evaluation.benchmarks.base import (
     BENCHMARKS,
     Benchmark,
+    Declaration,
     EncodedImage,
     GenerationItem,
+    Headline,
     Item,
     LoglikelihoodItem,
     get_benchmark,
@@ -35,9 +40,11 @@ __all__ = [
     "AI2D",
     "BENCHMARKS",
     "Benchmark",
+    "Declaration",
     "EncodedImage",
     "GenerationItem",
     "HellaSwag",
+    "Headline",
     "Item",
     "LoglikelihoodItem",
     "MMBenchEnDev",

@@ -1,7 +1,9 @@
-"""Item types, the ``Benchmark`` contract and the benchmark registry.
+"""Item types, the benchmark declaration, the ``Benchmark`` contract and the registry.
 
 Owns: ``GenerationItem`` / ``LoglikelihoodItem`` (what a model runner consumes),
-``EncodedImage`` (an image kept compressed until someone reads ``item.image``), the
+``EncodedImage`` (an image kept compressed until someone reads ``item.image``),
+``Declaration`` and ``Headline`` (every fact about a benchmark that code outside its module
+reads: name, data directory, files, prompt, reply parser, headline metric, chance), the
 abstract ``Benchmark`` every benchmark module implements, the name -> class registry
 ``BENCHMARKS`` with ``get_benchmark``, and the checks that predictions cover the items.
 """
@@ -10,13 +12,18 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, Union, dataclass_transform
 
 from PIL import Image
+
+KINDS = ("generate", "loglikelihood")
+SCALE = "0-1"  # how metrics ("scale") and settings ("headline_metric") mark a fraction in [0, 1]
 
 
 @dataclass(frozen=True)
@@ -99,14 +106,88 @@ class LoglikelihoodItem:
 Item = Union[GenerationItem, LoglikelihoodItem]
 
 
+@dataclass(frozen=True)
+class Headline:
+    """The one number a benchmark contributes to the results table (Table 4 layout)."""
+
+    column: str  # column label, also the benchmark's name in messages
+    metric: str  # dotted path into the metrics dict; the value is a fraction in [0, 1]
+    legend: str  # what the number is, written under the table
+    macro: bool = False  # a mean of group accuracies, so a count of items only approximates it
+
+    def label(self, settings: dict) -> str:
+        """The column label, naming the shot count or a non-default AI2D variant."""
+        bench = settings.get("benchmark", {})
+        if "num_fewshot" in bench:
+            return f"{self.column} {bench['num_fewshot']}-shot"
+        if bench.get("variant") not in (None, "mask"):
+            return f"{self.column} ({bench['variant']})"
+        return self.column
+
+    def value(self, metrics: dict) -> float:
+        """The headline in percent."""
+        node = metrics
+        for key in self.metric.split("."):
+            node = node[key]
+        return 100.0 * float(node)
+
+    def describe(self) -> str:
+        """How result files name the headline (their settings' ``headline_metric``)."""
+        return f"{self.metric} ({SCALE})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Declaration:
+    """Every fact about one benchmark that code outside its module reads.
+
+    The runner takes ``data_dir`` (the layout under ``--data-root``, which ``llava-norm
+    synth`` writes and eval/README.md documents), the loaders take ``files``, the table takes
+    ``headline``, the demo report takes ``chance``; ``prompt`` and ``parser`` are the
+    community prompt builder and reply rule the module's ``load`` and ``score`` use.
+    """
+
+    name: str  # registry key, result file <name>.json, table CSV column, --option prefix
+    kind: str  # "generate" (free text) or "loglikelihood" (ranked continuations)
+    data_dir: str = ""  # sub-directory of --data-root and of a synthetic world's benchmarks/; default: name
+    files: tuple[str, ...]  # globs tried in order inside that directory; the first match wins
+    source: str  # the published data the globs are for (settings' "data")
+    prompt: Callable[..., str]  # builds an item's user turn (context for loglikelihood)
+    parser: Callable[..., Any]  # reads a reply (or the log-probs) into what is scored
+    headline: Headline
+    chance: Callable[[Sequence[Item]], list[float]]  # guessing's chance of each scored unit
+    mirrors: str  # the lmms-eval / lm-eval task whose prompt and scoring this follows
+    max_new_tokens: int | None = None  # generate only: the community decoding budget
+
+    def __post_init__(self) -> None:
+        if not self.data_dir:
+            object.__setattr__(self, "data_dir", self.name)
+        if self.kind not in KINDS:
+            raise ValueError(f"{self.name}: kind must be one of {KINDS}, got {self.kind!r}")
+        if (self.kind == "generate") != (self.max_new_tokens is not None):
+            raise ValueError(f"{self.name}: a generate benchmark, and only one, declares max_new_tokens")
+        empty = [f.name for f in dataclasses.fields(self) if f.name != "max_new_tokens" and not getattr(self, f.name)]
+        if empty:
+            raise ValueError(f"{self.name or '<unnamed>'}: declaration leaves {empty} empty")
+
+
 class Benchmark(ABC):
     """A benchmark: loads items from published files, scores predictions, names its settings.
 
-    Subclasses are frozen dataclasses whose fields are the user-selectable options.
+    Subclasses declare a ``declaration`` (``name``, ``kind`` and ``max_new_tokens`` are read
+    from it) and are registered with ``@register_benchmark``, which makes them frozen
+    dataclasses whose fields are the user-selectable options.
     """
 
+    declaration: ClassVar[Declaration]
     name: ClassVar[str]
-    kind: ClassVar[str]  # "generate" or "loglikelihood"
+    kind: ClassVar[str]
+    max_new_tokens: ClassVar[int | None]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declaration = cls.__dict__.get("declaration")
+        if declaration is not None:
+            cls.name, cls.kind, cls.max_new_tokens = declaration.name, declaration.kind, declaration.max_new_tokens
 
     @abstractmethod
     def load(self, path: str | Path, limit: int | None = None) -> list[Item]:
@@ -118,19 +199,36 @@ class Benchmark(ABC):
         (generate) or one summed log-probability per continuation (loglikelihood)."""
 
     @abstractmethod
+    def details(self) -> dict[str, Any]:
+        """Prompt, options and scoring rule of this instance, for ``settings``."""
+
     def settings(self) -> dict[str, Any]:
-        """The exact variant used (prompt, split, shots, scoring rule), for result files."""
+        """The exact variant used (data, prompt, split, shots, scoring rule), for result files."""
+        declared: dict[str, Any] = {"benchmark": self.name, "data": self.declaration.source}
+        if self.max_new_tokens is not None:
+            declared["max_new_tokens"] = self.max_new_tokens
+        return {**declared, **self.details(), "headline_metric": self.declaration.headline.describe()}
+
+    def check_option(self, option: str, allowed: Iterable[str]) -> None:
+        """A clear error for an option value outside ``allowed`` (called from __post_init__)."""
+        allowed = list(allowed)
+        if getattr(self, option) not in allowed:
+            raise ValueError(f"{self.name}: {option} must be one of {allowed}, got {getattr(self, option)!r}")
 
 
 BENCHMARKS: dict[str, type[Benchmark]] = {}
 
 
+@dataclass_transform(frozen_default=True)
 def register_benchmark(cls: type[Benchmark]) -> type[Benchmark]:
-    """Class decorator adding a benchmark to ``BENCHMARKS`` under ``cls.name``."""
+    """Class decorator: makes the benchmark a frozen dataclass (its fields are its options,
+    which ``get_benchmark`` checks) and adds it to ``BENCHMARKS`` under its declared name."""
+    if not isinstance(cls.__dict__.get("declaration"), Declaration):
+        raise TypeError(f"{cls.__name__}: a registered benchmark needs its own Declaration")
     if cls.name in BENCHMARKS:
         raise ValueError(f"benchmark name {cls.name!r} registered twice")
-    BENCHMARKS[cls.name] = cls
-    return cls
+    BENCHMARKS[cls.name] = dataclass(frozen=True)(cls)
+    return BENCHMARKS[cls.name]
 
 
 def get_benchmark(name: str, **options: Any) -> Benchmark:
@@ -152,49 +250,64 @@ def check_limit(limit: int | None) -> None:
         raise ValueError(f"limit must be a non-negative int or None, got {limit!r}")
 
 
-def _missing_ids_error(benchmark: str, missing: list[str]) -> ValueError:
-    shown = ", ".join(repr(m) for m in missing[:5])
-    more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-    return ValueError(f"{benchmark}: no prediction for {len(missing)} item(s): {shown}{more}")
+# ----------------------------------------------------------------------------------------
+# predictions
 
 
-def generated_replies(benchmark: str, items: Sequence[Item], predictions: Mapping[str, Any]) -> list[str]:
-    """The reply for each item, in item order; a missing or non-string reply is an error
+def _in_item_order(benchmark: str, items: Sequence[Item], predictions: Mapping[str, Any],
+                   read: Callable[[Item, Any], tuple[Any, str | None]]) -> list[Any]:
+    """``read(item, prediction)`` for each item in order; it returns (value, None) or
+    (None, what the prediction must be). A missing or malformed prediction is an error
     (silently scoring it wrong would hide a runner bug)."""
     missing = [item.item_id for item in items if item.item_id not in predictions]
     if missing:
-        raise _missing_ids_error(benchmark, missing)
-    replies = []
+        shown = ", ".join(repr(m) for m in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ValueError(f"{benchmark}: no prediction for {len(missing)} item(s): {shown}{more}")
+    values = []
     for item in items:
-        reply = predictions[item.item_id]
-        if not isinstance(reply, str):
-            raise ValueError(f"{benchmark}: prediction for item {item.item_id!r} must be a str, got {type(reply).__name__}")
-        replies.append(reply)
-    return replies
+        value, expected = read(item, predictions[item.item_id])
+        if expected is not None:
+            raise ValueError(f"{benchmark}: prediction for item {item.item_id!r} must be {expected}")
+        values.append(value)
+    return values
+
+
+def _reply(item: Item, reply: Any) -> tuple[str | None, str | None]:
+    return (reply, None) if isinstance(reply, str) else (None, f"a str, got {type(reply).__name__}")
+
+
+def _logprobs(item: LoglikelihoodItem, values: Any) -> tuple[list[float] | None, str | None]:
+    n = len(item.continuations)
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != n:
+        return None, f"a list of {n} floats (one per continuation), got {values!r}"
+    return [float(v) for v in values], None
+
+
+def generated_replies(benchmark: str, items: Sequence[Item], predictions: Mapping[str, Any]) -> list[str]:
+    """The reply for each item, in item order; a missing or non-string reply is an error."""
+    return _in_item_order(benchmark, items, predictions, _reply)
 
 
 def continuation_logprobs(
     benchmark: str, items: Sequence[LoglikelihoodItem], predictions: Mapping[str, Any]
 ) -> list[list[float]]:
     """One summed log-probability per continuation for each item, validated."""
-    missing = [item.item_id for item in items if item.item_id not in predictions]
-    if missing:
-        raise _missing_ids_error(benchmark, missing)
-    scores = []
-    for item in items:
-        values = predictions[item.item_id]
-        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != len(item.continuations):
-            raise ValueError(
-                f"{benchmark}: prediction for item {item.item_id!r} must be a list of "
-                f"{len(item.continuations)} floats (one per continuation), got {values!r}"
-            )
-        scores.append([float(v) for v in values])
-    return scores
+    return _in_item_order(benchmark, items, predictions, _logprobs)
+
+
+# ----------------------------------------------------------------------------------------
+# numbers
 
 
 def mean(values: Sequence[float]) -> float:
     """Mean of a non-empty sequence; 0.0 for an empty one (a group with no items)."""
     return float(sum(values) / len(values)) if values else 0.0
+
+
+def accuracy(correct: Iterable[bool]) -> float:
+    """Share of true values; 0.0 for none."""
+    return mean([float(ok) for ok in correct])
 
 
 def first_argmax(values: Sequence[float]) -> int:
@@ -205,3 +318,43 @@ def first_argmax(values: Sequence[float]) -> int:
 def per_character(scores: Sequence[float], lengths: Sequence[int]) -> list[float]:
     """lm-eval's acc_norm scores: each summed log-prob divided by its choice's character count."""
     return [score / max(length, 1) for score, length in zip(scores, lengths)]
+
+
+def picked_gold(items: Sequence[LoglikelihoodItem], logprobs: Sequence[Sequence[float]],
+                per_char: bool = False) -> list[bool]:
+    """Whether the highest-scoring continuation is the gold one: lm-eval's acc, or with
+    ``per_char`` its acc_norm (lengths from ``meta["choice_lengths"]``)."""
+    return [first_argmax(per_character(scores, item.meta["choice_lengths"]) if per_char else scores) == item.gold
+            for item, scores in zip(items, logprobs)]
+
+
+# ----------------------------------------------------------------------------------------
+# chance: uniform guessing's chance of getting each scored unit right
+
+
+def _choices(item: Item) -> int:
+    return len(item.continuations) if isinstance(item, LoglikelihoodItem) else len(item.meta["options"])
+
+
+def one_of_the_choices(items: Sequence[Item]) -> list[float]:
+    """Each item: one of its options (generate, ``meta["options"]``) or continuations."""
+    return [1 / _choices(item) for item in items]
+
+
+def every_copy_right(items: Sequence[Item]) -> list[float]:
+    """Each question (``meta["group"]``): every one of its copies answered right, as
+    CircularEval demands; the guesses are independent, so the chances multiply."""
+    groups: dict[Any, list[float]] = defaultdict(list)
+    for item in items:
+        groups[item.meta["group"]].append(1 / _choices(item))
+    return [math.prod(groups[group]) for group in sorted(groups)]
+
+
+def never(items: Sequence[Item]) -> list[float]:
+    """Free-form answers: guessing never produces the gold text."""
+    return [0.0] * len(items)
+
+
+def yes_or_no(items: Sequence[Item]) -> list[float]:
+    """Each item: one of two answers."""
+    return [1 / 2] * len(items)

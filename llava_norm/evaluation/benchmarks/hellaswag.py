@@ -10,29 +10,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
-from llava_norm.evaluation.benchmarks.base import (
-    Benchmark,
-    LoglikelihoodItem,
-    continuation_logprobs,
-    first_argmax,
-    mean,
-    per_character,
-    register_benchmark,
-)
-from llava_norm.evaluation.benchmarks.tabular import Row, read_benchmark_rows
-
-FILE_PATTERNS = (
-    "hellaswag_val.jsonl",
-    "data/validation-*.parquet",
-    "validation-*.parquet",
-    "**/validation/*.parquet",
-    "**/*validation*.parquet",
-    "**/*val*.jsonl",
-)
+from llava_norm.evaluation.benchmarks.base import (Declaration, Headline, LoglikelihoodItem, SCALE, accuracy,
+                                                   continuation_logprobs, first_argmax, one_of_the_choices, picked_gold,
+                                                   register_benchmark)
+from llava_norm.evaluation.benchmarks.tabular import Row, RowBenchmark
 
 
 def clean(text: str) -> str:
@@ -49,16 +32,19 @@ def build_context(activity_label: str, ctx_a: str, ctx_b: str) -> str:
 
 
 @register_benchmark
-@dataclass(frozen=True)
-class HellaSwag(Benchmark):
-    name: ClassVar[str] = "hellaswag"
-    kind: ClassVar[str] = "loglikelihood"
+class HellaSwag(RowBenchmark):
+    declaration: ClassVar[Declaration] = Declaration(
+        name="hellaswag", kind="loglikelihood",
+        files=("hellaswag_val.jsonl", "data/validation-*.parquet", "validation-*.parquet", "**/validation/*.parquet",
+               "**/*validation*.parquet", "**/*val*.jsonl"),
+        source="Rowan/hellaswag split 'validation' (parquet, or hellaswag_val.jsonl)",
+        prompt=build_context, parser=first_argmax,
+        headline=Headline("HellaSwag", "acc_norm", "acc_norm (log-likelihood / characters)"),
+        chance=one_of_the_choices, mirrors="lm-eval hellaswag",
+    )
+    id_columns = ("ind", "index", "id")
 
-    def load(self, path: str | Path, limit: int | None = None) -> list[LoglikelihoodItem]:
-        rows, ids = read_benchmark_rows(path, FILE_PATTERNS, "HellaSwag validation", ("ind", "index", "id"), limit)
-        return [self._item(row, item_id) for row, item_id in zip(rows, ids)]
-
-    def _item(self, row: Row, item_id: str) -> LoglikelihoodItem:
+    def item(self, row: Row, item_id: str, by_index: Mapping[str, Any]) -> LoglikelihoodItem:
         endings = row.string_list("endings")
         if len(endings) != 4:
             raise row.bad_value("endings", "must hold 4 endings")
@@ -80,21 +66,14 @@ class HellaSwag(Benchmark):
 
     def score(self, items: Sequence[LoglikelihoodItem], predictions: Mapping[str, Any]) -> dict[str, Any]:
         logprobs = continuation_logprobs(self.name, items, predictions)
-        acc, acc_norm = [], []
-        for item, scores in zip(items, logprobs):
-            lengths = item.meta["choice_lengths"]
-            acc.append(float(first_argmax(scores) == item.gold))
-            acc_norm.append(float(first_argmax(per_character(scores, lengths)) == item.gold))
-        return {"acc": mean(acc), "acc_norm": mean(acc_norm), "num_items": len(items), "scale": "0-1"}
+        return {"acc": accuracy(picked_gold(items, logprobs)), "acc_norm": accuracy(picked_gold(items, logprobs, per_char=True)),
+                "num_items": len(items), "scale": SCALE}
 
-    def settings(self) -> dict[str, Any]:
+    def details(self) -> dict[str, Any]:
         return {
-            "benchmark": self.name,
-            "data": "Rowan/hellaswag split 'validation' (parquet, or hellaswag_val.jsonl)",
             "num_fewshot": 0,
             "context": "clean(activity_label + ': ' + ctx_a + ' ' + ctx_b.capitalize())",
             "cleaning": "strip; ' [title]' -> '. '; remove [..]; '  ' -> ' ' (lm-eval preprocess)",
             "continuations": "' ' + clean(ending) for the 4 endings",
             "scoring": "acc = argmax summed log-prob; acc_norm = argmax log-prob / len(clean(ending)) in characters",
-            "headline_metric": "acc_norm (0-1)",
         }

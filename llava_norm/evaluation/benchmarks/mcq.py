@@ -2,7 +2,8 @@
 
 Owns: reading a row's options (list column or A/B/C/... columns) and its gold letter,
 formatting "A. ..\\nB. .." option blocks, every reply -> letter rule the community scorers
-use (one place, so no benchmark grows its own variant), and grouped accuracy.
+use (one place, so no benchmark grows its own variant), scoring replies with a benchmark's
+declared letter rule, and grouped accuracy.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import string
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 
-from llava_norm.evaluation.benchmarks.base import mean
+from llava_norm.evaluation.benchmarks.base import Benchmark, GenerationItem, generated_replies, mean
 from llava_norm.evaluation.benchmarks.tabular import Row
 
 LETTERS = string.ascii_uppercase
@@ -102,6 +103,16 @@ def first_character(reply: str) -> str:
     return reply.strip()[:1]
 
 
+def ai2d_reply_correct(reply: str, letter: str) -> bool:
+    """lmms-eval AI2D rule: the "X." filter, then exact match ignoring case and punctuation."""
+    return normalised_for_exact_match(leading_letter_dot(reply)) == normalised_for_exact_match(letter)
+
+
+def seedbench_reply_correct(reply: str, letter: str) -> bool:
+    """lmms-eval SEED-Bench rule: the reply's first character is the letter, in any case."""
+    return first_character(reply).lower() == letter.lower()
+
+
 def scienceqa_reply_correct(reply: str, letter: str) -> bool:
     """lmms-eval ScienceQA rule: the stripped reply equals the letter (any case), or it
     starts ``^[A-Z]\\.`` with the right letter. Anything else is wrong."""
@@ -120,6 +131,13 @@ def mmstar_paper_era_correct(reply: str, letter: str) -> bool:
         if predicted.startswith(prefix) and predicted[len(prefix): len(prefix) + 1] == answer:
             return True
     return False
+
+
+def letters_right(bench: Benchmark, items: Sequence[GenerationItem], predictions: Mapping[str, str]) -> list[bool]:
+    """Whether each reply gives the item's gold letter (``meta["answer"]``), as the benchmark's
+    declared parser, ``parser(reply, letter) -> bool``, reads it."""
+    replies = generated_replies(bench.name, items, predictions)
+    return [bench.declaration.parser(reply, item.meta["answer"]) for item, reply in zip(items, replies)]
 
 
 # ----------------------------------------------------------------------------------------

@@ -11,37 +11,17 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from llava_norm.evaluation.benchmarks.base import (
-    Benchmark,
-    GenerationItem,
-    check_limit,
-    generated_replies,
-    mean,
-    register_benchmark,
-)
-from llava_norm.evaluation.benchmarks.mcq import (
-    ANSWER_WITH_LETTER,
-    format_options,
-    gold_letter,
-    grouped_accuracy,
-    infer_option_letter,
-    options_from_row,
-)
-from llava_norm.evaluation.benchmarks.tabular import (
-    Row,
-    image_index,
-    read_rows,
-    required_image,
-    resolve_files,
-)
+from llava_norm.evaluation.benchmarks.base import (Declaration, GenerationItem, Headline, SCALE, accuracy, check_limit,
+                                                   every_copy_right, generated_replies, register_benchmark)
+from llava_norm.evaluation.benchmarks.mcq import (ANSWER_WITH_LETTER, format_options, gold_letter, grouped_accuracy,
+                                                  infer_option_letter, options_from_row)
+from llava_norm.evaluation.benchmarks.tabular import Row, RowBenchmark, required_image
 
-CIRCULAR_STRIDE = 1_000_000
+CIRCULAR_STRIDE = 1_000_000  # copy k of question q has index q + k * CIRCULAR_STRIDE
 PROMPT_VARIANTS = ("llava", "lmms_eval")
-FILE_PATTERNS = ("MMBench_DEV_EN*.tsv", "en/dev-*.parquet", "dev-*.parquet", "*.tsv", "*.parquet")
 
 
 def build_prompt(question: str, hint: str | None, options: Mapping[str, str], variant: str) -> str:
@@ -57,27 +37,29 @@ def build_prompt(question: str, hint: str | None, options: Mapping[str, str], va
 
 
 @register_benchmark
-@dataclass(frozen=True)
-class MMBenchEnDev(Benchmark):
+class MMBenchEnDev(RowBenchmark):
     """Options: ``prompt_variant`` "llava" (default) or "lmms_eval"."""
 
-    name: ClassVar[str] = "mmbench_en_dev"
-    kind: ClassVar[str] = "generate"
-    max_new_tokens: ClassVar[int] = 1024  # lmms-eval mmbench_en_dev
+    declaration: ClassVar[Declaration] = Declaration(
+        name="mmbench_en_dev", kind="generate", data_dir="mmbench",
+        files=("MMBench_DEV_EN*.tsv", "en/dev-*.parquet", "dev-*.parquet", "*.tsv", "*.parquet"),
+        source="lmms-lab/MMBench config 'en' split 'dev' (parquet) or VLMEvalKit MMBench_DEV_EN.tsv",
+        prompt=build_prompt, parser=infer_option_letter,
+        headline=Headline("MMBench-EN", "circular_accuracy", "CircularEval accuracy, dev split"),
+        chance=every_copy_right, mirrors="lmms-eval mmbench_en_dev (VLMEvalKit rule-based matching)",
+        max_new_tokens=1024,
+    )
 
     prompt_variant: str = "llava"
 
     def __post_init__(self) -> None:
-        if self.prompt_variant not in PROMPT_VARIANTS:
-            raise ValueError(f"mmbench_en_dev: prompt_variant must be one of {PROMPT_VARIANTS}, got {self.prompt_variant!r}")
+        self.check_option("prompt_variant", PROMPT_VARIANTS)
 
     def load(self, path: str | Path, limit: int | None = None) -> list[GenerationItem]:
         """``limit`` keeps the first ``limit`` *questions* with all of their rotated copies,
         so circular scoring of a limited run is still circular."""
         check_limit(limit)
-        rows = read_rows(resolve_files(path, FILE_PATTERNS, "MMBench-EN dev"))
-        by_index = image_index(rows)
-        items = [self._item(row, by_index) for row in rows]
+        items = super().load(path)
         repeated = sorted(i for i, n in Counter(item.item_id for item in items).items() if n > 1)
         if repeated:
             raise ValueError(f"{path}: MMBench 'index' values repeat: {repeated[:5]}")
@@ -88,26 +70,18 @@ class MMBenchEnDev(Benchmark):
             items = [item for item in items if item.meta["group"] in kept]
         return items
 
-    def _item(self, row: Row, by_index: Mapping[str, Any]) -> GenerationItem:
-        index = row.integer("index")
+    def item(self, row: Row, item_id: str, by_index: Mapping[str, Any]) -> GenerationItem:
+        index = row.integer("index")  # the id: CircularEval needs it, so no fallback
         options = options_from_row(row, list_columns=(), max_letters=5)
-        question = row.text("question")
-        hint = row.optional_text("hint")
-        image = required_image(row, by_index)
-        return GenerationItem(
-            benchmark=self.name,
-            item_id=str(index),
-            prompt=build_prompt(question, hint, options, self.prompt_variant),
-            image=image,
-            max_new_tokens=self.max_new_tokens,
-            meta={
-                "index": index,
-                "group": index % CIRCULAR_STRIDE,
-                "answer": gold_letter(row, options),
-                "options": options,
-                "category": row.text("category"),
-                "l2_category": row.optional_text("L2-category", "l2-category", "l2_category") or "unknown",
-            },
+        prompt = build_prompt(row.text("question"), row.optional_text("hint"), options, self.prompt_variant)
+        return self.generation_item(
+            str(index), prompt, required_image(row, by_index),
+            index=index,
+            group=index % CIRCULAR_STRIDE,
+            answer=gold_letter(row, options),
+            options=options,
+            category=row.text("category"),
+            l2_category=row.optional_text("L2-category", "l2-category", "l2_category") or "unknown",
         )
 
     def score(self, items: Sequence[GenerationItem], predictions: Mapping[str, Any]) -> dict[str, Any]:
@@ -127,27 +101,23 @@ class MMBenchEnDev(Benchmark):
         groups = sorted(group_rows)
         group_correct = [all(group_rows[g]) for g in groups]
         return {
-            "circular_accuracy": mean([float(ok) for ok in group_correct]),
+            "circular_accuracy": accuracy(group_correct),
             "num_questions": len(groups),
             "num_rows": len(items),
             "rows_per_question": {str(n): sum(1 for g in groups if len(group_rows[g]) == n) for n in sorted({len(v) for v in group_rows.values()})},
             "per_category": grouped_accuracy((group_base[g].meta["category"] for g in groups), group_correct),
             "per_l2_category": grouped_accuracy((group_base[g].meta["l2_category"] for g in groups), group_correct),
             "unparsable_replies": sum(1 for letter in extracted if letter is None),
-            "per_row_accuracy_not_mmbench_score": mean([float(ok) for ok in row_correct]),
-            "scale": "0-1",
+            "per_row_accuracy_not_mmbench_score": accuracy(row_correct),
+            "scale": SCALE,
         }
 
-    def settings(self) -> dict[str, Any]:
+    def details(self) -> dict[str, Any]:
         return {
-            "benchmark": self.name,
-            "data": "lmms-lab/MMBench config 'en' split 'dev' (parquet) or VLMEvalKit MMBench_DEV_EN.tsv",
             "prompt_variant": self.prompt_variant,
             "prompt_template": build_prompt("{question}", "{hint}", {"A": "..", "B": ".."}, self.prompt_variant),
             "hint": "omitted when empty or NaN",
-            "max_new_tokens": self.max_new_tokens,
             "scoring": "CircularEval: a question (index < 1e6) is right only if every row with index % 1e6 == it is right",
             "letter_extraction": "VLMEvalKit can_infer: one standalone option-letter token, else exactly one option text in the reply; no GPT judge",
             "unparsable_reply": "scored wrong and counted in unparsable_replies",
-            "headline_metric": "circular_accuracy (0-1)",
         }

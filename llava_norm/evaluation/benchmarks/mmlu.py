@@ -19,29 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from llava_norm.evaluation.benchmarks.base import (
-    Benchmark,
-    LoglikelihoodItem,
-    check_limit,
-    continuation_logprobs,
-    first_argmax,
-    mean,
-    per_character,
-    register_benchmark,
-)
+from llava_norm.evaluation.benchmarks.base import (Benchmark, Declaration, Headline, LoglikelihoodItem, SCALE, accuracy,
+                                                   check_limit, continuation_logprobs, first_argmax, mean,
+                                                   one_of_the_choices, picked_gold, register_benchmark)
 from llava_norm.evaluation.benchmarks.mcq import LETTERS, grouped_accuracy
 from llava_norm.evaluation.benchmarks.tabular import Row, read_rows, resolve_files
 
-# (test glob, dev glob) per layout; for a directory the first glob that matches wins.
-LAYOUTS = (
-    ("all/test-*.parquet", "all/dev-*.parquet"),
-    ("test-*.parquet", "dev-*.parquet"),
-    ("*/test-*.parquet", "*/dev-*.parquet"),
-    ("data/test/*_test.csv", "data/dev/*_dev.csv"),
-    ("test/*_test.csv", "dev/*_dev.csv"),
-    ("*_test.csv", "*_dev.csv"),
-)
-CONTINUATIONS = [" A", " B", " C", " D"]
+CONTINUATIONS = [f" {letter}" for letter in LETTERS[:4]]  # lm-eval's " A".." D"
 MAX_SHOTS = 5  # the dev split holds 5 questions per subject
 
 
@@ -98,7 +82,7 @@ def _question(row: Row) -> MMLUQuestion:
         raise row.bad_value("choices", "must hold 4 choices")
     if answer.isdigit() and int(answer) < 4:
         index = int(answer)
-    elif answer.upper() in ("A", "B", "C", "D"):
+    elif answer.upper() in LETTERS[:4]:
         index = LETTERS.index(answer.upper())
     else:
         raise row.bad_value(answer_column, "must be 0-3 or A-D")
@@ -106,9 +90,10 @@ def _question(row: Row) -> MMLUQuestion:
 
 
 def _questions(path: Path, split: str) -> list[MMLUQuestion]:
-    """All questions of ``split`` ("test" or "dev") that ``path`` (file or directory) holds."""
-    column = ("test", "dev").index(split)
-    files = resolve_files(path, [pair[column] for pair in LAYOUTS], f"MMLU {split}")
+    """All questions of ``split`` ("test" or "dev") that ``path`` (file or directory) holds.
+    Every layout names its dev files as its test files with "dev" for "test"."""
+    patterns = [pattern.replace("test", split) for pattern in MMLU.declaration.files]
+    files = resolve_files(path, patterns, f"MMLU {split}")
     # hendrycks CSVs have no header row; every other layout has one
     rows = [row for f in files for row in read_rows([f], csv_header=not _hendrycks_csv(f))]
     return [_question(row) for row in rows]
@@ -118,14 +103,21 @@ FORMULATIONS = {"letters": build_context, "continuation": build_continuation_con
 
 
 @register_benchmark
-@dataclass(frozen=True)
 class MMLU(Benchmark):
     """Options: ``num_fewshot`` 0 (lm-eval default) .. 5 (classic); ``dev_path`` for the dev
     split when ``load`` gets a single test file rather than a directory; ``formulation``
     ``letters`` (lm-eval ``mmlu``, the paper's) or ``continuation`` (lm-eval ``mmlu_continuation``)."""
 
-    name: ClassVar[str] = "mmlu"
-    kind: ClassVar[str] = "loglikelihood"
+    declaration: ClassVar[Declaration] = Declaration(
+        name="mmlu", kind="loglikelihood",
+        # test splits, one glob per layout; the dev split is found by "dev" for "test"
+        files=("all/test-*.parquet", "test-*.parquet", "*/test-*.parquet", "data/test/*_test.csv",
+               "test/*_test.csv", "*_test.csv"),
+        source="cais/mmlu config 'all' split 'test' (shots: split 'dev'), or hendrycks data/test/*_test.csv + data/dev/*_dev.csv",
+        prompt=build_context, parser=first_argmax,
+        headline=Headline("MMLU", "acc", "micro-averaged accuracy"),
+        chance=one_of_the_choices, mirrors="lm-eval mmlu (formulation='continuation': mmlu_continuation)",
+    )
 
     num_fewshot: int = 0
     dev_path: str | None = None
@@ -134,8 +126,7 @@ class MMLU(Benchmark):
     def __post_init__(self) -> None:
         if not isinstance(self.num_fewshot, int) or not 0 <= self.num_fewshot <= MAX_SHOTS:
             raise ValueError(f"mmlu: num_fewshot must be an int in 0..{MAX_SHOTS}, got {self.num_fewshot!r}")
-        if self.formulation not in FORMULATIONS:
-            raise ValueError(f"mmlu: formulation must be one of {list(FORMULATIONS)}, got {self.formulation!r}")
+        self.check_option("formulation", FORMULATIONS)
 
     def load(self, path: str | Path, limit: int | None = None) -> list[LoglikelihoodItem]:
         """Items in file order (subjects alphabetical in the official files); ``limit`` keeps
@@ -179,27 +170,24 @@ class MMLU(Benchmark):
 
     def score(self, items: Sequence[LoglikelihoodItem], predictions: Mapping[str, Any]) -> dict[str, Any]:
         logprobs = continuation_logprobs(self.name, items, predictions)
-        correct = [first_argmax(s) == item.gold for item, s in zip(items, logprobs)]
+        correct = picked_gold(items, logprobs)
         per_subject = grouped_accuracy((item.meta["subject"] for item in items), correct)
         metrics = {
-            "acc": mean([float(ok) for ok in correct]),
+            "acc": accuracy(correct),
             "acc_macro_subjects": mean(list(per_subject.values())),
             "per_subject": per_subject,
             "num_items": len(items),
             "num_fewshot": self.num_fewshot,
             "formulation": self.formulation,
-            "scale": "0-1",
+            "scale": SCALE,
         }
         if self.formulation == "continuation":  # answer texts differ in length: lm-eval's acc_norm too
-            metrics["acc_norm"] = mean([float(first_argmax(per_character(s, item.meta["choice_lengths"])) == item.gold)
-                                        for item, s in zip(items, logprobs)])
+            metrics["acc_norm"] = accuracy(picked_gold(items, logprobs, per_char=True))
         return metrics
 
-    def settings(self) -> dict[str, Any]:
+    def details(self) -> dict[str, Any]:
         letters = self.formulation == "letters"
         return {
-            "benchmark": self.name,
-            "data": "cais/mmlu config 'all' split 'test' (shots: split 'dev'), or hendrycks data/test/*_test.csv + data/dev/*_dev.csv",
             "formulation": self.formulation + (" (lm-eval mmlu)" if letters else " (lm-eval mmlu_continuation)"),
             "num_fewshot": self.num_fewshot,
             "fewshot_split": "dev",
@@ -214,6 +202,4 @@ class MMLU(Benchmark):
             "scoring": ("acc = argmax of summed log-prob over ' A'..' D' (lm-eval)" if letters else
                         "acc = argmax of summed log-prob of the choice texts; acc_norm = of log-prob / characters (lm-eval)"),
             "aggregation": "acc = micro over all questions (lm-eval group 'mmlu', weight_by_size); acc_macro_subjects = mean of subject accuracies",
-            "headline_metric": "acc (0-1)",
         }
-

@@ -10,35 +10,18 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
-from llava_norm.evaluation.benchmarks.base import (
-    Benchmark,
-    GenerationItem,
-    generated_replies,
-    mean,
-    register_benchmark,
-)
-from llava_norm.evaluation.benchmarks.mcq import (
-    LETTERS,
-    grouped_accuracy,
-    infer_option_letter,
-    mmstar_paper_era_correct,
-)
-from llava_norm.evaluation.benchmarks.tabular import (
-    Row,
-    image_index,
-    read_benchmark_rows,
-    required_image,
-)
+from llava_norm.evaluation.benchmarks.base import (Declaration, GenerationItem, Headline, SCALE, accuracy,
+                                                   generated_replies, mean, one_of_the_choices, register_benchmark)
+from llava_norm.evaluation.benchmarks.mcq import (ANSWER_WITH_LETTER, LETTERS, grouped_accuracy, infer_option_letter,
+                                                  mmstar_paper_era_correct)
+from llava_norm.evaluation.benchmarks.tabular import Row, RowBenchmark, required_image
 
 # lmms-eval's post_prompt for MMStar: note there is no final period.
-INSTRUCTION = "\nAnswer with the option's letter from the given choices directly"
+INSTRUCTION = "\n" + ANSWER_WITH_LETTER.removesuffix(".")
 YES_NO_SUFFIX = " Please answer yes or no."
 SCORING_VARIANTS = ("lmms_eval_paper_era", "vlmevalkit_can_infer")
-FILE_PATTERNS = ("MMStar*.tsv", "mmstar*.parquet", "**/mmstar*.parquet", "val-*.parquet", "**/val-*.parquet", "*.tsv", "*.parquet")
 
 
 def split_inline_options(question: str) -> dict[str, str]:
@@ -74,57 +57,51 @@ def build_prompt(question: str) -> str:
 
 
 @register_benchmark
-@dataclass(frozen=True)
-class MMStar(Benchmark):
+class MMStar(RowBenchmark):
     """Options: ``scoring`` "lmms_eval_paper_era" (default) or "vlmevalkit_can_infer"."""
 
-    name: ClassVar[str] = "mmstar"
-    kind: ClassVar[str] = "generate"
-    max_new_tokens: ClassVar[int] = 1024  # the task sets none; lmms-eval's llava default
+    declaration: ClassVar[Declaration] = Declaration(
+        name="mmstar", kind="generate",
+        files=("MMStar*.tsv", "mmstar*.parquet", "**/mmstar*.parquet", "val-*.parquet", "**/val-*.parquet",
+               "*.tsv", "*.parquet"),
+        source="Lin-Chen/MMStar split 'val' (parquet, options inline) or VLMEvalKit MMStar.tsv (A-D columns, rebuilt inline)",
+        prompt=build_prompt, parser=mmstar_paper_era_correct,
+        headline=Headline("MMStar", "average_macro_l2", "average over categories (macro over L2 categories)", macro=True),
+        chance=one_of_the_choices, mirrors="lmms-eval mmstar",
+        max_new_tokens=1024,  # the task sets none; lmms-eval's llava default
+    )
+    id_columns = ("index",)
 
     scoring: str = "lmms_eval_paper_era"
 
     def __post_init__(self) -> None:
-        if self.scoring not in SCORING_VARIANTS:
-            raise ValueError(f"mmstar: scoring must be one of {SCORING_VARIANTS}, got {self.scoring!r}")
+        self.check_option("scoring", SCORING_VARIANTS)
 
-    def load(self, path: str | Path, limit: int | None = None) -> list[GenerationItem]:
-        rows, ids = read_benchmark_rows(path, FILE_PATTERNS, "MMStar", ("index",), limit)
-        by_index = image_index(rows)
-        return [self._item(row, item_id, by_index) for row, item_id in zip(rows, ids)]
-
-    def _item(self, row: Row, item_id: str, by_index: Mapping[str, Any]) -> GenerationItem:
+    def item(self, row: Row, item_id: str, by_index: Mapping[str, Any]) -> GenerationItem:
         question = row.text("question")
-        column_options = {letter: str(row.values[letter]) for letter in "ABCD" if row.has(letter)}
+        column_options = {letter: str(row.values[letter]) for letter in LETTERS[:4] if row.has(letter)}
         inline_options = split_inline_options(question)
         if column_options and not inline_options:
             # VLMEvalKit's TSV keeps options in columns; rebuild the inline block the HF
             # data carries so both layouts give the model the same prompt.
             question = question.rstrip() + "\nOptions: " + ", ".join(f"{k}: {v}" for k, v in column_options.items())
-        options = column_options or inline_options
+        # Without readable option texts can_infer still finds a standalone letter A-D.
+        options = column_options or inline_options or {letter: "" for letter in LETTERS[:4]}
         answer = row.text("answer").strip().upper()
-        if answer not in ("A", "B", "C", "D"):
+        if answer not in LETTERS[:4]:
             raise row.bad_value("answer", "must be one of A, B, C, D")
-        image = required_image(row, by_index)
-        return GenerationItem(
-            benchmark=self.name,
-            item_id=item_id,
-            prompt=build_prompt(question),
-            image=image,
-            max_new_tokens=self.max_new_tokens,
-            meta={
-                "answer": answer,
-                "options": options,
-                "category": row.text("category"),
-                "l2_category": row.text("l2_category", "l2-category", "L2-category"),
-            },
+        return self.generation_item(
+            item_id, build_prompt(question), required_image(row, by_index),
+            answer=answer,
+            options=options,
+            category=row.text("category"),
+            l2_category=row.text("l2_category", "l2-category", "L2-category"),
         )
 
     def _correct(self, item: GenerationItem, reply: str) -> bool:
         if self.scoring == "lmms_eval_paper_era":
             return mmstar_paper_era_correct(reply, item.meta["answer"])
-        options = item.meta["options"] or {letter: "" for letter in "ABCD"}
-        return infer_option_letter(reply, options) == item.meta["answer"]
+        return infer_option_letter(reply, item.meta["options"]) == item.meta["answer"]
 
     def score(self, items: Sequence[GenerationItem], predictions: Mapping[str, Any]) -> dict[str, Any]:
         replies = generated_replies(self.name, items, predictions)
@@ -139,20 +116,17 @@ class MMStar(Benchmark):
         }
         return {
             "average_macro_l2": mean(list(per_l2.values())),
-            "accuracy_micro": mean([float(ok) for ok in correct]),
+            "accuracy_micro": accuracy(correct),
             "per_category_macro_l2": per_category_macro_l2,
             "per_category_micro": per_category_micro,
             "per_l2_category": per_l2,
             "num_items": len(items),
-            "scale": "0-1",
+            "scale": SCALE,
         }
 
-    def settings(self) -> dict[str, Any]:
+    def details(self) -> dict[str, Any]:
         return {
-            "benchmark": self.name,
-            "data": "Lin-Chen/MMStar split 'val' (parquet, options inline) or VLMEvalKit MMStar.tsv (A-D columns, rebuilt inline)",
             "prompt_template": "{question.strip() without ' Please answer yes or no.'}" + INSTRUCTION,
-            "max_new_tokens": self.max_new_tokens,
             "scoring": self.scoring,
             "scoring_rule": {
                 "lmms_eval_paper_era": "lowercase; right if the first char is the letter or the reply starts '(x', 'option x', 'the answer is x' (lmms-eval before #1274)",
@@ -160,5 +134,4 @@ class MMStar(Benchmark):
             }[self.scoring],
             "aggregation": "average_macro_l2 = lmms-eval 'average' (mean of the 18 L2-axis accuracies); "
             "per_category_macro_l2 = lmms-eval per-category metrics; accuracy_micro = VLMEvalKit Overall (/100)",
-            "headline_metric": "average_macro_l2 (0-1)",
         }

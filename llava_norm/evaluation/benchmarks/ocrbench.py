@@ -9,22 +9,11 @@ the handwritten-maths (HME100k) normalisation that keeps case and drops all spac
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
-from llava_norm.evaluation.benchmarks.base import (
-    Benchmark,
-    GenerationItem,
-    generated_replies,
-    register_benchmark,
-)
-from llava_norm.evaluation.benchmarks.tabular import (
-    Row,
-    image_index,
-    read_benchmark_rows,
-    required_image,
-)
+from llava_norm.evaluation.benchmarks.base import (Declaration, GenerationItem, Headline, generated_replies, never,
+                                                   register_benchmark)
+from llava_norm.evaluation.benchmarks.tabular import Row, RowBenchmark, required_image
 
 HMER = "Handwritten Mathematical Expression Recognition"
 # Question types with their share of the 1,000 points; the first six form Text Recognition.
@@ -41,7 +30,6 @@ QUESTION_TYPE_CAPS = {
     HMER: 100,
 }
 TEXT_RECOGNITION_TYPES = tuple(QUESTION_TYPE_CAPS)[:6]
-FILE_PATTERNS = ("OCRBench*.tsv", "test-*.parquet", "**/test-*.parquet", "*.tsv", "*.parquet")
 
 
 def normalise_handwritten_math(text: str) -> str:
@@ -61,39 +49,37 @@ def ocr_answer_correct(prediction: str, answers: Sequence[str], handwritten_math
     return any(normalise(answer) in predicted for answer in answers)
 
 
+def build_prompt(question: str) -> str:
+    """The bare question, stripped (lmms-eval ocrbench)."""
+    return question.strip()
+
+
 @register_benchmark
-@dataclass(frozen=True)
-class OCRBench(Benchmark):
-    name: ClassVar[str] = "ocrbench"
-    kind: ClassVar[str] = "generate"
-    max_new_tokens: ClassVar[int] = 128  # lmms-eval ocrbench
+class OCRBench(RowBenchmark):
+    declaration: ClassVar[Declaration] = Declaration(
+        name="ocrbench", kind="generate",
+        files=("OCRBench*.tsv", "test-*.parquet", "**/test-*.parquet", "*.tsv", "*.parquet"),
+        source="echo840/OCRBench split 'test' (parquet) or VLMEvalKit OCRBench.tsv",
+        prompt=build_prompt, parser=ocr_answer_correct,
+        headline=Headline("OCRBench", "accuracy", "share of items right (= final score / 10 on the full 1,000)"),
+        chance=never, mirrors="lmms-eval ocrbench", max_new_tokens=128,
+    )
 
-    def load(self, path: str | Path, limit: int | None = None) -> list[GenerationItem]:
-        rows, ids = read_benchmark_rows(path, FILE_PATTERNS, "OCRBench", ("index", "id"), limit)
-        by_index = image_index(rows)
-        return [self._item(row, item_id, by_index) for row, item_id in zip(rows, ids)]
-
-    def _item(self, row: Row, item_id: str, by_index: Mapping[str, Any]) -> GenerationItem:
+    def item(self, row: Row, item_id: str, by_index: Mapping[str, Any]) -> GenerationItem:
         question_type_column = row.first_present("question_type", "category") or "question_type"
         question_type = row.text("question_type", "category")
         if question_type not in QUESTION_TYPE_CAPS:
             raise row.bad_value(question_type_column, f"must be one of the ten OCRBench question types {list(QUESTION_TYPE_CAPS)}")
         source = row.optional_text("dataset")
         image = required_image(row, by_index)
-        return GenerationItem(
-            benchmark=self.name,
-            item_id=item_id,
-            prompt=row.text("question").strip(),
-            image=image,
-            max_new_tokens=self.max_new_tokens,
-            meta={
-                "answers": row.string_list("answer"),
-                "question_type": question_type,
-                "source": source,
-                # HME100k is exactly the HMER type; the TSV has no source column, so VLMEvalKit
-                # keys the rule on the type and lmms-eval on the source. Either marks it.
-                "handwritten_math": source == "HME100k" or question_type == HMER,
-            },
+        return self.generation_item(
+            item_id, build_prompt(row.text("question")), image,
+            answers=row.string_list("answer"),
+            question_type=question_type,
+            source=source,
+            # HME100k is exactly the HMER type; the TSV has no source column, so VLMEvalKit
+            # keys the rule on the type and lmms-eval on the source. Either marks it.
+            handwritten_math=source == "HME100k" or question_type == HMER,
         )
 
     def score(self, items: Sequence[GenerationItem], predictions: Mapping[str, Any]) -> dict[str, Any]:
@@ -115,16 +101,13 @@ class OCRBench(Benchmark):
             "num_items": len(items),
         }
 
-    def settings(self) -> dict[str, Any]:
+    def details(self) -> dict[str, Any]:
         return {
-            "benchmark": self.name,
-            "data": "echo840/OCRBench split 'test' (parquet) or VLMEvalKit OCRBench.tsv",
             "prompt_template": "{question.strip()}",
-            "max_new_tokens": self.max_new_tokens,
             "scoring": "right if any gold answer is a substring of the prediction after normalisation",
             "normalisation": {
                 "HME100k / HMER": "strip, remove newlines and spaces, keep case (fixed rule, lmms-eval >= #1278, VLMEvalKit)",
                 "other": "lowercase, strip, newline -> space (no full-width folding; lmms-eval HEAD adds it, #1415)",
             },
-            "headline_metric": "final_score (count out of 1000 on the full set); final_score_norm = /10 (0-100)",
+            "final_score": "count out of 1000 on the full set; final_score_norm = /10 (0-100)",
         }

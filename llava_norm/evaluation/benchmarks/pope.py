@@ -9,26 +9,11 @@ of *predicted* yes, per split, as the mean over splits and pooled.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
-from llava_norm.evaluation.benchmarks.base import (
-    Benchmark,
-    GenerationItem,
-    check_limit,
-    generated_replies,
-    mean,
-    register_benchmark,
-)
-from llava_norm.evaluation.benchmarks.tabular import (
-    Row,
-    assign_item_ids,
-    image_index,
-    read_rows,
-    required_image,
-    resolve_files,
-)
+from llava_norm.evaluation.benchmarks.base import (Declaration, GenerationItem, Headline, SCALE, generated_replies,
+                                                   mean, register_benchmark, yes_or_no)
+from llava_norm.evaluation.benchmarks.tabular import Row, RowBenchmark, required_image
 
 SPLITS = ("adversarial", "popular", "random")
 INSTRUCTION = "\nAnswer the question using a single word or phrase."
@@ -36,7 +21,10 @@ REPLY_RULES = {
     "lmms_eval_strict": "lowercase + strip, then the reply must equal 'yes' or 'no'; anything else is unparsable and wrong",
     "llava_first_sentence": "LLaVA eval_pope: keep the text before the first '.', drop commas; a word 'No', 'no' or 'not' means no, anything else yes",
 }
-FILE_PATTERNS = ("POPE*.tsv", "data/test-*.parquet", "test-*.parquet", "Full/*.parquet", "*.parquet", "*.tsv")
+
+
+def build_prompt(question: str) -> str:
+    return question.strip() + INSTRUCTION
 
 
 def parse_yes_no(reply: str, rule: str) -> str | None:
@@ -88,51 +76,36 @@ def _splits_of(row: Row) -> tuple[str, ...]:
 
 
 @register_benchmark
-@dataclass(frozen=True)
-class POPE(Benchmark):
+class POPE(RowBenchmark):
     """Options: ``split`` "all" (default) or one of adversarial / popular / random;
     ``reply_rule`` "lmms_eval_strict" (default) or "llava_first_sentence"."""
 
-    name: ClassVar[str] = "pope"
-    kind: ClassVar[str] = "generate"
-    max_new_tokens: ClassVar[int] = 128  # lmms-eval pope
+    declaration: ClassVar[Declaration] = Declaration(
+        name="pope", kind="generate",
+        files=("POPE*.tsv", "data/test-*.parquet", "test-*.parquet", "Full/*.parquet", "*.parquet", "*.tsv"),
+        source="lmms-lab/POPE (config 'default' split 'test' pooled, or config 'Full' splits "
+        "adversarial/popular/random) or VLMEvalKit POPE.tsv",
+        prompt=build_prompt, parser=parse_yes_no,
+        headline=Headline("POPE", "mean_over_splits.f1", "F1 ('yes' positive), mean of adversarial/popular/random"),
+        chance=yes_or_no, mirrors="lmms-eval pope", max_new_tokens=128,
+    )
 
     split: str = "all"
     reply_rule: str = "lmms_eval_strict"
 
     def __post_init__(self) -> None:
-        if self.split not in SPLITS + ("all",):
-            raise ValueError(f"pope: split must be 'all' or one of {SPLITS}, got {self.split!r}")
-        if self.reply_rule not in REPLY_RULES:
-            raise ValueError(f"pope: reply_rule must be one of {sorted(REPLY_RULES)}, got {self.reply_rule!r}")
+        self.check_option("split", ("all", *SPLITS))
+        self.check_option("reply_rule", REPLY_RULES)
 
-    def load(self, path: str | Path, limit: int | None = None) -> list[GenerationItem]:
-        check_limit(limit)
-        rows = read_rows(resolve_files(path, FILE_PATTERNS, "POPE"))
-        ids = assign_item_ids(rows, ("index", "id"))
-        by_index = image_index(rows)
-        items = []
-        for row, item_id in zip(rows, ids):
-            if limit is not None and len(items) >= limit:
-                break
-            splits = _splits_of(row)
-            if self.split == "all" or self.split in splits:
-                items.append(self._item(row, item_id, splits, by_index))
-        return items
-
-    def _item(self, row: Row, item_id: str, splits: tuple[str, ...], by_index: Mapping[str, Any]) -> GenerationItem:
+    def item(self, row: Row, item_id: str, by_index: Mapping[str, Any]) -> GenerationItem | None:
+        splits = _splits_of(row)
+        if self.split != "all" and self.split not in splits:
+            return None
         answer = row.text("answer").strip().lower()
         if answer not in ("yes", "no"):
             raise row.bad_value("answer", "must be yes or no")
-        image = required_image(row, by_index)
-        return GenerationItem(
-            benchmark=self.name,
-            item_id=item_id,
-            prompt=row.text("question").strip() + INSTRUCTION,
-            image=image,
-            max_new_tokens=self.max_new_tokens,
-            meta={"answer": answer, "splits": list(splits), "question_id": row.optional_text("question_id")},
-        )
+        return self.generation_item(item_id, build_prompt(row.text("question")), required_image(row, by_index),
+                                    answer=answer, splits=list(splits), question_id=row.optional_text("question_id"))
 
     def score(self, items: Sequence[GenerationItem], predictions: Mapping[str, Any]) -> dict[str, Any]:
         replies = generated_replies(self.name, items, predictions)
@@ -152,20 +125,16 @@ class POPE(Benchmark):
             "pooled": yes_no_metrics([g for _, g, _ in pairs], [p for _, _, p in pairs]),
             "unparsable_replies": sum(1 for p in parsed if p is None),
             "num_items": len(items),
-            "scale": "0-1",
+            "scale": SCALE,
         }
 
-    def settings(self) -> dict[str, Any]:
+    def details(self) -> dict[str, Any]:
         return {
-            "benchmark": self.name,
-            "data": "lmms-lab/POPE (config 'default' split 'test' pooled, or config 'Full' splits adversarial/popular/random) or VLMEvalKit POPE.tsv",
             "split": self.split,
-            "prompt_template": "{question.strip()}" + INSTRUCTION,
-            "max_new_tokens": self.max_new_tokens,
+            "prompt_template": build_prompt("{question.strip()}"),
             "reply_rule": self.reply_rule,
             "reply_rule_description": REPLY_RULES[self.reply_rule],
             "metrics": "accuracy, precision, recall, f1 with yes as positive; recall over all gold-yes items; "
             "predicted_yes_share = share of replies read as yes (lmms-eval's pope_yes_ratio is the gold share, a bug; "
-            "we report it separately as gold_yes_share)",
-            "headline_metric": "mean_over_splits.f1 (LLaVA's 85.9 style) or pooled.accuracy; say which",
+            "we report it separately as gold_yes_share); pooled.accuracy is the other common headline",
         }

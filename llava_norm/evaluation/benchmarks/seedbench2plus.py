@@ -9,34 +9,16 @@ gold letter, reported for chart / map / web and overall (micro).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
-from llava_norm.evaluation.benchmarks.base import (
-    Benchmark,
-    GenerationItem,
-    generated_replies,
-    mean,
-    register_benchmark,
-)
-from llava_norm.evaluation.benchmarks.mcq import (
-    ANSWER_WITH_LETTER,
-    first_character,
-    format_options,
-    gold_letter,
-    grouped_accuracy,
-    grouped_counts,
-)
-from llava_norm.evaluation.benchmarks.tabular import (
-    Row,
-    image_index,
-    read_benchmark_rows,
-    required_image,
-)
+from llava_norm.evaluation.benchmarks.base import (Declaration, GenerationItem, Headline, SCALE, accuracy,
+                                                   one_of_the_choices, register_benchmark)
+from llava_norm.evaluation.benchmarks.mcq import (ANSWER_WITH_LETTER, LETTERS, format_options, gold_letter,
+                                                  grouped_accuracy, grouped_counts, letters_right,
+                                                  seedbench_reply_correct)
+from llava_norm.evaluation.benchmarks.tabular import Row, RowBenchmark, required_image
 
 IMAGE_TYPES = ("chart", "map", "web")
-FILE_PATTERNS = ("SEEDBench2_Plus*.tsv", "test-*.parquet", "**/test-*.parquet", "*.tsv", "*.parquet")
 
 
 def build_prompt(question: str, options: Mapping[str, str]) -> str:
@@ -44,52 +26,40 @@ def build_prompt(question: str, options: Mapping[str, str]) -> str:
 
 
 @register_benchmark
-@dataclass(frozen=True)
-class SEEDBench2Plus(Benchmark):
-    name: ClassVar[str] = "seedbench2_plus"
-    kind: ClassVar[str] = "generate"
-    max_new_tokens: ClassVar[int] = 16  # lmms-eval seedbench_2_plus
+class SEEDBench2Plus(RowBenchmark):
+    declaration: ClassVar[Declaration] = Declaration(
+        name="seedbench2_plus", kind="generate", data_dir="seedbench_2_plus",
+        files=("SEEDBench2_Plus*.tsv", "test-*.parquet", "**/test-*.parquet", "*.tsv", "*.parquet"),
+        source="doolayer/SEED-Bench-2-Plus split 'test' (parquet) or VLMEvalKit SEEDBench2_Plus.tsv",
+        prompt=build_prompt, parser=seedbench_reply_correct,
+        headline=Headline("SEED-Bench-2-Plus", "all", "accuracy over chart, map and web"),
+        chance=one_of_the_choices, mirrors="lmms-eval seedbench_2_plus", max_new_tokens=16,
+    )
+    id_columns = ("question_id", "index")
 
-    def load(self, path: str | Path, limit: int | None = None) -> list[GenerationItem]:
-        rows, ids = read_benchmark_rows(path, FILE_PATTERNS, "SEED-Bench-2-Plus", ("question_id", "index"), limit)
-        by_index = image_index(rows)
-        return [self._item(row, item_id, by_index) for row, item_id in zip(rows, ids)]
-
-    def _item(self, row: Row, item_id: str, by_index: Mapping[str, Any]) -> GenerationItem:
-        options = {letter: row.text(f"choice_{letter}", letter) for letter in "ABCD"}
+    def item(self, row: Row, item_id: str, by_index: Mapping[str, Any]) -> GenerationItem:
+        options = {letter: row.text(f"choice_{letter}", letter) for letter in LETTERS[:4]}
         type_column = row.first_present("question_image_type", "category") or "question_image_type"
         image_type = row.text("question_image_type", "category").strip().lower()
         if image_type not in IMAGE_TYPES:
             raise row.bad_value(type_column, f"must be one of {IMAGE_TYPES}")
-        image = required_image(row, by_index)
-        return GenerationItem(
-            benchmark=self.name,
-            item_id=item_id,
-            prompt=build_prompt(row.text("question"), options),
-            image=image,
-            max_new_tokens=self.max_new_tokens,
-            meta={"answer": gold_letter(row, options), "image_type": image_type},
-        )
+        return self.generation_item(item_id, build_prompt(row.text("question"), options), required_image(row, by_index),
+                                    answer=gold_letter(row, options), options=options, image_type=image_type)
 
     def score(self, items: Sequence[GenerationItem], predictions: Mapping[str, Any]) -> dict[str, Any]:
-        replies = generated_replies(self.name, items, predictions)
-        correct = [first_character(reply).lower() == item.meta["answer"].lower() for item, reply in zip(items, replies)]
+        correct = letters_right(self, items, predictions)
         types = [item.meta["image_type"] for item in items]
         return {
-            "all": mean([float(ok) for ok in correct]),
+            "all": accuracy(correct),
             **grouped_accuracy(types, correct),
             "items_per_type": grouped_counts(types),
             "num_items": len(items),
-            "scale": "0-1",
+            "scale": SCALE,
         }
 
-    def settings(self) -> dict[str, Any]:
+    def details(self) -> dict[str, Any]:
         return {
-            "benchmark": self.name,
-            "data": "doolayer/SEED-Bench-2-Plus split 'test' (parquet) or VLMEvalKit SEEDBench2_Plus.tsv",
             "prompt_template": build_prompt("{question}", {"A": "..", "B": "..", "C": "..", "D": ".."}),
-            "max_new_tokens": self.max_new_tokens,
             "scoring": "first character of the stripped reply equals the gold letter, case-insensitive (lmms-eval)",
             "aggregation": "accuracy per question_image_type (chart, map, web) and 'all' = micro over every item",
-            "headline_metric": "all (0-1)",
         }

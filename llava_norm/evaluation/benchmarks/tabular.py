@@ -4,7 +4,8 @@ Owns: resolving a file-or-directory argument against a benchmark's accepted file
 reading TSV (VLMEvalKit), CSV, parquet (HF datasets / lmms-eval), JSON and JSONL into
 ``Row`` objects whose accessors raise a ``ValueError`` naming the file, the row and the
 column, turning image cells (HF ``{"bytes", "path"}`` dicts, raw bytes, VLMEvalKit base64
-with its by-index references) into ``EncodedImage``, and choosing stable item ids.
+with its by-index references) into ``EncodedImage``, choosing stable item ids, and
+``RowBenchmark``: the load loop of every benchmark whose items are the rows of its files.
 """
 
 from __future__ import annotations
@@ -15,18 +16,20 @@ import binascii
 import io
 import json
 import math
+from abc import abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 import pyarrow.parquet as pq
 from PIL import Image
 
-from llava_norm.evaluation.benchmarks.base import EncodedImage, check_limit
+from llava_norm.evaluation.benchmarks.base import Benchmark, EncodedImage, GenerationItem, Item, check_limit
 
 TABLE_SUFFIXES = (".tsv", ".csv", ".parquet", ".jsonl", ".json")
+INDEX_REFERENCE_MAX = 64  # VLMEvalKit: an image cell this short is the index of another row, not base64
 
 
 def is_missing(value: Any) -> bool:
@@ -215,9 +218,9 @@ def _image_bytes(row: Row, column: str, cell: Any, by_index: Mapping[str, Any]) 
         return bytes(cell)
     if isinstance(cell, str):
         text = cell.strip()
-        if len(text) <= 64:  # VLMEvalKit's rule: a short value is another row's index
+        if len(text) <= INDEX_REFERENCE_MAX:
             target = by_index.get(text)
-            if not isinstance(target, str) or len(target.strip()) <= 64:
+            if not isinstance(target, str) or len(target.strip()) <= INDEX_REFERENCE_MAX:
                 raise ValueError(f"{row.where}: column {column!r} holds {text!r}, which is neither base64 nor the index of a row with an image")
             text = target.strip()
         try:
@@ -238,9 +241,38 @@ def assign_item_ids(rows: Sequence[Row], id_columns: Sequence[str]) -> list[str]
     return [f"{r.source.name}#{r.number}" for r in rows]
 
 
-def read_benchmark_rows(path: str | Path, patterns: Sequence[str], label: str, id_columns: Sequence[str],
-                        limit: int | None = None) -> tuple[list[Row], list[str]]:
-    """The first ``limit`` rows of a benchmark's files, with their stable item ids."""
-    check_limit(limit)
-    rows = read_rows(resolve_files(path, patterns, label))[:limit]
-    return rows, assign_item_ids(rows, id_columns)
+class RowBenchmark(Benchmark):
+    """A benchmark whose items are the rows of its data files (``declaration.files``).
+
+    Ids and VLMEvalKit image references are resolved over all rows, so a limited load names
+    and finds things exactly as a full one does; ``limit`` counts the items kept.
+    """
+
+    id_columns: ClassVar[tuple[str, ...]] = ("index", "id")  # see assign_item_ids
+
+    def load(self, path: str | Path, limit: int | None = None) -> list[Item]:
+        check_limit(limit)
+        files = resolve_files(path, self.declaration.files, self.declaration.headline.column)
+        self.check_files(files)
+        rows = read_rows(files)
+        by_index = image_index(rows)
+        items: list[Item] = []
+        for row, item_id in zip(rows, assign_item_ids(rows, self.id_columns)):
+            if limit is not None and len(items) >= limit:
+                break
+            item = self.item(row, item_id, by_index)
+            if item is not None:
+                items.append(item)
+        return items
+
+    def check_files(self, files: list[Path]) -> None:
+        """Refuse files that cannot hold this variant of the benchmark (default: accept)."""
+
+    @abstractmethod
+    def item(self, row: Row, item_id: str, by_index: Mapping[str, Any]) -> Item | None:
+        """The row's item, or None for a row the benchmark leaves out. ``by_index`` maps
+        VLMEvalKit indices to image cells (see ``required_image``)."""
+
+    def generation_item(self, item_id: str, prompt: str, image: EncodedImage | None, **meta: Any) -> GenerationItem:
+        return GenerationItem(benchmark=self.name, item_id=item_id, prompt=prompt, image=image,
+                              max_new_tokens=self.max_new_tokens, meta=meta)
