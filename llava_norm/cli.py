@@ -119,46 +119,17 @@ def _demo(args) -> None:
     run_demo(args.root, args.profile)
 
 
-def _key_values(pairs: list[str], flag: str) -> dict[str, str]:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            sys.exit(f"{flag} {pair!r}: expected KEY=VALUE")
-        out[key] = value
-    return out
-
-
 def _eval(args) -> None:
-    import yaml
+    from llava_norm.evaluation.arguments import eval_config_from_args
+    from llava_norm.evaluation.runner import run_evaluation
 
-    from llava_norm.evaluation.runner import (EvalConfig, default_run_name, resolve_benchmarks,
-                                              run_evaluation, training_prompt_settings)
-
-    options: dict[str, dict] = {}
-    for key, value in _key_values(args.option, "--option").items():
-        bench, sep, name = key.partition(".")
-        if not sep:
-            sys.exit(f"--option {key}={value}: expected BENCHMARK.OPTION=VALUE, e.g. mmlu.num_fewshot=5")
-        options.setdefault(bench, {})[name] = yaml.safe_load(value)
     try:
-        requests = resolve_benchmarks(args.benchmarks.split(","), args.data_root,
-                                      _key_values(args.data, "--data"), options)
+        config = eval_config_from_args(args)
     except (ValueError, FileNotFoundError) as error:
         sys.exit(f"eval: {error}")
-    prompt = training_prompt_settings(args.checkpoint)
-    if args.prompt_format:
-        prompt.prompt_format = args.prompt_format
-    if args.system_prompt is not None:
-        prompt.system_prompt = args.system_prompt or None
-    out = args.out or str(Path(args.checkpoint).resolve().parent / "eval")
-    summary = run_evaluation(EvalConfig(
-        checkpoint=args.checkpoint, out_dir=out, benchmarks=requests,
-        run_name=args.name or default_run_name(args.checkpoint), prompt=prompt, batch_size=args.batch_size,
-        limit=args.limit, dtype=args.dtype, max_new_tokens_cap=args.max_new_tokens_cap, overwrite=args.overwrite,
-        trust_remote_code=args.trust_remote_code))
+    summary = run_evaluation(config)
     if summary is not None:
-        print(f"results in {out}: " + ", ".join(summary["benchmarks"]))
+        print(f"results in {config.out_dir}: " + ", ".join(summary["benchmarks"]))
 
 
 def _table(args) -> None:
@@ -173,16 +144,19 @@ def _table(args) -> None:
 
 
 def _pipeline(args) -> None:
+    from llava_norm.config import ConfigError
     from llava_norm.pipeline import PipelineConfig, plan, run_steps
 
     config = PipelineConfig(arms=args.arms, runs_dir=args.runs, data_root=args.data_root, benchmarks=args.benchmarks,
                             stage1_overrides=args.stage1, stage2_overrides=args.stage2, eval_args=args.eval_arg,
-                            table=args.table, stream=args.stream)
+                            table=args.table, stream=args.stream, code_counts=args.code_counts,
+                            reuse_stale=args.reuse_stale)
     try:
-        steps = plan(config)
-        for name, status, seconds in run_steps(steps):
-            print(f"{name:40s} {status:7s} {seconds:7.1f} s")
-    except (RuntimeError, FileNotFoundError, ValueError) as error:
+        steps, marks = plan(config)
+        for name, status, seconds in run_steps(steps, reuse_stale=config.reuse_stale, marks=marks,
+                                               dry_run=args.dry_run):
+            print(f"{name:40s} {status:9s} {seconds:7.1f} s")
+    except (RuntimeError, FileNotFoundError, ValueError, ConfigError) as error:
         sys.exit(f"pipeline: {error}")
 
 
@@ -209,24 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_synth)
 
-    p = sub.add_parser("eval", help="evaluate a checkpoint on benchmarks (data-parallel under torchrun, resumable)")
-    p.add_argument("checkpoint", help="a saved model directory (e.g. runs/x/stage2/model)")
-    p.add_argument("--benchmarks", default="all", help="comma-separated names, or 'all'")
-    p.add_argument("--data-root", help="directory holding one sub-directory per benchmark (see eval/README.md)")
-    p.add_argument("--data", action="append", default=[], metavar="NAME=PATH", help="data path of one benchmark")
-    p.add_argument("--option", action="append", default=[], metavar="NAME.KEY=VALUE",
-                   help="benchmark option, e.g. mmlu.num_fewshot=5, ai2d.variant=no_mask, pope.split=adversarial")
-    p.add_argument("--out", help="output directory (default: <checkpoint>/../eval)")
-    p.add_argument("--name", help="run name in the results table (default: the run's arm)")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--limit", type=int, default=None, help="first N items per benchmark (smoke runs)")
-    p.add_argument("--max-new-tokens-cap", type=int, default=None,
-                   help="cap every task's max_new_tokens (smoke runs; recorded in the results)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--prompt-format", choices=["chat", "plain"], help="default: the training config's")
-    p.add_argument("--system-prompt", default=None, help="default: the training config's ('' for none)")
-    p.add_argument("--overwrite", action="store_true", help="recompute instead of resuming")
-    p.add_argument("--trust-remote-code", action="store_true")
+    from llava_norm.evaluation.arguments import add_eval_arguments
+
+    p = add_eval_arguments(sub.add_parser(
+        "eval", help="evaluate a checkpoint on benchmarks (data-parallel under torchrun, resumable)"))
     p.set_defaults(func=_eval)
 
     p = sub.add_parser("table", help="results table (Markdown + CSV) from eval output directories")
@@ -235,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results/table", help="output prefix: writes PREFIX.md and PREFIX.csv")
     p.set_defaults(func=_table)
 
-    p = sub.add_parser("pipeline", help="stage 1 -> stage 2 -> eval -> table for arm config dirs (skips finished steps)")
+    p = sub.add_parser("pipeline", help="stage 1 -> stage 2 -> eval -> table for arm config dirs (reuses a step only if its provenance matches)")
     p.add_argument("arms", nargs="+", help="config dirs with stage1.yaml + stage2.yaml; the first is the baseline")
     p.add_argument("--runs", default="runs/pipeline", help="runs go to RUNS/<arm>/{stage1,stage2,eval}")
     p.add_argument("--data-root", default=os.environ.get("EVAL_DATA", "data/eval"), help="benchmark data root")
@@ -245,6 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-arg", action="append", default=[], help="extra argument for llava-norm eval")
     p.add_argument("--table", help="results prefix (default RUNS/results): writes .md and .csv")
     p.add_argument("--stream", action="store_true", help="show training/eval output instead of logging to files")
+    p.add_argument("--code-counts", action="store_true",
+                   help="rerun steps recorded with another code version or library versions (default: note them)")
+    p.add_argument("--reuse-stale", action="store_true",
+                   help="keep finished steps whose record no longer matches; the table marks their rows")
+    p.add_argument("--dry-run", action="store_true", help="say which steps would run and why; run none")
     p.set_defaults(func=_pipeline)
 
     p = sub.add_parser("merge-lora", help="fold a LoRA run's adapter into a plain model dir (safetensors)")

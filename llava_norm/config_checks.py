@@ -123,15 +123,26 @@ def _check_lora_targets(config: RunConfig) -> None:
             decoder = AutoModelForCausalLM.from_config(llm_config, trust_remote_code=remote).get_decoder()
     except (OSError, ValueError, KeyError, TypeError):
         return  # a directory transformers cannot read: the model load reports it, with its own message
-    if lora.lm_head and getattr(llm_config, "tie_word_embeddings", False):
-        raise ConfigError("key 'lora.lm_head': this LLM ties lm_head to its input embeddings "
-                          "(tie_word_embeddings); adapting it is not supported")
-    # Named as in the LlavaNorm model, whose decoder sits at model.language_model (see model.lora).
-    linear = [f"model.language_model.{n}" for n, mod in decoder.named_modules() if isinstance(mod, torch.nn.Linear)]
-    for suffix in lora.target_modules or []:
+    linear = [n for n, mod in decoder.named_modules() if isinstance(mod, torch.nn.Linear)]
+    problem = lora_target_problem(lora.target_modules, lora.lm_head, getattr(llm_config, "tie_word_embeddings", False),
+                                  linear)
+    if problem:
+        raise ConfigError(problem)
+
+
+def lora_target_problem(target_modules: list[str] | None, lm_head: bool, tied: bool, linear: list[str]) -> str | None:
+    """What is wrong with ``lora.target_modules`` / ``lora.lm_head`` for an LLM with these linear
+    layer names, or None. One rule for the check before any weights load and for ``model.lora``."""
+    if lm_head and tied:
+        # The adapted lm_head's base weight would be the input embeddings under a new name,
+        # which transformers refuses to save (and merging would silently change the inputs too).
+        return ("key 'lora.lm_head': this LLM ties lm_head to its input embeddings "
+                "(tie_word_embeddings); adapting it is not supported")
+    for suffix in target_modules or []:
         if not any(n == suffix or n.endswith(f".{suffix}") for n in linear):
-            raise ConfigError(f"key 'lora.target_modules': {suffix!r} matches no linear layer of the LLM "
-                              f"(its linear layers end in {sorted({n.rsplit('.', 1)[-1] for n in linear})})")
+            return (f"key 'lora.target_modules': {suffix!r} matches no linear layer of the LLM "
+                    f"(its linear layers end in {sorted({n.rsplit('.', 1)[-1] for n in linear})})")
+    return None
 
 
 def _looks_local(value: str) -> bool:

@@ -1,12 +1,14 @@
 """``scripts/pipeline.sh``: stage 1 -> stage 2 -> evaluation -> results table, per arm.
 
-Owns the chain and its bookkeeping: a run directory per arm (``<runs>/<arm>/{stage1,stage2,eval}``),
-a step is skipped when its output is complete (``train_summary.json`` is written last by a
-finished training run; ``summary.json`` of an evaluation lists every requested benchmark for
-the current weights), each step's output goes to a log file beside its results, and one
-progress bar with time left covers the whole chain. Training and evaluation run through the
-launch scripts, so the pipeline uses exactly the multi-process paths users launch by hand.
-``make demo`` builds on ``plan`` and ``run_steps``.
+Owns the chain and its reuse rule: a step is reused only when its provenance record
+(``llava_norm.provenance``) matches the record of what it would compute now, and its outputs
+are still the ones recorded. Otherwise it runs, with the differing keys or inputs in the log,
+and so does every later step of the same arm. An interrupted stage whose record matches is
+resumed, not restarted. The code version is recorded and reported but only counts with
+``code_counts``; ``reuse_stale`` keeps a stale step on purpose, and the table marks its row.
+Each launch's output goes to a log file beside its results; one progress bar covers the chain.
+Training and evaluation run through the launch scripts, so the pipeline uses exactly the
+multi-process paths users launch by hand. ``make demo`` builds on ``Step`` and ``run_steps``.
 """
 
 from __future__ import annotations
@@ -22,14 +24,37 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from llava_norm.config import load_config
+from llava_norm.evaluation.arguments import parse_eval_args
+from llava_norm.evaluation.runner import benchmark_settings, settings_differences
+from llava_norm.evaluation.table import write_table
+from llava_norm.provenance import differences, environment, environment_differences, fingerprint, read_record
+from llava_norm.train.record import training_record
+from llava_norm.train.rundir import SUMMARY, complete_checkpoints
+
 REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Decision:
+    reuse: bool
+    reasons: list[str] = field(default_factory=list)  # why it must run: what differs, or what is missing
+    notes: list[str] = field(default_factory=list)  # recorded differences that do not count (code, libraries)
+    stale: bool = False  # a finished output exists, computed from something else
+    forced: bool = False  # an earlier step of the same arm ran
 
 
 @dataclass
 class Step:
     name: str
-    done: Callable[[], bool]
+    check: Callable[[], Decision | bool]  # a plain bool: reuse when True (the demo's own steps)
     run: Callable[[], None]
+    arm: str | None = None  # steps of one arm form a chain: once one runs, every later one runs
+    decision: Decision | None = None  # set by run_steps before ``run``
+
+    def decide(self) -> Decision:
+        found = self.check()
+        return found if isinstance(found, Decision) else Decision(bool(found), [] if found else ["not done yet"])
 
 
 @dataclass
@@ -44,6 +69,8 @@ class PipelineConfig:
     table: str | None = None  # output prefix; default <runs>/results
     stream: bool = False  # show the launched processes' output instead of logging it to files
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the launches (GPUS_PER_NODE, ...)
+    code_counts: bool = False  # a different code version or library makes a step stale
+    reuse_stale: bool = False  # keep finished but stale steps (their rows are marked in the table)
 
 
 def arm_name(config_dir: str | Path) -> str:
@@ -52,31 +79,76 @@ def arm_name(config_dir: str | Path) -> str:
 
 def launch(command: list[str], log: Path | None, env: dict | None = None) -> None:
     """Run a launch script from the repo root; on failure, show the log's tail and stop."""
-    environment = {**os.environ, "PYTHON": sys.executable, **(env or {})}
+    environment_vars = {**os.environ, "PYTHON": sys.executable, **(env or {})}
     if log is None:
-        subprocess.run(command, cwd=REPO, env=environment, check=True)
+        subprocess.run(command, cwd=REPO, env=environment_vars, check=True)
         return
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as handle:
         handle.write(f"\n$ {' '.join(command)}\n")
         handle.flush()
-        code = subprocess.run(command, cwd=REPO, env=environment, stdout=handle, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(command, cwd=REPO, env=environment_vars, stdout=handle,
+                              stderr=subprocess.STDOUT).returncode
     if code != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
         raise RuntimeError(f"step failed (exit {code}): {' '.join(command)}\n--- last lines of {log} ---\n{tail}")
 
 
-def _evaluated(eval_dir: Path, checkpoint: Path, benchmarks: str) -> bool:
-    from llava_norm.evaluation.benchmarks import BENCHMARKS
-    from llava_norm.evaluation.runner import checkpoint_fingerprint
+def launch_world_size(env: dict[str, str]) -> int:
+    """The processes ``scripts/_launch.sh`` will start with this environment (a recorded input)."""
+    merged = {**os.environ, **env}
+    per_node = merged.get("GPUS_PER_NODE")
+    if not per_node:
+        import torch  # only where the launcher would also ask torch for the GPU count
 
-    summary = eval_dir / "summary.json"
-    if not summary.exists():
-        return False
-    results = json.loads(summary.read_text())["benchmarks"]
-    wanted = list(BENCHMARKS) if benchmarks == "all" else benchmarks.split(",")
-    fingerprint = checkpoint_fingerprint(checkpoint)
-    return all(b in results and results[b]["settings"]["checkpoint_fingerprint"] == fingerprint for b in wanted)
+        per_node = str(max(torch.cuda.device_count(), 1))
+    return int(per_node) * int(merged.get("NNODES") or merged.get("SLURM_NNODES") or 1)
+
+
+def stage_decision(yaml_path: Path, overrides: list[str], out: Path, world: int, code_counts: bool) -> Decision:
+    """Reuse a training stage only if its record matches what ``yaml_path`` + overrides would train now."""
+    expected = training_record(load_config(yaml_path, [*overrides, f"train.output_dir={out}"]), world)
+    found = read_record(out)
+    if found is None:
+        holds_run = (out / SUMMARY).exists() or bool(complete_checkpoints(out))
+        return Decision(False, ["its output has no provenance record" if holds_run else "not run yet"],
+                        stale=holds_run)
+    reasons = differences(found, expected)
+    notes = environment_differences(found.environment, expected.environment)
+    if code_counts:
+        reasons, notes = reasons + notes, []
+    if not reasons and found.complete:
+        changed = [name for name, recorded in found.outputs.items()
+                   if recorded != fingerprint(out / ("model" if name == "model" else "projector.safetensors"))]
+        reasons = [f"output {name} was changed after the run recorded it" for name in changed]
+    if reasons:
+        return Decision(False, reasons, notes, stale=True)
+    if not found.complete:
+        return Decision(False, ["interrupted: resuming it"], notes)
+    return Decision(True, notes=notes)
+
+
+def eval_decision(argv: list[str], out: Path, code_counts: bool) -> Decision:
+    """Reuse an evaluation only if every requested benchmark's result has the settings (checkpoint
+    and data fingerprints included) that evaluating now would record."""
+    config = parse_eval_args(argv)
+    reasons, notes, stale = [], [], False
+    now = environment()
+    for request in config.benchmarks:
+        path = out / f"{request.name}.json"
+        if not path.is_file():
+            reasons.append(f"{request.name}: not evaluated yet")
+            continue
+        result = json.loads(path.read_text())
+        keys = settings_differences(result.get("settings", {}), benchmark_settings(config, request))
+        env = environment_differences(result.get("environment", {}), now)
+        if code_counts:
+            keys, env = keys + env, []
+        if keys:
+            stale = True
+            reasons.append(f"{request.name}: " + ", ".join(keys))
+        notes += [f"{request.name}: {n}" for n in env]
+    return Decision(not reasons, reasons, notes, stale=stale)
 
 
 def arm_steps(config: PipelineConfig, config_dir: str) -> list[Step]:
@@ -85,61 +157,114 @@ def arm_steps(config: PipelineConfig, config_dir: str) -> list[Step]:
     runs = Path(config.runs_dir).resolve() / arm
     stage1, stage2, eval_dir = runs / "stage1", runs / "stage2", runs / "eval"
     logs = None if config.stream else runs
+    world = launch_world_size(config.env)
     for stage in ("stage1", "stage2"):
         if not (cfg / f"{stage}.yaml").is_file():
             raise FileNotFoundError(f"{cfg}: no {stage}.yaml (an arm directory needs stage1.yaml and stage2.yaml)")
 
-    def train(stage: int) -> Callable[[], None]:
+    def overrides(stage: int) -> list[str]:
+        if stage == 1:
+            return list(config.stage1_overrides)
+        return [f"model.pretrained_projector={stage1 / 'projector.safetensors'}", *config.stage2_overrides]
+
+    def train_step(stage: int) -> Step:
+        out = stage1 if stage == 1 else stage2
+
         def run() -> None:
-            out = stage1 if stage == 1 else stage2
+            decision = step.decision
+            # A stale or forced rerun replaces the run; a matching interrupted one is resumed.
+            restart = ["train.restart=true"] if decision and (decision.stale or decision.forced) else []
             script = "scripts/pretrain.sh" if stage == 1 else "scripts/finetune.sh"
-            extra = config.stage1_overrides if stage == 1 else [
-                f"model.pretrained_projector={stage1 / 'projector.safetensors'}", *config.stage2_overrides]
-            launch(["bash", script, str(cfg / f"stage{stage}.yaml"), f"train.output_dir={out}", *extra],
-                   logs and logs / f"stage{stage}.log", config.env)
-        return run
+            launch(["bash", script, str(cfg / f"stage{stage}.yaml"), f"train.output_dir={out}", *overrides(stage),
+                    *restart], logs and logs / f"stage{stage}.log", config.env)
+
+        step = Step(f"{arm}: stage {stage}",
+                    lambda: stage_decision(cfg / f"stage{stage}.yaml", overrides(stage), out, world, config.code_counts),
+                    run, arm)
+        return step
+
+    def eval_options() -> list[str]:
+        return ["--benchmarks", config.benchmarks, "--out", str(eval_dir), "--name", arm,
+                "--data-root", str(Path(config.data_root).resolve()), *config.eval_args]
 
     def evaluate() -> None:
-        launch(["bash", "scripts/eval.sh", str(stage2 / "model"), config.benchmarks, "--out", str(eval_dir),
-                "--name", arm, *config.eval_args], logs and logs / "eval.log",
-               env={**config.env, "EVAL_DATA": str(Path(config.data_root).resolve())})
+        decision = evaluation.decision
+        # The runner itself recomputes a benchmark whose settings differ (--replace-stale); a
+        # forced step, or a code change that counts, needs every result recomputed.
+        redo = ["--overwrite"] if decision and (decision.forced or (config.code_counts and decision.stale)) else []
+        launch(["bash", "scripts/eval.sh", str(stage2 / "model"), *eval_options(), "--replace-stale", *redo],
+               logs and logs / "eval.log", env=config.env)
 
-    return [
-        Step(f"{arm}: stage 1", lambda: (stage1 / "train_summary.json").exists(), train(1)),
-        Step(f"{arm}: stage 2", lambda: (stage2 / "train_summary.json").exists(), train(2)),
-        Step(f"{arm}: eval", lambda: _evaluated(eval_dir, stage2 / "model", config.benchmarks), evaluate),
-    ]
+    def check_eval() -> Decision:
+        return eval_decision([str(stage2 / "model"), *eval_options()], eval_dir, config.code_counts)
+
+    evaluation = Step(f"{arm}: eval", check_eval, evaluate, arm)
+    return [train_step(1), train_step(2), evaluation]
 
 
-def table_step(config: PipelineConfig) -> Step:
+def table_step(config: PipelineConfig, marks: dict[str, list[str]]) -> Step:
     def run() -> None:
-        from llava_norm.evaluation.table import write_table
-
         dirs = [Path(config.runs_dir).resolve() / arm_name(a) / "eval" for a in config.arms]
-        md, _ = write_table(dirs, config.table or Path(config.runs_dir) / "results", baseline=arm_name(config.arms[0]))
+        md, _ = write_table(dirs, config.table or Path(config.runs_dir) / "results", baseline=arm_name(config.arms[0]),
+                            marks=marks)
         tqdm.write(md.read_text())
 
     return Step("results table", lambda: False, run)
 
 
-def plan(config: PipelineConfig) -> list[Step]:
+def plan(config: PipelineConfig) -> tuple[list[Step], dict[str, list[str]]]:
+    """The steps, and the marks ``run_steps`` fills in for the table (per arm: stale reuse, code)."""
     names = [arm_name(a) for a in config.arms]
     if len(set(names)) != len(names):
         raise ValueError(f"arm directories must have distinct names, got {names}")
-    return [step for arm in config.arms for step in arm_steps(config, arm)] + [table_step(config)]
+    marks: dict[str, list[str]] = {name: [] for name in names}
+    steps = [step for arm in config.arms for step in arm_steps(config, arm)]
+    return steps + [table_step(config, marks)], marks
 
 
-def run_steps(steps: list[Step], desc: str = "pipeline") -> list[tuple[str, str, float]]:
-    """Run the steps in order under one progress bar; returns (name, 'done'|'reused', seconds)."""
-    record = []
+def run_steps(steps: list[Step], desc: str = "pipeline", reuse_stale: bool = False,
+              marks: dict[str, list[str]] | None = None, dry_run: bool = False,
+              decisions: dict[str, Decision] | None = None) -> list[tuple[str, str, float]]:
+    """Run the steps in order under one progress bar; returns (name, 'done'|'reused'|'would run', seconds).
+
+    Every decision is logged with its reasons; ``marks`` collects, per arm, what the table must
+    show next to its row (a stale step kept with ``reuse_stale``, a different code version).
+    ``dry_run`` decides and logs every step and runs none (a step after one that would run is
+    taken to run too, as it would). ``decisions`` receives each step's final decision by name.
+    """
+    record, ran_arms = [], set()
     bar = tqdm(steps, desc=desc, unit="step", dynamic_ncols=True,
                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}")
     for step in bar:
         bar.set_postfix_str(step.name)
         start = time.perf_counter()
-        if step.done():
-            record.append((step.name, "reused", 0.0))
+        if step.arm in ran_arms:  # its inputs are being recomputed: no record can match them yet
+            decision = Decision(False, ["an earlier step of this arm ran"], forced=True)
+        else:
+            decision = step.decide()
+        for note in decision.notes:
+            tqdm.write(f"[pipeline] {step.name}: recorded with another version ({note}); not rerun for it "
+                       "(--code-counts reruns it)")
+            if marks is not None and step.arm:
+                marks[step.arm].append(f"{step.name.split(': ', 1)[-1]} made by another version: {note}")
+        if not decision.reuse and decision.stale and reuse_stale and not decision.forced:
+            tqdm.write(f"[pipeline] {step.name}: STALE, reused on purpose (--reuse-stale): {'; '.join(decision.reasons)}")
+            if marks is not None and step.arm:
+                marks[step.arm].append(f"{step.name.split(': ', 1)[-1]} stale, reused: {'; '.join(decision.reasons)}")
+            decision = Decision(True, decision.reasons, decision.notes, stale=True)
+        if decisions is not None:
+            decisions[step.name] = decision
+        if decision.reuse:
+            record.append((step.name, "reused", time.perf_counter() - start))
             continue
+        if step.arm and (dry_run or decision.reasons != ["not run yet"]):
+            tqdm.write(f"[pipeline] {step.name}: running ({'; '.join(decision.reasons)})")
+        if step.arm:
+            ran_arms.add(step.arm)
+        if dry_run:
+            record.append((step.name, "would run", time.perf_counter() - start))
+            continue
+        step.decision = decision
         step.run()
         record.append((step.name, "done", time.perf_counter() - start))
     bar.close()

@@ -46,6 +46,18 @@ LIBRARIES = ("torch", "transformers", "deepspeed", "peft", "accelerate")
 PACKAGE = Path(__file__).resolve().parent
 
 
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """Nested dicts -> ``{"a.b.c": value}`` (lists stay values): records compare key by key."""
+    out = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{dotted}."))
+        else:
+            out[dotted] = value
+    return out
+
+
 def file_fingerprint(path: Path) -> str:
     size = path.stat().st_size
     digest = hashlib.sha256(f"{size};".encode())

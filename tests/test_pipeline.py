@@ -1,43 +1,240 @@
-"""scripts/pipeline.sh on tiny configs: two arms through stage 1 -> stage 2 -> eval -> table,
-and a second invocation that reuses every finished step."""
+"""scripts/pipeline.sh on tiny configs: two arms through stage 1 -> stage 2 -> eval -> table, then
+the reuse rule both ways. An unchanged rerun launches nothing; each kind of change (a YAML key,
+a data file, the starting checkpoint, a benchmark file, the code version, an interrupted or
+tampered stage) reruns exactly the steps it affects, with the differing key or input named.
+
+The first run is shared by the module (it is the expensive part); every test but the last puts
+back what it changed.
+"""
 
 import csv
+import json
+import shutil
 import subprocess
+from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 from launch import REPO, env
+from safetensors.torch import load_file, save_file
 from tinydata import write_dataset
 
+from llava_norm.pipeline import PipelineConfig, plan, run_steps
+from llava_norm.provenance import RECORD, fingerprint
 from llava_norm.synth import build_world
 
+ARMS = ("none", "ln_textnorm_gwc")
+BENCHMARKS = "pope,ai2d,mmlu"
 
-def test_pipeline_trains_evaluates_and_tabulates_two_arms_then_reuses_them(tmp_path, tiny_dir):
-    world = tmp_path / "world"
+
+def _statuses(stdout: str) -> dict[str, str]:
+    rows = [line.rsplit(None, 3) for line in stdout.splitlines() if line.strip().endswith(" s")]
+    return {row[0].strip(): row[1] for row in rows if len(row) == 4}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, tiny_dir):
+    root = tmp_path_factory.mktemp("pipeline")
+    shutil.copytree(REPO / "configs", root / "configs")  # arm YAMLs a test may edit
+    shutil.copytree(tiny_dir / "llama", root / "llama")  # a backbone a test may change
+    world = root / "world"
     build_world(world, seed=5, n_pretrain=10, n_instruct=10, n_text=20, n_bench=4, bench_sizes={"pope": 2})
-    data, images = write_dataset(tmp_path / "data", n=8, text_only_every=4)
-    # The tiny configs, pointed at this test's backbones and data; one process without
-    # DeepSpeed keeps it quick (the multi-process paths have their own tests).
-    common = [f"model.vision_tower={tiny_dir}/siglip", f"model.llm={tiny_dir}/llama",
+    data, images = write_dataset(root / "data", n=8, text_only_every=4)
+    # One process without DeepSpeed keeps it quick (the multi-process paths have their own tests).
+    common = [f"model.vision_tower={tiny_dir}/siglip", f"model.llm={root}/llama",
               f"data.mixture=[{{path: {data}, image_folder: {images}}}]", "train.max_steps=2",
               "train.deepspeed=null", "train.per_device_batch_size=2", "train.save_steps=2"]
-    runs = tmp_path / "runs"
+    runs = root / "runs"
+    arms = [str(root / "configs/tiny" / arm) for arm in ARMS]
+    eval_args = ["--limit=2", "--max-new-tokens-cap=4"]
     command = ["bash", "scripts/pipeline.sh", "--runs", str(runs), "--data-root", str(world / "benchmarks"),
-               "--benchmarks", "pope,ai2d,mmlu", "--eval-arg=--limit=2", "--eval-arg=--max-new-tokens-cap=4",
-               *[f"--stage1={o}" for o in common], *[f"--stage2={o}" for o in common],
-               "configs/tiny/none", "configs/tiny/ln_textnorm_gwc"]
+               "--benchmarks", BENCHMARKS, *[f"--eval-arg={a}" for a in eval_args],
+               *[f"--stage1={o}" for o in common], *[f"--stage2={o}" for o in common], *arms]
     environment = {**env(), "GPUS_PER_NODE": "1"}
-    first = subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=600)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
 
+    def launch(*extra: str) -> subprocess.CompletedProcess:
+        result = subprocess.run([*command[:2], *extra, *command[2:]], cwd=REPO, env=environment,
+                                capture_output=True, text=True, timeout=900)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        return result
+
+    def decide(code_counts: bool = False) -> dict[str, object]:
+        """What the pipeline would do now, step by step, without running anything."""
+        config = PipelineConfig(arms=arms, runs_dir=str(runs), data_root=str(world / "benchmarks"),
+                                benchmarks=BENCHMARKS, stage1_overrides=common, stage2_overrides=common,
+                                eval_args=eval_args, env={"GPUS_PER_NODE": "1"}, code_counts=code_counts)
+        steps, _ = plan(config)
+        decisions: dict[str, object] = {}
+        run_steps(steps, dry_run=True, decisions=decisions)
+        return decisions
+
+    first = launch()
+    return SimpleNamespace(root=root, runs=runs, world=world, data=data, arms=arms, launch=launch, decide=decide,
+                           first=first)
+
+
+def _reruns(decisions: dict) -> dict[str, list[str]]:
+    """step -> reasons, for the steps that would run (the table always runs)."""
+    return {name: d.reasons for name, d in decisions.items() if not d.reuse and name != "results table"}
+
+
+def test_first_run_trains_evaluates_and_tabulates_with_provenance(project):
+    runs = project.runs
     rows = list(csv.DictReader((runs / "results.csv").open()))
-    assert [r["run"] for r in rows] == ["none", "ln_textnorm_gwc"]
+    assert [r["run"] for r in rows] == list(ARMS)
     assert rows[0]["is_baseline"] == "True" and float(rows[0]["pope_delta"]) == 0.0
-    assert {"pope", "ai2d", "mmlu", "average"} <= set(rows[0])
-    assert "| ln_textnorm_gwc |" in (runs / "results.md").read_text()
-    for arm in ("none", "ln_textnorm_gwc"):
-        assert (runs / arm / "stage2/model/model.safetensors").exists()
-        assert (runs / arm / "stage1.log").exists()
+    assert {"pope", "ai2d", "mmlu", "average", "checkpoint", "config_hash", "eval_settings", "evaluated",
+            "code"} <= set(rows[0])
+    for row, arm in zip(rows, ARMS):
+        assert row["marks"] == "", row["marks"]
+        assert row["checkpoint"] == str(runs / arm / "stage2/model")
+        record = json.loads((runs / arm / "stage2" / RECORD).read_text())
+        assert record["complete"] and record["seed"] == 42 and record["environment"]["source"]
+        assert set(record["inputs"]) >= {"model.llm", "model.pretrained_projector", "data.mixture.0.path"}
+        assert "optim.lr" in record["config"] and "train.output_dir" not in record["config"]
+    markdown = (runs / "results.md").read_text()
+    assert "| ln_textnorm_gwc |" in markdown and "Where each row comes from" in markdown and "†" not in markdown
 
-    second = subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=600)
-    assert second.returncode == 0, second.stderr[-3000:]
-    statuses = [line.split()[-3] for line in second.stdout.splitlines() if line.strip().endswith(" s")]
-    assert statuses == ["reused"] * 6 + ["done"], second.stdout
+
+def test_an_unchanged_rerun_launches_nothing(project):
+    logs = {p: p.stat().st_mtime_ns for p in project.runs.rglob("*") if p.is_file() and p.suffix in (".log", ".json")
+            and "results" not in p.name}
+    second = project.launch()
+    statuses = _statuses(second.stdout)
+    assert list(statuses.values()) == ["reused"] * 6 + ["done"], second.stdout
+    print("timings of the unchanged rerun:\n" + "\n".join(l for l in second.stdout.splitlines() if l.endswith(" s")))
+    assert {p: p.stat().st_mtime_ns for p in logs} == logs  # no log appended, no result rewritten
+
+
+def test_a_changed_data_file_reruns_both_stages_of_every_arm_that_reads_it(project):
+    original = project.data.read_text()
+    rows = json.loads(original)
+    project.data.write_text(json.dumps(rows[:-1]))
+    try:
+        reruns = _reruns(project.decide())
+        assert set(reruns) == {f"{arm}: {step}" for arm in ARMS for step in ("stage 1", "stage 2", "eval")}
+        assert any(r.startswith("input data.mixture.0.path changed") for r in reruns["none: stage 1"])
+    finally:
+        project.data.write_text(original)
+    assert _reruns(project.decide()) == {}
+
+
+def test_a_changed_starting_checkpoint_reruns_from_the_stage_that_loads_it(project):
+    weights = project.root / "llama/model.safetensors"
+    original = weights.read_bytes()
+    state = load_file(str(weights))
+    name = sorted(state)[0]
+    state[name] = state[name] + 1e-3
+    save_file(state, str(weights), metadata={"format": "pt"})
+    try:
+        reruns = _reruns(project.decide())
+        assert {"none: stage 1", "ln_textnorm_gwc: stage 1"} <= set(reruns)
+        assert any(r.startswith("input model.llm changed") for r in reruns["none: stage 1"])
+    finally:
+        weights.write_bytes(original)
+    # The stage-1 projector is stage 2's starting checkpoint: changing it (and its record) reruns stage 2 on.
+    stage1 = project.runs / "none/stage1"
+    projector = stage1 / "projector.safetensors"
+    original_projector, original_record = projector.read_bytes(), (stage1 / RECORD).read_text()
+    state = load_file(str(projector))
+    save_file({k: v * 2 for k, v in state.items()}, str(projector))
+    try:
+        reruns = _reruns(project.decide())
+        assert set(reruns) == {"none: stage 1", "none: stage 2", "none: eval"}
+        assert reruns["none: stage 1"] == ["output projector was changed after the run recorded it"]
+        record = json.loads(original_record)
+        record["outputs"]["projector"] = fingerprint(projector)
+        (stage1 / RECORD).write_text(json.dumps(record))  # as if stage 1 had produced it
+        reruns = _reruns(project.decide())
+        assert set(reruns) == {"none: stage 2", "none: eval"}
+        assert any(r.startswith("input model.pretrained_projector changed") for r in reruns["none: stage 2"])
+    finally:
+        projector.write_bytes(original_projector)
+        (stage1 / RECORD).write_text(original_record)
+    assert _reruns(project.decide()) == {}
+
+
+def test_a_changed_benchmark_file_reruns_only_that_evaluation(project):
+    pope = next(p for p in sorted((project.world / "benchmarks/pope").rglob("*")) if p.is_file() and p.stat().st_size)
+    original = pope.read_bytes()
+    pope.write_bytes(original + b"\n")
+    try:
+        reruns = _reruns(project.decide())
+        assert set(reruns) == {"none: eval", "ln_textnorm_gwc: eval"}
+        assert reruns["none: eval"] == ["pope: data_fingerprint"]
+    finally:
+        pope.write_bytes(original)
+    assert _reruns(project.decide()) == {}
+
+
+def test_a_code_change_alone_is_noted_and_counts_only_when_asked(project):
+    path = project.runs / "none/stage2" / RECORD
+    original = path.read_text()
+    record = json.loads(original)
+    record["environment"]["source"] = "0" * 16
+    path.write_text(json.dumps(record))
+    try:
+        decisions = project.decide()
+        assert _reruns(decisions) == {}
+        assert decisions["none: stage 2"].notes[0].startswith("code: ")
+        assert set(_reruns(project.decide(code_counts=True))) == {"none: stage 2", "none: eval"}
+    finally:
+        path.write_text(original)
+
+
+def test_an_interrupted_stage_resumes_and_a_stale_one_restarts(project):
+    path = project.runs / "none/stage2" / RECORD
+    original = path.read_text()
+    record = json.loads(original)
+    path.write_text(json.dumps({**record, "complete": False}))
+    try:
+        decision = project.decide()["none: stage 2"]
+        assert decision.reasons == ["interrupted: resuming it"] and not decision.stale
+    finally:
+        path.write_text(original)
+    path.unlink()  # a run without a record cannot prove what it was
+    try:
+        decision = project.decide()["none: stage 2"]
+        assert decision.stale and decision.reasons == ["its output has no provenance record"]
+    finally:
+        path.write_text(original)
+
+
+def test_reusing_a_stale_step_on_purpose_marks_its_row(project):
+    yaml_path = Path(project.arms[0]) / "stage2.yaml"
+    original = yaml_path.read_text()
+    yaml_path.write_text(original + "optim: {weight_decay: 0.1}\n")
+    try:
+        result = project.launch("--reuse-stale")
+        assert set(_statuses(result.stdout).values()) == {"reused", "done"}
+        assert list(_statuses(result.stdout).values()).count("done") == 1  # the table only
+        rows = {r["run"]: r for r in csv.DictReader((project.runs / "results.csv").open())}
+        assert "stage 2 stale, reused: optim.weight_decay" in rows["none"]["marks"]
+        assert rows["ln_textnorm_gwc"]["marks"] == ""
+        assert "| none † |" in (project.runs / "results.md").read_text()
+    finally:
+        yaml_path.write_text(original)
+
+
+def test_a_yaml_edit_to_stage_2_reruns_that_stage_and_its_evaluation_only(project):
+    yaml_path = Path(project.arms[1]) / "stage2.yaml"
+    original = yaml_path.read_text()
+    yaml_path.write_text(original + "optim: {lr: 3.0e-5}\n")
+    try:
+        reruns = _reruns(project.decide())
+        assert set(reruns) == {"ln_textnorm_gwc: stage 2", "ln_textnorm_gwc: eval"}
+        assert [r.split(":")[0] for r in reruns["ln_textnorm_gwc: stage 2"]] == ["optim.lr"]
+        assert reruns["ln_textnorm_gwc: eval"] == ["an earlier step of this arm ran"]
+        before = json.loads((project.runs / "ln_textnorm_gwc/eval/pope.json").read_text())
+        result = project.launch()
+        statuses = _statuses(result.stdout)
+        assert [statuses[f"ln_textnorm_gwc: {s}"] for s in ("stage 1", "stage 2", "eval")] == ["reused", "done", "done"]
+        assert all(statuses[f"none: {s}"] == "reused" for s in ("stage 1", "stage 2", "eval"))
+        assert "optim.lr" in result.stdout  # the log names the key
+        after = json.loads((project.runs / "ln_textnorm_gwc/eval/pope.json").read_text())
+        assert after["settings"]["checkpoint_fingerprint"] != before["settings"]["checkpoint_fingerprint"]
+        assert _reruns(project.decide()) == {}
+    finally:
+        yaml_path.write_text(original)
+    # Back to the original YAML: the run it now holds is stale the other way.
+    assert set(_reruns(project.decide())) == {"ln_textnorm_gwc: stage 2", "ln_textnorm_gwc: eval"}

@@ -21,7 +21,9 @@ from typing import Any
 
 
 class SettingsMismatchError(RuntimeError):
-    pass
+    def __init__(self, differing: list[str], message: str):
+        super().__init__(message)
+        self.differing = differing  # the settings keys that differ
 
 
 @dataclass
@@ -55,7 +57,7 @@ class PredictionStore:
         changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
         if changed:
             key = changed[0]
-            raise SettingsMismatchError(
+            raise SettingsMismatchError(changed, 
                 f"{path}: existing predictions were made with {key}={old.get(key)!r}, this run has "
                 f"{key}={settings.get(key)!r} (differing keys: {changed}). Pass --overwrite to recompute "
                 f"{self.benchmark}, or write to another --out directory.")

@@ -15,8 +15,6 @@ predictions on disk continues from them, so a killed evaluation loses at most on
 
 from __future__ import annotations
 
-import datetime
-import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -26,18 +24,13 @@ from typing import Any
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+# training_prompt_settings is re-exported for the eval CLI; the prompt path owns all three.
+from llava_norm.data.prompts import PromptSettings, run_config, training_prompt_settings  # noqa: F401
 from llava_norm.evaluation.benchmarks import BENCHMARKS, get_benchmark
 from llava_norm.evaluation.distributed import Ranks
-from llava_norm.evaluation.predictions import PredictionStore
+from llava_norm.evaluation.predictions import PredictionStore, SettingsMismatchError
 from llava_norm.evaluation.table import read_results
-
-# Sub-directory of --data-root per benchmark. `llava-norm synth` writes its mini benchmarks
-# under exactly these names, and eval/README.md tells users to lay real data out the same way.
-DATA_DIRS = {
-    "mmbench_en_dev": "mmbench", "mmstar": "mmstar", "ocrbench": "ocrbench",
-    "seedbench2_plus": "seedbench_2_plus", "scienceqa_img": "scienceqa", "ai2d": "ai2d",
-    "pope": "pope", "hellaswag": "hellaswag", "mmlu": "mmlu",
-}
+from llava_norm.provenance import environment, fingerprint, flatten, now
 
 
 @dataclass
@@ -45,14 +38,6 @@ class BenchmarkRequest:
     name: str
     path: str
     options: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class PromptSettings:
-    prompt_format: str = "chat"
-    template_kwargs: dict[str, str] = field(default_factory=dict)
-    system_prompt: str | None = None
-    image_aspect: str = "resize"
 
 
 @dataclass
@@ -69,12 +54,16 @@ class EvalConfig:
     # community budgets. Recorded in the settings, so capped results never pass as real ones.
     max_new_tokens_cap: int | None = None
     overwrite: bool = False
+    # Predictions on disk made under other settings (another checkpoint, data file, prompt):
+    # refused by default, so nothing is lost by accident; replaced when set (the pipeline sets it).
+    replace_stale: bool = False
     trust_remote_code: bool = False
 
 
 def resolve_benchmarks(names: list[str], data_root: str | None, paths: dict[str, str],
                        options: dict[str, dict[str, Any]]) -> list[BenchmarkRequest]:
-    """Benchmark names (or ``all``) -> requests with a data path and options each."""
+    """Benchmark names (or ``all``) -> requests with a data path and options each: ``paths``
+    where given, else ``data_root`` / the benchmark's declared ``data_dir``."""
     if names in (["all"], []):
         names = list(BENCHMARKS)
     unknown = [n for n in [*names, *paths, *options] if n not in BENCHMARKS]
@@ -85,39 +74,15 @@ def resolve_benchmarks(names: list[str], data_root: str | None, paths: dict[str,
         if name in paths:
             path = paths[name]
         elif data_root:
-            path = str(Path(data_root) / DATA_DIRS[name])
+            path = str(Path(data_root) / BENCHMARKS[name].declaration.data_dir)
         else:
-            raise ValueError(f"{name}: no data path; pass --data-root DIR (expects DIR/{DATA_DIRS[name]}) "
-                             f"or --data {name}=PATH")
+            raise ValueError(f"{name}: no data path; pass --data-root DIR (expects "
+                             f"DIR/{BENCHMARKS[name].declaration.data_dir}) or --data {name}=PATH")
         if not Path(path).exists():
             raise FileNotFoundError(f"{name}: data path does not exist: {path} (see eval/README.md for where to get it)")
         get_benchmark(name, **options.get(name, {}))  # fail on a bad option before loading any model
         requests.append(BenchmarkRequest(name, path, dict(options.get(name, {}))))
     return requests
-
-
-def run_config(checkpoint: str | Path):
-    """The training run's config.yaml (beside ``model/`` or a ``checkpoint-N/``, or inside the
-    given directory) as an OmegaConf tree, or None for a model saved outside a run."""
-    for candidate in (Path(checkpoint) / "config.yaml", Path(checkpoint).parent / "config.yaml"):
-        if candidate.is_file():
-            return OmegaConf.load(candidate)
-    return None
-
-
-def training_prompt_settings(checkpoint: str | Path) -> PromptSettings:
-    """The prompt settings the model was trained with (``data.*`` of the run's config.yaml),
-    else the chat-template defaults."""
-    tree = run_config(checkpoint)
-    if tree is None:
-        return PromptSettings()
-    data = tree.get("data", {})
-    return PromptSettings(
-        prompt_format=data.get("prompt_format", "chat"),
-        template_kwargs=dict(data.get("template_kwargs", {}) or {}),
-        system_prompt=data.get("system_prompt"),
-        image_aspect=data.get("image_aspect", "resize"),
-    )
 
 
 def default_run_name(checkpoint: str | Path) -> str:
@@ -132,13 +97,25 @@ def default_run_name(checkpoint: str | Path) -> str:
 
 
 def checkpoint_fingerprint(checkpoint: str | Path) -> str:
-    """Names, sizes and mtimes of the weight files: retraining into the same directory changes
-    it, so stale predictions are never mixed with a new model's."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(checkpoint).glob("*.safetensors")):
-        stat = path.stat()
-        digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns};".encode())
-    return digest.hexdigest()[:16]
+    """The checkpoint folder's content fingerprint (``llava_norm.provenance``): retraining into
+    the same directory changes it, copying the folder elsewhere does not."""
+    return fingerprint(checkpoint)
+
+
+# Where the checkpoint and the data live, as opposed to what they hold: compared through their
+# fingerprints, so an evaluation of a moved but identical copy is still reused.
+LOCATION_KEYS = ("checkpoint", "data_path")
+
+
+def settings_differences(recorded: dict, expected: dict) -> list[str]:
+    """The settings keys (dotted) whose values differ, locations aside."""
+    old, new = flatten(recorded), flatten(expected)
+    return sorted(k for k in set(old) | set(new) if k not in LOCATION_KEYS and old.get(k) != new.get(k))
+
+
+def benchmark_settings(config: EvalConfig, request: BenchmarkRequest) -> dict[str, Any]:
+    """What ``<benchmark>.json`` will record as its settings if evaluated now."""
+    return _settings(config, request, get_benchmark(request.name, **request.options))
 
 
 def _settings(config: EvalConfig, request: BenchmarkRequest, bench) -> dict[str, Any]:
@@ -147,6 +124,7 @@ def _settings(config: EvalConfig, request: BenchmarkRequest, bench) -> dict[str,
         "checkpoint": str(Path(config.checkpoint).resolve()),
         "checkpoint_fingerprint": checkpoint_fingerprint(config.checkpoint),
         "data_path": str(Path(request.path).resolve()),
+        "data_fingerprint": fingerprint(request.path),
         "limit": config.limit,
         "benchmark": bench.settings(),
         "prompt": asdict(config.prompt),
@@ -160,7 +138,7 @@ def _predict_batch(predictor, bench_kind: str, batch: list, cap: int | None) -> 
     from llava_norm.inference import Prompt
 
     if bench_kind == "generate":
-        prompts = [Prompt(i.prompt, i.image, predictor.system_prompt) for i in batch]
+        prompts = [Prompt(i.prompt, i.image) for i in batch]  # the run's system prompt comes from predictor.settings
         budgets = [i.max_new_tokens if cap is None else min(cap, i.max_new_tokens) for i in batch]
         replies = predictor.generate_budgeted(prompts, budgets)
         return [{"item_id": i.item_id, "prediction": r} for i, r in zip(batch, replies)]
@@ -180,7 +158,7 @@ def _evaluate_one(config: EvalConfig, request: BenchmarkRequest, predictor, rank
     settings = _settings(config, request, bench)
     if result_path.exists() and not config.overwrite:
         previous = json.loads(result_path.read_text())
-        if previous.get("settings") == settings:
+        if not settings_differences(previous.get("settings", {}), settings):
             return previous
     items = bench.load(request.path, config.limit)
     ids = [item.item_id for item in items]
@@ -192,7 +170,14 @@ def _evaluate_one(config: EvalConfig, request: BenchmarkRequest, predictor, rank
         if ranks.is_main:
             store.clear()
     else:
-        store.verify_settings(settings)
+        try:
+            store.verify_settings(settings)
+        except SettingsMismatchError as error:
+            if not config.replace_stale:
+                raise
+            if ranks.is_main:
+                print(f"[llava-norm] {request.name}: recomputing; {error.differing}")
+                store.clear()
     ranks.barrier()
     if ranks.is_main:
         store.write_settings(settings)
@@ -220,7 +205,7 @@ def _evaluate_one(config: EvalConfig, request: BenchmarkRequest, predictor, rank
         "benchmark": request.name, "run_name": config.run_name, "metrics": metrics, "settings": settings,
         "num_items": len(items), "duplicate_records_ignored": merged.duplicates,
         "predictions": [str(p) for p in store.files()],
-        "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "finished": now(), "environment": environment(),
     }
     _write_json(result_path, result)
     return result

@@ -1,7 +1,8 @@
 """The results table (Table 4 layout): one row per run, one named column per benchmark.
 
-Owns which metric heads each benchmark's column (documented in the legend written under the
-table, since e.g. POPE has several candidates) and the deltas against the baseline run.
+Owns the table's layout and the deltas against the baseline run; which metric heads each
+benchmark's column (and its legend, written under the table, since e.g. POPE has several
+candidates) is the ``headline`` of the benchmark's declaration.
 Reads the ``<benchmark>.json`` files ``llava-norm eval`` writes; writes Markdown and CSV.
 All values are percentages.
 """
@@ -14,42 +15,14 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llava_norm.evaluation.benchmarks import BENCHMARKS
+from llava_norm.evaluation.benchmarks import BENCHMARKS, Headline
+from llava_norm.evaluation.sources import RowSource, csv_fields, markdown_section, row_source
+from llava_norm.provenance import make_record, write_record
 
 
-@dataclass(frozen=True)
-class Headline:
-    column: str
-    metric: str  # dotted path into the metrics dict
-    legend: str
-
-    def label(self, settings: dict) -> str:
-        bench = settings.get("benchmark", {})
-        if "num_fewshot" in bench:
-            return f"{self.column} {bench['num_fewshot']}-shot"
-        if bench.get("variant") not in (None, "mask"):
-            return f"{self.column} ({bench['variant']})"
-        return self.column
-
-    def value(self, metrics: dict) -> float:
-        node = metrics
-        for key in self.metric.split("."):
-            node = node[key]
-        return 100.0 * float(node)
-
-
-HEADLINES: dict[str, Headline] = {
-    "mmbench_en_dev": Headline("MMBench-EN", "circular_accuracy", "CircularEval accuracy, dev split"),
-    "mmstar": Headline("MMStar", "average_macro_l2", "average over categories (macro over L2 categories)"),
-    "ocrbench": Headline("OCRBench", "accuracy", "share of items right (= final score / 10 on the full 1,000)"),
-    "seedbench2_plus": Headline("SEED-Bench-2-Plus", "all", "accuracy over chart, map and web"),
-    "scienceqa_img": Headline("ScienceQA-IMG", "accuracy", "accuracy"),
-    "ai2d": Headline("AI2D", "accuracy", "accuracy (masked variant unless named)"),
-    "pope": Headline("POPE", "mean_over_splits.f1", "F1 ('yes' positive), mean of adversarial/popular/random"),
-    "hellaswag": Headline("HellaSwag", "acc_norm", "acc_norm (log-likelihood / characters)"),
-    "mmlu": Headline("MMLU", "acc", "micro-averaged accuracy"),
-}
-assert set(HEADLINES) == set(BENCHMARKS), "every registered benchmark needs a table column"
+def headline(benchmark: str) -> Headline:
+    """The metric that heads a benchmark's column, from its declaration."""
+    return BENCHMARKS[benchmark].declaration.headline
 
 
 # Settings that must agree across runs for their numbers to share a column.
@@ -65,6 +38,7 @@ class Table:
     baseline: str
     metrics: dict[str, dict[str, dict]] = field(default_factory=dict)  # run -> benchmark -> full metrics
     average: bool = True
+    sources: dict[str, RowSource] = field(default_factory=dict)  # run -> where its numbers come from
 
     def row_average(self, run: str) -> float:
         return sum(self.values[run][c] for c in self.columns) / len(self.columns)
@@ -78,7 +52,7 @@ def read_results(out_dir: str | Path) -> dict[str, dict]:
     results = {}
     for path in sorted(Path(out_dir).glob("*.json")):
         data = json.loads(path.read_text())
-        if isinstance(data, dict) and data.get("benchmark") in HEADLINES and "metrics" in data:
+        if isinstance(data, dict) and data.get("benchmark") in BENCHMARKS and "metrics" in data:
             results[data["benchmark"]] = data
     return {name: results[name] for name in BENCHMARKS if name in results}
 
@@ -117,8 +91,8 @@ def build_table(run_dirs: list[str | Path], baseline: str | None = None) -> Tabl
             if len(found) > 1:
                 raise ValueError(f"{column}: runs {names} were evaluated with different '{key}' "
                                  f"({' vs '.join(sorted(found))}); a column must compare like with like")
-        labels[column] = HEADLINES[column].label(runs[names[0]][column]["settings"])
-    values = {n: {c: HEADLINES[c].value(runs[n][c]["metrics"]) for c in columns} for n in names}
+        labels[column] = headline(column).label(runs[names[0]][column]["settings"])
+    values = {n: {c: headline(c).value(runs[n][c]["metrics"]) for c in columns} for n in names}
     metrics = {n: {c: runs[n][c]["metrics"] for c in columns} for n in names}
     return Table(names, columns, labels, values, baseline, metrics=metrics)
 
@@ -133,7 +107,8 @@ def to_markdown(table: Table, extra_rows: dict[str, dict[str, float]] | None = N
     header = ["run"] + [table.labels[c] for c in table.columns] + (["Average"] if table.average else [])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run in table.runs:
-        cells = [run]
+        marked = run in table.sources and table.sources[run].marks
+        cells = [f"{run} †" if marked else run]
         for column in table.columns:
             value = f"{table.values[run][column]:.2f}"
             cells.append(value if run == table.baseline else f"{value} ({_signed(table.delta(run, column))})")
@@ -145,7 +120,7 @@ def to_markdown(table: Table, extra_rows: dict[str, dict[str, float]] | None = N
     for name, row in (extra_rows or {}).items():
         cells = [name] + [f"{row[c]:.2f}" if c in row else "" for c in table.columns]
         lines.append("| " + " | ".join(cells + ([""] if table.average else [])) + " |")
-    legend = [f"- **{table.labels[c]}**: {HEADLINES[c].legend}." for c in table.columns]
+    legend = [f"- **{table.labels[c]}**: {headline(c).legend}." for c in table.columns]
     return "\n".join(lines + ["", f"Percentages; deltas in parentheses are against `{table.baseline}`.", *legend]) + "\n"
 
 
@@ -157,6 +132,8 @@ def to_csv(table: Table) -> str:
         fields += [column, f"{column}_delta"]
     if table.average:
         fields += ["average", "average_delta"]
+    if table.sources:
+        fields += list(csv_fields(next(iter(table.sources.values()))))
     writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
     for run in table.runs:
@@ -167,18 +144,28 @@ def to_csv(table: Table) -> str:
         if table.average:
             row["average"] = round(table.row_average(run), 4)
             row["average_delta"] = round(table.row_average(run) - table.row_average(table.baseline), 4)
+        if run in table.sources:
+            row.update(csv_fields(table.sources[run]))
         writer.writerow(row)
     return buffer.getvalue()
 
 
 def write_table(run_dirs: list[str | Path], out_prefix: str | Path, baseline: str | None = None,
-                extra_rows: dict[str, dict[str, float]] | None = None) -> tuple[Path, Path]:
-    """Write ``<out_prefix>.md`` and ``<out_prefix>.csv``; returns their paths."""
+                extra_rows: dict[str, dict[str, float]] | None = None,
+                marks: dict[str, list[str]] | None = None) -> tuple[Path, Path]:
+    """Write ``<out_prefix>.md`` and ``<out_prefix>.csv`` with each row's provenance (checkpoint,
+    config hash, evaluation settings, date, code), re-checked now; ``marks`` adds, per run, what
+    the caller knows (a stale step reused on purpose). Returns the two paths."""
     table = build_table(run_dirs, baseline)
+    runs = dict(read_run(d) for d in run_dirs)
+    table.sources = {name: row_source(name, runs[name], (marks or {}).get(name)) for name in table.runs}
     out_prefix = Path(out_prefix)
     out_prefix.parent.mkdir(parents=True, exist_ok=True)
     md, csv_path = out_prefix.with_suffix(".md"), out_prefix.with_suffix(".csv")
-    md.write_text(to_markdown(table, extra_rows))
+    md.write_text(to_markdown(table, extra_rows) + markdown_section(list(table.sources.values())))
     csv_path.write_text(to_csv(table))
+    record = make_record("table", {"baseline": table.baseline, "runs": table.runs, "columns": table.columns},
+                         dict(zip(runs, run_dirs)))
+    write_record(out_prefix.parent, record, f"{out_prefix.name}.provenance.json")
     return md, csv_path
 

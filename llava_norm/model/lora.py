@@ -28,7 +28,7 @@ from peft.functional import get_peft_model_state_dict, inject_adapter_in_model
 from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file, save_file
 
-from llava_norm.config import ConfigError
+from llava_norm.config_checks import lora_target_problem
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -59,23 +59,13 @@ def lora_targets(model, target_modules: list[str] | None = None, lm_head: bool =
     feature layer reaches (``vision_unused`` holds parameter names that get no gradient). Never the
     projector: it trains in full."""
     llm = _linear_names(model, LLM_PREFIX)
-    if target_modules is None:
-        chosen = llm
-    else:
-        chosen = []
-        for suffix in target_modules:
-            hits = [n for n in llm if n == suffix or n.endswith(f".{suffix}")]
-            if not hits:
-                leaves = sorted({n.rsplit(".", 1)[-1] for n in llm})
-                raise ConfigError(f"key 'lora.target_modules': {suffix!r} matches no linear layer of the LLM "
-                                  f"(its linear layers end in {leaves})")
-            chosen += [n for n in hits if n not in chosen]
+    problem = lora_target_problem(target_modules, lm_head, model.config.tie_word_embeddings, llm)
+    if problem:
+        raise ValueError(problem)
+    chosen = llm if target_modules is None else []
+    for suffix in target_modules or []:
+        chosen += [n for n in llm if (n == suffix or n.endswith(f".{suffix}")) and n not in chosen]
     if lm_head:
-        if model.config.tie_word_embeddings:
-            # The adapted lm_head's base weight would be the input embeddings under a new name,
-            # which transformers refuses to save (and merging would silently change the inputs too).
-            raise ConfigError("key 'lora.lm_head': this LLM ties lm_head to its input embeddings "
-                              "(tie_word_embeddings); adapting it is not supported")
         chosen.append("lm_head")
     if vision:
         chosen += [n for n in _linear_names(model, VISION_PREFIX) if f"{n}.weight" not in vision_unused]

@@ -16,8 +16,8 @@ from pathlib import Path
 import yaml
 
 from llava_norm.config import RunConfig, to_yaml, world_size
-from llava_norm.provenance import Record, fingerprint, make_record, now, write_record
-from llava_norm.train.relaunch import OPERATIONAL_KEYS, flatten
+from llava_norm.provenance import Record, fingerprint, flatten, make_record, now, write_record
+from llava_norm.train.relaunch import OPERATIONAL_KEYS
 
 # Keys naming a file, folder or hub id: they enter the record as inputs, by fingerprint.
 INPUT_KEYS = ("model.vision_tower", "model.llm", "model.pretrained_projector", "train.deepspeed")

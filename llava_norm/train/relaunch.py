@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from llava_norm.config import RunConfig, to_yaml
-from llava_norm.provenance import RECORD
+from llava_norm.provenance import RECORD, flatten
 from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY, complete_checkpoints
 
 log = logging.getLogger(__name__)
@@ -52,17 +52,6 @@ class LaunchPlan:
     checkpoint: Path | None = None
     message: str = ""
     differences: list[str] = field(default_factory=list)
-
-
-def flatten(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{dotted}."))
-        else:
-            out[dotted] = value
-    return out
 
 
 def config_differences(saved_yaml: str, config: RunConfig, allowed: frozenset = frozenset()) -> list[str]:

@@ -1,0 +1,74 @@
+"""The arguments of ``llava-norm eval`` and the ``EvalConfig`` they resolve to.
+
+Owns one translation from command-line words to an evaluation, shared by the ``eval``
+subcommand and by ``scripts/pipeline.sh``, which must know what an evaluation launched with
+the same words would record before deciding to reuse one.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import yaml
+
+from llava_norm.evaluation.runner import EvalConfig, default_run_name, resolve_benchmarks, training_prompt_settings
+
+
+def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("checkpoint", help="a saved model directory (e.g. runs/x/stage2/model)")
+    p.add_argument("--benchmarks", default="all", help="comma-separated names, or 'all'")
+    p.add_argument("--data-root", help="directory holding one sub-directory per benchmark (see eval/README.md)")
+    p.add_argument("--data", action="append", default=[], metavar="NAME=PATH", help="data path of one benchmark")
+    p.add_argument("--option", action="append", default=[], metavar="NAME.KEY=VALUE",
+                   help="benchmark option, e.g. mmlu.num_fewshot=5, ai2d.variant=no_mask, pope.split=adversarial")
+    p.add_argument("--out", help="output directory (default: <checkpoint>/../eval)")
+    p.add_argument("--name", help="run name in the results table (default: the run's arm)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--limit", type=int, default=None, help="first N items per benchmark (smoke runs)")
+    p.add_argument("--max-new-tokens-cap", type=int, default=None,
+                   help="cap every task's max_new_tokens (smoke runs; recorded in the results)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--prompt-format", choices=["chat", "plain"], help="default: the training config's")
+    p.add_argument("--system-prompt", default=None, help="default: the training config's ('' for none)")
+    p.add_argument("--overwrite", action="store_true", help="recompute instead of resuming")
+    p.add_argument("--replace-stale", action="store_true",
+                   help="recompute a benchmark whose stored predictions were made under other settings "
+                        "(default: refuse, naming the settings that differ)")
+    p.add_argument("--trust-remote-code", action="store_true")
+    return p
+
+
+def key_values(pairs: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{flag} {pair!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
+    """Raises ValueError / FileNotFoundError naming the bad argument or missing data."""
+    options: dict[str, dict] = {}
+    for key, value in key_values(args.option, "--option").items():
+        bench, sep, name = key.partition(".")
+        if not sep:
+            raise ValueError(f"--option {key}={value}: expected BENCHMARK.OPTION=VALUE, e.g. mmlu.num_fewshot=5")
+        options.setdefault(bench, {})[name] = yaml.safe_load(value)
+    requests = resolve_benchmarks(args.benchmarks.split(","), args.data_root, key_values(args.data, "--data"), options)
+    prompt = training_prompt_settings(args.checkpoint)
+    if args.prompt_format:
+        prompt.prompt_format = args.prompt_format
+    if args.system_prompt is not None:
+        prompt.system_prompt = args.system_prompt or None
+    return EvalConfig(
+        checkpoint=args.checkpoint, out_dir=args.out or str(Path(args.checkpoint).resolve().parent / "eval"),
+        benchmarks=requests, run_name=args.name or default_run_name(args.checkpoint), prompt=prompt,
+        batch_size=args.batch_size, limit=args.limit, dtype=args.dtype, max_new_tokens_cap=args.max_new_tokens_cap,
+        overwrite=args.overwrite, replace_stale=args.replace_stale, trust_remote_code=args.trust_remote_code)
+
+
+def parse_eval_args(argv: list[str]) -> EvalConfig:
+    return eval_config_from_args(add_eval_arguments(argparse.ArgumentParser(prog="llava-norm eval")).parse_args(argv))
