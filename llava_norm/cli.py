@@ -13,10 +13,12 @@ from pathlib import Path
 
 
 def _make_tiny(args) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.model.tiny import make_tiny
 
     corpus = None
     if args.world:  # tokenizers trained on the world's own text: shorter sequences in every later stage
+        # lazy: start-up; a subcommand loads only the stages it runs
         from llava_norm.warmup.lm import world_tokenizer_corpus
 
         corpus = world_tokenizer_corpus(args.world)
@@ -28,6 +30,7 @@ def _make_tiny(args) -> None:
 def _train(args) -> None:
     import torch.distributed as dist
 
+    # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.config import ConfigError, load_config
     from llava_norm.train.relaunch import RelaunchError
     from llava_norm.train.run import run_training
@@ -89,6 +92,7 @@ def _exit_launched_worker() -> None:
 
 
 def _synth(args) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.synth import build_world
 
     manifest = build_world(args.out_dir, seed=args.seed)
@@ -97,12 +101,14 @@ def _synth(args) -> None:
 
 
 def _merge_lora(args) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.model.builder import merge_lora_dir
 
     print(f"merged model in {merge_lora_dir(args.in_dir, args.out_dir, args.dtype)}")
 
 
 def _warmup(args) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.warmup import REPORT, WarmupConfig, warm_up
 
     report = warm_up(args.backbones, args.world, args.out,
@@ -114,12 +120,14 @@ def _warmup(args) -> None:
 
 
 def _demo(args) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.demo import run_demo
 
     run_demo(args.root, args.profile)
 
 
 def _eval(args) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.evaluation.arguments import eval_config_from_args
     from llava_norm.evaluation.runner import run_evaluation
 
@@ -133,6 +141,7 @@ def _eval(args) -> None:
 
 
 def _table(args) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.evaluation.table import write_table
 
     try:
@@ -144,6 +153,7 @@ def _table(args) -> None:
 
 
 def _pipeline(args) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.config import ConfigError
     from llava_norm.pipeline import PipelineConfig, plan, run_steps
 
@@ -183,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_synth)
 
-    from llava_norm.evaluation.arguments import add_eval_arguments
+    # lazy: start-up; a subcommand loads only the stages it runs
+    from llava_norm.evaluation.arguments import DEFAULT_DATA_ROOT, add_eval_arguments
 
     p = add_eval_arguments(sub.add_parser(
         "eval", help="evaluate a checkpoint on benchmarks (data-parallel under torchrun, resumable)"))
@@ -198,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pipeline", help="stage 1 -> stage 2 -> eval -> table for arm config dirs (reuses a step only if its provenance matches)")
     p.add_argument("arms", nargs="+", help="config dirs with stage1.yaml + stage2.yaml; the first is the baseline")
     p.add_argument("--runs", default="runs/pipeline", help="runs go to RUNS/<arm>/{stage1,stage2,eval}")
-    p.add_argument("--data-root", default=os.environ.get("EVAL_DATA", "data/eval"), help="benchmark data root")
+    p.add_argument("--data-root", default=os.environ.get("EVAL_DATA", DEFAULT_DATA_ROOT), help="benchmark data root")
     p.add_argument("--benchmarks", default="all")
     p.add_argument("--stage1", action="append", default=[], metavar="KEY=VALUE", help="override for every stage 1")
     p.add_argument("--stage2", action="append", default=[], metavar="KEY=VALUE", help="override for every stage 2")
@@ -234,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="smoke: the same steps with a handful of training steps (what the test suite runs)")
     p.set_defaults(func=_demo)
 
+    # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.analysis.cli import register as register_analyses
 
     register_analyses(sub.add_parser("analyze", help="the paper's diagnostics: a JSON and a PNG each, and a report"))

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from llava_norm.config_schema import ConfigError, RunConfig, effective_grad_accum, world_size
+from llava_norm.layout import PROJECTOR_PREFIX
 
 
 def check_paths(config: RunConfig) -> None:
@@ -73,7 +74,7 @@ def _check_projector(config: RunConfig) -> None:
         header = None
     if not isinstance(header, dict):
         raise ConfigError(f"key '{key}': {path} is not a safetensors file")
-    found = {name.removeprefix("model.multi_modal_projector.").split(".")[0] for name in header} - {"__metadata__"}
+    found = {name.removeprefix(PROJECTOR_PREFIX).split(".")[0] for name in header} - {"__metadata__"}
     want = {"linear_1", *(["linear_2"] if m.projector_type == "mlp2x_gelu" else []),
             *(["norm"] if m.norm_alignment != "none" else [])}  # every arm but none has a norm layer
     if found != want:

@@ -27,7 +27,7 @@ class ConfigError(ValueError):
 class ModelConfig:
     vision_tower: str = MISSING  # hub id or local dir
     llm: str = MISSING
-    norm_alignment: str = "none"  # none | ln_default | ln_textnorm | ln_textnorm_gwc
+    norm_alignment: str = "none"  # a name in NORM_ARMS (below)
     projector_type: str = "mlp2x_gelu"  # mlp2x_gelu | linear
     vision_feature_layer: int = -2
     vision_feature_select_strategy: Optional[str] = None  # default (drop CLS) | full | null: from the tower
@@ -142,13 +142,37 @@ IMAGE_ASPECTS = ("resize", "pad")  # data.images: plain resize, or LLaVA-1.5 pad
 # (free, but words per token vary between rows, which left 7% padding at per-device batch 16 in
 # bench/padding.py against 0.3% with token counts).
 LENGTH_ESTIMATES = ("tokens", "words")
+
+
+@dataclass(frozen=True)
+class NormArm:
+    """One row of the paper's ablation table: what a value of ``model.norm_alignment`` builds
+    (``model.norm_align`` turns it into a layer; the config accepts exactly these names)."""
+
+    name: str
+    has_norm: bool
+    text_norm_init: bool
+    gwc: bool
+
+
+NORM_ARMS: dict[str, NormArm] = {
+    arm.name: arm
+    for arm in (
+        NormArm("none", has_norm=False, text_norm_init=False, gwc=False),
+        NormArm("ln_default", has_norm=True, text_norm_init=False, gwc=False),
+        NormArm("ln_textnorm", has_norm=True, text_norm_init=True, gwc=False),
+        NormArm("ln_textnorm_gwc", has_norm=True, text_norm_init=True, gwc=True),
+    )
+}
+
+
 PROJECTOR_TYPES = ("mlp2x_gelu", "linear")  # model.projector
 # Only transformers schedulers that need no extra arguments (cosine_with_min_lr,
 # warmup_stable_decay, reduce_lr_on_plateau need lr_scheduler_kwargs or an eval loop).
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
               "inverse_sqrt")
 CHOICES = {
-    "model.norm_alignment": ("none", "ln_default", "ln_textnorm", "ln_textnorm_gwc"),
+    "model.norm_alignment": tuple(NORM_ARMS),
     "model.projector_type": PROJECTOR_TYPES,
     "model.attn_implementation": ("sdpa", "flash_attention_2", "eager"),
     "model.vision_feature_select_strategy": (None, "default", "full"),

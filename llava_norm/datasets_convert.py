@@ -24,7 +24,8 @@ import pyarrow.parquet as pq
 from PIL import Image
 from tqdm import tqdm
 
-IMAGE_TOKEN = "<image>"
+from llava_norm.data.conversation import IMAGE_PLACEHOLDER
+
 ROLE_ALIASES = {"human": "human", "gpt": "gpt", "user": "human", "assistant": "gpt"}
 OnBadRow = Literal["error", "skip"]
 PathLike = str | os.PathLike
@@ -91,10 +92,10 @@ def normalise_conversations(conv: Any, has_image: bool) -> tuple[list[dict[str, 
         turns.append({"from": ROLE_ALIASES[role], "value": turn["value"]})
     if turns[0]["from"] != "human":
         raise _Bad("first_turn_not_human", "first turn is not from human")
-    counts = [t["value"].count(IMAGE_TOKEN) for t in turns]
+    counts = [t["value"].count(IMAGE_PLACEHOLDER) for t in turns]
     if counts != ([1] + [0] * (len(turns) - 1) if has_image else [0] * len(turns)):
         want = "exactly one, in the first turn" if has_image else "none (text-only row)"
-        raise _Bad("image_token_mismatch", f"{IMAGE_TOKEN} per turn {counts}, expected {want}")
+        raise _Bad("image_token_mismatch", f"{IMAGE_PLACEHOLDER} per turn {counts}, expected {want}")
     return turns, renamed
 
 

@@ -20,16 +20,18 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from llava_norm.demo_report import ALIGNED, ARMS, BASELINE, SEED, diagnostics_step, write_report
+from llava_norm.model.tiny import TinySizes, make_tiny
 from llava_norm.pipeline import REPO, PipelineConfig, Step, arm_steps, run_steps
+from llava_norm.synth import build_world
 from llava_norm.synth.benchmarks import FOLDER as BENCHMARK_FOLDER
 from llava_norm.synth.build import CORPUS_PATHS, IMAGE_FOLDER, MANIFEST
-from llava_norm.warmup.loop import LoopConfig
-from llava_norm.warmup.run import REPORT as WARMUP_REPORT
+from llava_norm.warmup import warm_up
+from llava_norm.warmup.lm import world_tokenizer_corpus
+from llava_norm.warmup.loop import LoopConfig, file_digest
 from llava_norm.warmup.run import WarmupConfig
+from llava_norm.warmup.run import REPORT as WARMUP_REPORT
 
-BASELINE, ALIGNED = "none", "ln_textnorm_gwc"  # the arms: no alignment; text-norm + GWC
-ARMS = (BASELINE, ALIGNED)
-SEED = 0
 BACKBONES_STAMP = "built_from.json"  # beside the tiny backbones: what they were built from
 
 
@@ -106,8 +108,6 @@ def _stamp_matches(stamp: Path, wanted: dict) -> bool:
 
 
 def _world_step(paths: DemoPaths, profile: DemoProfile) -> Step:
-    from llava_norm.synth import build_world
-
     stamp = paths.world / "built_with.json"
     wanted = {"seed": SEED, **profile.world}
 
@@ -121,10 +121,6 @@ def _world_step(paths: DemoPaths, profile: DemoProfile) -> Step:
 def _backbones_step(paths: DemoPaths) -> Step:
     """Tiny backbones whose tokenizers are trained on this world's text; rebuilt when the world
     or the sizes change (a stamp records what they were built from)."""
-    from llava_norm.model.tiny import TinySizes, make_tiny
-    from llava_norm.warmup.lm import world_tokenizer_corpus
-    from llava_norm.warmup.loop import file_digest
-
     stamp = paths.backbones / BACKBONES_STAMP
 
     def wanted() -> dict:
@@ -138,8 +134,6 @@ def _backbones_step(paths: DemoPaths) -> Step:
 
 
 def _warmup_step(paths: DemoPaths, profile: DemoProfile) -> Step:
-    from llava_norm.warmup import warm_up
-
     report = paths.warm / WARMUP_REPORT
     stamp = paths.backbones / BACKBONES_STAMP
 
@@ -171,8 +165,6 @@ def pipeline_config(paths: DemoPaths, profile: DemoProfile) -> PipelineConfig:
 
 
 def plan_demo(paths: DemoPaths, profile: DemoProfile) -> list[Step]:
-    from llava_norm.demo_report import diagnostics_step
-
     config = pipeline_config(paths, profile)
     steps = [_world_step(paths, profile), _backbones_step(paths), _warmup_step(paths, profile)]
     for arm in config.arms:
@@ -193,7 +185,6 @@ def run_demo(root: str | Path = REPO / "runs", profile: str = "full") -> Path:
                "steps": [{"step": name, "status": status, "seconds": round(seconds, 1)}
                          for name, status, seconds in record]}
     (paths.demo / "timings.json").write_text(json.dumps(timings, indent=1) + "\n")
-    from llava_norm.demo_report import write_report
 
     report = write_report(paths, PROFILES[profile], timings)
     print(f"\nreport: {report}")

@@ -22,11 +22,19 @@ from pathlib import Path
 
 from transformers.utils import SAFE_WEIGHTS_NAME
 
-from llava_norm.demo import ALIGNED, ARMS, BASELINE, SEED
-from llava_norm.pipeline import Step
+from llava_norm.analysis import SuiteInputs, run_suite
+from llava_norm.evaluation.benchmarks import get_benchmark
+from llava_norm.evaluation.runner import EvalConfig, PromptSettings, resolve_benchmarks, run_evaluation
+from llava_norm.evaluation.table import build_table, to_markdown
+from llava_norm.model.builder import ModelSpec, build_model
+from llava_norm.pipeline import ArmDirs, Step
 from llava_norm.synth.build import CORPUS_PATHS
 from llava_norm.train.rundir import SUMMARY as TRAIN_SUMMARY
 from llava_norm.warmup.run import REPORT as WARMUP_REPORT
+
+BASELINE, ALIGNED = "none", "ln_textnorm_gwc"  # the demo's arms: no alignment; text-norm + GWC
+ARMS = (BASELINE, ALIGNED)
+SEED = 0
 
 PROMPT, PHRASE = "What colour is the largest shape in the picture?", "largest shape"
 INIT_LABEL = f"{ALIGNED} at initialisation"
@@ -38,7 +46,6 @@ def _fresh_aligned_build(paths, out_dir: Path) -> Path:
     layer, seeded), saved so the interface analysis can read it like any checkpoint."""
     import torch
 
-    from llava_norm.model.builder import ModelSpec, build_model
 
     torch.manual_seed(SEED)  # rebuilt every time (a second): the warmed backbones may have changed
     build_model(ModelSpec(str(paths.warm / "siglip"), str(paths.warm / "llama"), norm_alignment=ALIGNED)).save(out_dir)
@@ -49,8 +56,6 @@ def _mmlu_continuation(paths, out: Path, limit: int | None) -> None:
     """Each arm's final model on the same MMLU questions in lm-eval's continuation formulation
     (answer texts scored, no letters), in-process: it tells a model that does not know the
     answers from one that cannot map them to a letter."""
-    from llava_norm.evaluation.runner import EvalConfig, PromptSettings, resolve_benchmarks, run_evaluation
-
     requests = resolve_benchmarks(["mmlu"], str(paths.benchmarks), {}, {"mmlu": {"formulation": "continuation"}})
     for arm in ARMS:
         run_evaluation(EvalConfig(checkpoint=str(paths.model(arm, 2)), out_dir=str(out / CONTINUATION / arm),
@@ -62,8 +67,6 @@ def diagnostics_step(paths, profile) -> Step:
     marker = out / "complete"
 
     def run() -> None:
-        from llava_norm.analysis import SuiteInputs, run_suite
-
         stages = {f"{arm} stage {stage}": paths.model(arm, stage) for arm in ARMS for stage in (1, 2)}
         stages = {INIT_LABEL: _fresh_aligned_build(paths, out / f"{ALIGNED}_init"), **stages}
         run_suite(SuiteInputs(
@@ -97,9 +100,6 @@ class Chance:
 def chance_levels(paths, names: list[str], limit: int | None) -> dict[str, Chance]:
     """Each benchmark's declared chance rule over the items ``llava-norm eval`` scored: the
     same data directory (the runner's resolution) and the same limit."""
-    from llava_norm.evaluation.benchmarks import get_benchmark
-    from llava_norm.evaluation.runner import resolve_benchmarks
-
     levels = {}
     for request in resolve_benchmarks(names, str(paths.benchmarks), {}, {}) if names else []:
         bench = get_benchmark(request.name, **request.options)
@@ -238,10 +238,8 @@ def _continuation_finding(diag: Path, table, chance: Chance | None) -> list[str]
 
 
 def write_report(paths, profile, timings: dict) -> Path:
-    from llava_norm.evaluation.table import build_table, to_markdown
-
     demo, diag = paths.demo, paths.demo / "diagnostics"
-    eval_dirs = [demo / arm / "eval" for arm in ARMS]
+    eval_dirs = [ArmDirs.of(demo, arm).eval for arm in ARMS]
     table = build_table(eval_dirs, baseline=BASELINE)
     chances = chance_levels(paths, table.columns, profile.eval_limit)
     fresh = _load(demo / "timings_fresh.json")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from llava_norm.data.collate import Example, collate
+from llava_norm.data.conversation import IGNORE_INDEX
 from llava_norm.data.prompts import Prompt, PromptEncoder, PromptSettings
 
 __all__ = ["Predictor", "Prompt"]
@@ -91,13 +92,13 @@ class Predictor:
             for context, continuation in pairs[start:start + batch_size]:
                 ctx = bos + tokenizer.encode(context, add_special_tokens=False)
                 cont = tokenizer.encode(continuation, add_special_tokens=False)
-                examples.append(Example(ctx + cont, [-100] * len(ctx) + cont, None))
+                examples.append(Example(ctx + cont, [IGNORE_INDEX] * len(ctx) + cont, None))
             batch = self._to_device(collate(examples, tokenizer.pad_token_id, padding_side="right"))
             labels = batch.pop("labels")
             logits = self.model(**batch).logits.float()
             logprobs = torch.log_softmax(logits[:, :-1], dim=-1)
             targets = labels[:, 1:]
-            mask = targets != -100
+            mask = targets != IGNORE_INDEX
             picked = logprobs.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
             greedy = (logprobs.argmax(-1) == targets) | ~mask
             for score, is_greedy in zip((picked * mask).sum(dim=-1).tolist(), greedy.all(dim=-1).tolist()):

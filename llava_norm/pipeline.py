@@ -25,9 +25,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from llava_norm.config import load_config
-from llava_norm.evaluation.arguments import parse_eval_args
+from llava_norm.evaluation.arguments import DEFAULT_DATA_ROOT, parse_eval_args
 from llava_norm.evaluation.runner import benchmark_settings, settings_differences
 from llava_norm.evaluation.table import write_table
+from llava_norm.layout import PROJECTOR_FILE
 from llava_norm.provenance import differences, environment, environment_differences, fingerprint, read_record
 from llava_norm.train.record import training_record
 from llava_norm.train.rundir import SUMMARY, complete_checkpoints
@@ -61,7 +62,7 @@ class Step:
 class PipelineConfig:
     arms: list[str]  # config directories holding stage1.yaml and stage2.yaml; the first is the baseline
     runs_dir: str = "runs/pipeline"
-    data_root: str = "data/eval"
+    data_root: str = DEFAULT_DATA_ROOT
     benchmarks: str = "all"
     stage1_overrides: list[str] = field(default_factory=list)
     stage2_overrides: list[str] = field(default_factory=list)
@@ -119,7 +120,7 @@ def stage_decision(yaml_path: Path, overrides: list[str], out: Path, world: int,
         reasons, notes = reasons + notes, []
     if not reasons and found.complete:
         changed = [name for name, recorded in found.outputs.items()
-                   if recorded != fingerprint(out / ("model" if name == "model" else "projector.safetensors"))]
+                   if recorded != fingerprint(out / ("model" if name == "model" else PROJECTOR_FILE))]
         reasons = [f"output {name} was changed after the run recorded it" for name in changed]
     if reasons:
         return Decision(False, reasons, notes, stale=True)
@@ -151,11 +152,34 @@ def eval_decision(argv: list[str], out: Path, code_counts: bool) -> Decision:
     return Decision(not reasons, reasons, notes, stale=stale)
 
 
+@dataclass(frozen=True)
+class ArmDirs:
+    """Where one arm's steps write: ``<runs>/<arm>/{stage1,stage2,eval}``, logs beside them."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, runs_dir: str | Path, arm: str) -> ArmDirs:
+        return cls(Path(runs_dir).resolve() / arm)
+
+    @property
+    def stage1(self) -> Path:
+        return self.root / "stage1"
+
+    @property
+    def stage2(self) -> Path:
+        return self.root / "stage2"
+
+    @property
+    def eval(self) -> Path:
+        return self.root / "eval"
+
+
 def arm_steps(config: PipelineConfig, config_dir: str) -> list[Step]:
     arm = arm_name(config_dir)
     cfg = Path(config_dir).resolve()
-    runs = Path(config.runs_dir).resolve() / arm
-    stage1, stage2, eval_dir = runs / "stage1", runs / "stage2", runs / "eval"
+    dirs = ArmDirs.of(config.runs_dir, arm)
+    runs, stage1, stage2, eval_dir = dirs.root, dirs.stage1, dirs.stage2, dirs.eval
     logs = None if config.stream else runs
     world = launch_world_size(config.env)
     for stage in ("stage1", "stage2"):
@@ -165,7 +189,7 @@ def arm_steps(config: PipelineConfig, config_dir: str) -> list[Step]:
     def overrides(stage: int) -> list[str]:
         if stage == 1:
             return list(config.stage1_overrides)
-        return [f"model.pretrained_projector={stage1 / 'projector.safetensors'}", *config.stage2_overrides]
+        return [f"model.pretrained_projector={stage1 / PROJECTOR_FILE}", *config.stage2_overrides]
 
     def train_step(stage: int) -> Step:
         out = stage1 if stage == 1 else stage2
@@ -204,7 +228,7 @@ def arm_steps(config: PipelineConfig, config_dir: str) -> list[Step]:
 
 def table_step(config: PipelineConfig, marks: dict[str, list[str]]) -> Step:
     def run() -> None:
-        dirs = [Path(config.runs_dir).resolve() / arm_name(a) / "eval" for a in config.arms]
+        dirs = [ArmDirs.of(config.runs_dir, arm_name(a)).eval for a in config.arms]
         md, _ = write_table(dirs, config.table or Path(config.runs_dir) / "results", baseline=arm_name(config.arms[0]),
                             marks=marks)
         tqdm.write(md.read_text())

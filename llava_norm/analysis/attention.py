@@ -19,6 +19,8 @@ from PIL import Image
 from tqdm import tqdm
 
 from llava_norm.analysis.common import Labeled, analysis_device, load_analysis_bundle, prompt_settings, write_result
+from llava_norm.analysis.plots import attention_figure
+from llava_norm.data.images import open_image
 from llava_norm.data.prompts import IMAGE_PREFIX, Prompt, PromptEncoder, PromptSettings
 
 
@@ -84,9 +86,6 @@ def attention_maps(models: list[Labeled], image_path: str | Path, prompt_text: s
                    prompt_format: str | None = None, device: str | None = None) -> dict:
     """Heatmaps of several checkpoints side by side for one image, prompt and phrase, each prompted
     as its training run prompts (``prompt_format`` overrides the format)."""
-    from llava_norm.analysis.plots import attention_figure
-    from llava_norm.data.images import open_image
-
     image = open_image(image_path)
     maps = []
     for item in tqdm(models, desc="attention", unit="model"):

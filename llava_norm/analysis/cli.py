@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 
+from llava_norm.config_schema import PROMPT_FORMATS
+
 DEFAULT_OUT = "runs/analysis"
 
 
 def _samples(args):
+    # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.analysis.samples import load_samples
 
     samples = load_samples(args.samples, args.limit, args.image_folder)
@@ -22,6 +25,7 @@ def _samples(args):
 
 
 def _interface(args) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.analysis.common import analysis_device, load_analysis_bundle, parse_labeled
     from llava_norm.analysis.interface import backbone_interface_norms, checkpoint_interface_norms, interface_norms
 
@@ -42,11 +46,13 @@ def _interface(args) -> None:
 
 
 def _top_rows(args) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.analysis.interface import top_norm_result
 
     if bool(args.checkpoint) == bool(args.llm):
         raise SystemExit("top-norm-rows: give exactly one of --checkpoint or --llm")
     if args.checkpoint:
+        # lazy: start-up; a subcommand loads only the stages it runs
         from llava_norm.analysis.common import load_analysis_bundle
 
         bundle = load_analysis_bundle(args.checkpoint, device=None)
@@ -54,6 +60,7 @@ def _top_rows(args) -> None:
     else:
         from transformers import AutoModelForCausalLM
 
+        # lazy: start-up; a subcommand loads only the stages it runs
         from llava_norm.model.builder import load_tokenizer
 
         weight = AutoModelForCausalLM.from_pretrained(args.llm).get_input_embeddings().weight
@@ -62,6 +69,7 @@ def _top_rows(args) -> None:
 
 
 def _layers(args) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.analysis.common import parse_labeled
     from llava_norm.analysis.layers import layer_curves
 
@@ -70,6 +78,7 @@ def _layers(args) -> None:
 
 
 def _gains(args) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.analysis.common import parse_labeled
     from llava_norm.analysis.gains import gain_stats
 
@@ -77,6 +86,7 @@ def _gains(args) -> None:
 
 
 def _dynamics(args) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.analysis.layers import dynamics
 
     _done(dynamics(args.run_dir, _samples(args), args.out, args.batch_size, args.prompt_format,
@@ -84,6 +94,7 @@ def _dynamics(args) -> None:
 
 
 def _gradients(args) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.analysis.common import analysis_device, load_analysis_bundle, parse_labeled, prompt_settings
     from llava_norm.analysis.gradients import arm_bundles, gradient_flow, training_batch
 
@@ -103,6 +114,7 @@ def _gradients(args) -> None:
 
 
 def _attention(args) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.analysis.attention import attention_maps
     from llava_norm.analysis.common import parse_labeled
 
@@ -111,6 +123,7 @@ def _attention(args) -> None:
 
 
 def _report(args) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.analysis.report import write_report
 
     out = args.out or f"{args.folders[0]}/REPORT.md"
@@ -125,7 +138,7 @@ def _common(p, samples: bool = False, checkpoints: bool = True) -> None:
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda if available)")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--prompt-format", choices=("chat", "plain"), default=None,
+    p.add_argument("--prompt-format", choices=PROMPT_FORMATS, default=None,
                    help="override the prompt format (default: each checkpoint's training run's, as eval uses)")
     if checkpoints:
         p.add_argument("--checkpoint", action="append", default=[], metavar="[LABEL=]PATH",

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from llava_norm.data.prompts import PromptSettings, training_prompt_settings
-from llava_norm.model.builder import resolve_dtype
+from llava_norm.layout import CONFIG_FILE
+from llava_norm.model.builder import Bundle, load_bundle, load_tokenizer, resolve_dtype, torch_dtype
 from llava_norm.provenance import make_record
 
 
@@ -71,7 +72,6 @@ def load_analysis_bundle(path: str | Path, device: torch.device | None = None, a
     """A Bundle from a saved model dir or a ``checkpoint-N`` dir, moved to the device in eval mode."""
     from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
 
-    from llava_norm.model.builder import Bundle, load_bundle, load_tokenizer, torch_dtype
 
     path = Path(path)
     device = device or analysis_device()
@@ -94,10 +94,10 @@ def load_analysis_bundle(path: str | Path, device: torch.device | None = None, a
             tokenizer = AutoTokenizer.from_pretrained(run_dir / "model")
             tokenizer.padding_side = "right"
             processor = AutoImageProcessor.from_pretrained(run_dir / "model")
-        elif (run_dir / "config.yaml").is_file():
+        elif (run_dir / CONFIG_FILE).is_file():
             from omegaconf import OmegaConf
 
-            run = OmegaConf.load(run_dir / "config.yaml")
+            run = OmegaConf.load(run_dir / CONFIG_FILE)
             tokenizer = load_tokenizer(run.model.llm, bool(run.model.get("trust_remote_code", False)))
             processor = AutoImageProcessor.from_pretrained(run.model.vision_tower)
         else:

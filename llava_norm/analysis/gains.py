@@ -12,11 +12,13 @@ import math
 from pathlib import Path
 
 from safetensors import safe_open
+from transformers.utils import SAFE_WEIGHTS_NAME
 
 from llava_norm.analysis.common import Labeled, write_result
+from llava_norm.analysis.plots import gains_figure
+from llava_norm.layout import NORM_PREFIX
 from llava_norm.model.norm_align import GlobalWeightCompensatedLayerNorm
 
-NORM_PREFIX = "model.multi_modal_projector.norm."
 
 
 def _tensor_files(path: Path) -> dict[str, Path]:
@@ -24,7 +26,7 @@ def _tensor_files(path: Path) -> dict[str, Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
         return {k: path / v for k, v in json.loads(index.read_text())["weight_map"].items()}
-    single = path / "model.safetensors"
+    single = path / SAFE_WEIGHTS_NAME
     if not single.is_file():
         raise FileNotFoundError(f"{path}: neither model.safetensors nor model.safetensors.index.json")
     with safe_open(str(single), framework="pt") as f:
@@ -66,8 +68,6 @@ def checkpoint_gain_stats(path: str | Path, label: str) -> dict:
 
 
 def gain_stats(models: list[Labeled], out_dir: str | Path | None = None) -> dict:
-    from llava_norm.analysis.plots import gains_figure
-
     rows = [checkpoint_gain_stats(m.path, m.label) for m in models]
     return write_result({"analysis": "gain_stats", "rows": rows}, out_dir, gains_figure(rows),
                         {m.label: m.path for m in models})

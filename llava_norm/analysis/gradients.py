@@ -18,19 +18,21 @@ import torch
 from tqdm import tqdm
 
 from llava_norm.analysis.common import analysis_device, analysis_dtype, write_result
+from llava_norm.analysis.plots import gradients_figure
+from llava_norm.config import DataSource
+from llava_norm.config_schema import NORM_ARMS
 from llava_norm.data.collate import collate
+from llava_norm.data.dataset import SupervisedDataset
 from llava_norm.data.prompts import PromptSettings
+from llava_norm.model.builder import ModelSpec, build_model
 
-DEFAULT_ARMS = ("none", "ln_default", "ln_textnorm", "ln_textnorm_gwc")
+DEFAULT_ARMS = tuple(NORM_ARMS)
 
 
 def training_batch(bundle, data: str | Path, image_folder: str | Path | None = None, batch_size: int = 4,
                    settings: PromptSettings | None = None) -> dict:
     """The first ``batch_size`` samples of a LLaVA json, tokenised and collated as training does,
     with ``settings`` (a checkpoint's training-run prompt settings; None: the training defaults)."""
-    from llava_norm.config import DataSource
-    from llava_norm.data.dataset import SupervisedDataset
-
     source = DataSource(path=str(data), image_folder=str(image_folder) if image_folder else None)
     dataset = SupervisedDataset.from_settings([source], bundle, settings or PromptSettings(), max_length=4096)
     return collate([dataset[i] for i in range(min(batch_size, len(dataset)))], bundle.tokenizer.pad_token_id)
@@ -86,8 +88,6 @@ def measure_gradients(bundle, batch: dict) -> dict:
 def arm_bundles(vision: str, llm: str, arms: tuple[str, ...] = DEFAULT_ARMS, seed: int = 42,
                 device: str | None = None) -> Iterator[tuple[str, object]]:
     """Freshly built models, one arm at a time, from the same backbones and seed."""
-    from llava_norm.model.builder import ModelSpec, build_model
-
     dev = analysis_device(device)
     for arm in arms:
         bundle = build_model(ModelSpec(vision, llm, norm_alignment=arm, seed=seed, dtype=analysis_dtype(dev)))
@@ -110,8 +110,6 @@ def gwc_check(rows: list[dict]) -> dict | None:
 
 def gradient_flow(models: Iterator[tuple[str, object]], batch_for, out_dir: str | Path | None = None) -> dict:
     """Gradient norms per arm/checkpoint; ``batch_for(bundle)`` makes the (shared) batch."""
-    from llava_norm.analysis.plots import gradients_figure
-
     rows, batch = [], None
     for label, bundle in tqdm(models, desc="gradient flow", unit="model"):
         batch = batch if batch is not None else batch_for(bundle)

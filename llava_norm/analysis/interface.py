@@ -16,8 +16,10 @@ import torch
 from tqdm import tqdm
 
 from llava_norm.analysis.common import analysis_device, analysis_dtype, finite, model_device, write_result
+from llava_norm.analysis.plots import interface_figure, top_rows_figure
 from llava_norm.analysis.samples import SampleSet
 from llava_norm.data.images import preprocess
+from llava_norm.model.builder import load_tokenizer, load_vision_tower, select_strategy, torch_dtype
 from llava_norm.model.norm_align import text_embedding_norm
 
 
@@ -105,7 +107,6 @@ def backbone_interface_norms(vision: str, llm: str, samples: SampleSet, vision_f
     """One row of Table 1 for any vision tower id and LLM id: vision output norm, T, text tokens."""
     from transformers import AutoModelForCausalLM
 
-    from llava_norm.model.builder import load_tokenizer, load_vision_tower, select_strategy, torch_dtype
 
     dev = analysis_device(device)
     dtype = torch_dtype(analysis_dtype(dev))
@@ -126,8 +127,6 @@ def backbone_interface_norms(vision: str, llm: str, samples: SampleSet, vision_f
 
 def interface_norms(rows: list[dict], samples: SampleSet, out_dir: str | Path | None = None) -> dict:
     """Collect rows (from the two functions above) into the Table 1/2 result and figure."""
-    from llava_norm.analysis.plots import interface_figure
-
     result = {"analysis": "interface_norms", "images": len(samples.images), "prompts": samples.prompts,
               "source": samples.source, "rows": rows}
     return write_result(result, out_dir, interface_figure(rows),
@@ -151,7 +150,5 @@ def top_norm_rows(embedding_weight: torch.Tensor, tokenizer, k: int = 10) -> dic
 
 def top_norm_result(embedding_weight: torch.Tensor, tokenizer, label: str, k: int = 10,
                     out_dir: str | Path | None = None) -> dict:
-    from llava_norm.analysis.plots import top_rows_figure
-
     result = {"analysis": "top_norm_rows", "label": label, "k": k, **top_norm_rows(embedding_weight, tokenizer, k)}
     return write_result(result, out_dir, top_rows_figure(result, embedding_weight))

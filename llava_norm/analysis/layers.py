@@ -20,10 +20,13 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from llava_norm.analysis.common import Labeled, finite, load_analysis_bundle, prompt_settings, write_result
+from llava_norm.analysis.common import (Labeled, analysis_device, finite, load_analysis_bundle, prompt_settings,
+                                        write_result)
 from llava_norm.analysis.masks import interleave_prompts, prompt_batches
+from llava_norm.analysis.plots import dynamics_figure, layers_figure
 from llava_norm.analysis.samples import SampleSet
 from llava_norm.data.prompts import PromptSettings
+from llava_norm.train.rundir import complete_checkpoints
 
 GROUPS = ("image", "text")
 
@@ -114,8 +117,6 @@ def collect_curves(models: list[Labeled], samples: SampleSet, batch_size: int = 
                    device: str | None = None) -> list[dict]:
     """Curves of each model, loaded one at a time (a 7B model and its copy need not fit together),
     each prompted as its training run prompts (``prompt_format`` overrides the format)."""
-    from llava_norm.analysis.common import analysis_device
-
     curves = []
     for item in tqdm(models, desc="checkpoints", unit="model"):
         bundle = load_analysis_bundle(item.path, analysis_device(device))
@@ -129,8 +130,6 @@ def collect_curves(models: list[Labeled], samples: SampleSet, batch_size: int = 
 def layer_curves(models: list[Labeled], samples: SampleSet, out_dir: str | Path | None = None,
                  batch_size: int = 8, prompt_format: str | None = None, device: str | None = None) -> dict:
     """Fig. 3/4: norm and cosine curves of several checkpoints/arms, overlaid in one figure."""
-    from llava_norm.analysis.plots import layers_figure
-
     curves = collect_curves(models, samples, batch_size, prompt_format, device)
     result = {"analysis": "layers", "source": samples.source, "images": len(samples.images),
               "text_only_prompts": len(samples.prompts), "text_excludes_bos": True, "curves": curves}
@@ -140,8 +139,6 @@ def layer_curves(models: list[Labeled], samples: SampleSet, out_dir: str | Path 
 
 def run_checkpoints(run_dir: str | Path, include_final: bool = True) -> list[Labeled]:
     """``checkpoint-N`` dirs of a run (oldest first; complete ones only), then its final ``model/``."""
-    from llava_norm.train.rundir import complete_checkpoints
-
     run = Path(run_dir)
     found = [Labeled(f"step {re.sub(r'^checkpoint-', '', p.name)}", p) for p in complete_checkpoints(run)]
     if include_final and (run / "model" / "config.json").is_file():
@@ -155,8 +152,6 @@ def dynamics(run_dir: str | Path, samples: SampleSet, out_dir: str | Path | None
              prompt_format: str | None = None, include_final: bool = True, device: str | None = None) -> dict:
     """App. F: the cosine curves of one run at each saved checkpoint, prompted as the run's
     evaluation prompts them (a stage-1 run's 'plain' format keeps no text: its text curve is empty)."""
-    from llava_norm.analysis.plots import dynamics_figure
-
     checkpoints = run_checkpoints(run_dir, include_final)
     curves = collect_curves(checkpoints, samples, batch_size, prompt_format, device)
     result = {"analysis": "dynamics", "run_dir": str(run_dir), "source": samples.source, "curves": curves}

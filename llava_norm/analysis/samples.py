@@ -13,6 +13,7 @@ from pathlib import Path
 from PIL import Image
 
 from llava_norm.data.conversation import IMAGE_PLACEHOLDER
+from llava_norm.data.dataset import read_rows_file
 from llava_norm.data.images import open_image
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif"}
@@ -38,8 +39,6 @@ def _image_files(folder: Path) -> list[Path]:
 
 
 def _from_llava_json(path: Path, image_folder: Path | None, limit: int) -> SampleSet:
-    from llava_norm.data.dataset import read_rows_file
-
     folder = image_folder or path.parent
     images, names, prompts = [], [], []
     for row in read_rows_file(path):

@@ -12,7 +12,15 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from llava_norm.analysis.attention import attention_maps
 from llava_norm.analysis.common import Labeled, analysis_device, load_analysis_bundle
+from llava_norm.analysis.gains import gain_stats
+from llava_norm.analysis.gradients import arm_bundles, gradient_flow, training_batch
+from llava_norm.analysis.interface import checkpoint_interface_norms, interface_norms, top_norm_result
+from llava_norm.analysis.layers import dynamics, layer_curves
+from llava_norm.analysis.report import write_report
+from llava_norm.analysis.samples import load_samples
+from llava_norm.layout import CONFIG_FILE
 
 
 @dataclass
@@ -38,14 +46,6 @@ def run_suite(inputs: SuiteInputs, out_dir: str | Path, title: str = "llava-norm
               report_path: str | Path | None = None) -> Path:
     """Runs all seven analyses into ``out_dir`` and writes the report (default ``out_dir/REPORT.md``);
     returns its path."""
-    from llava_norm.analysis.attention import attention_maps
-    from llava_norm.analysis.gains import gain_stats
-    from llava_norm.analysis.gradients import arm_bundles, gradient_flow, training_batch
-    from llava_norm.analysis.interface import checkpoint_interface_norms, interface_norms, top_norm_result
-    from llava_norm.analysis.layers import dynamics, layer_curves
-    from llava_norm.analysis.report import write_report
-    from llava_norm.analysis.samples import load_samples
-
     out = Path(out_dir)
     finals = [Labeled(label, Path(run) / "model") for label, run in inputs.runs.items()]
     interface = [Labeled(k, Path(v)) for k, v in inputs.interface_models.items()] if inputs.interface_models else finals
@@ -67,7 +67,7 @@ def run_suite(inputs: SuiteInputs, out_dir: str | Path, title: str = "llava-norm
     run_dir = Path(inputs.dynamics_run) if inputs.dynamics_run else Path(list(inputs.runs.values())[-1])
     dynamics(run_dir, samples, out, device=inputs.device)
 
-    config = OmegaConf.load(run_dir / "config.yaml")
+    config = OmegaConf.load(run_dir / CONFIG_FILE)
     gradient_flow(arm_bundles(config.model.vision_tower, config.model.llm, device=inputs.device),
                   lambda b: training_batch(b, inputs.data, inputs.image_folder), out)
     attention_maps(finals, samples.image_paths[0], inputs.attention_prompt, inputs.attention_phrase, out_dir=out,

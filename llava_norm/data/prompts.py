@@ -28,6 +28,7 @@ from llava_norm.config_schema import DataConfig
 from llava_norm.data.collate import Example, collate
 from llava_norm.data.conversation import IMAGE_PLACEHOLDER, ConversationTokenizer, conversation_tokenizer, truncate
 from llava_norm.data.images import open_image, preprocess
+from llava_norm.layout import CONFIG_FILE
 
 # Training's defaults are the one source: a model saved outside a run (no config.yaml) is read
 # with what a run that set nothing would have trained it with.
@@ -59,7 +60,7 @@ def run_config(checkpoint: str | Path):
     given directory) as an OmegaConf tree, or None for a model saved outside a run."""
     from omegaconf import OmegaConf
 
-    for candidate in (Path(checkpoint) / "config.yaml", Path(checkpoint).parent / "config.yaml"):
+    for candidate in (Path(checkpoint) / CONFIG_FILE, Path(checkpoint).parent / CONFIG_FILE):
         if candidate.is_file():
             return OmegaConf.load(candidate)
     return None

@@ -12,7 +12,11 @@ from pathlib import Path
 
 import yaml
 
+from llava_norm.config_schema import PROMPT_FORMATS
 from llava_norm.evaluation.runner import EvalConfig, default_run_name, resolve_benchmarks, training_prompt_settings
+
+
+DEFAULT_DATA_ROOT = "data/eval"  # where scripts/eval.sh and the pipeline look without EVAL_DATA / --data-root
 
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -29,7 +33,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens-cap", type=int, default=None,
                    help="cap every task's max_new_tokens (smoke runs; recorded in the results)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--prompt-format", choices=["chat", "plain"], help="default: the training config's")
+    p.add_argument("--prompt-format", choices=PROMPT_FORMATS, help="default: the training config's")
     p.add_argument("--system-prompt", default=None, help="default: the training config's ('' for none)")
     p.add_argument("--overwrite", action="store_true", help="recompute instead of resuming")
     p.add_argument("--replace-stale", action="store_true",

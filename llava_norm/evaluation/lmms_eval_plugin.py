@@ -22,8 +22,10 @@ from lmms_eval.api.model import lmms
 
 from llava_norm.data.prompts import Prompt, training_prompt_settings
 from llava_norm.inference import Predictor
+from llava_norm.model.builder import load_bundle, resolve_dtype
 
 MODEL_ID = "llava_norm"
+DEFAULT_BATCH_SIZE = 8
 
 
 def manifest():
@@ -47,11 +49,10 @@ def _cut_at_stop_strings(text: str, until) -> str:
 class LlavaNormLmms(lmms):
     is_simple = True
 
-    def __init__(self, pretrained: str, dtype: str = "auto", batch_size: int | str = 8,
+    def __init__(self, pretrained: str, dtype: str = "auto", batch_size: int | str = DEFAULT_BATCH_SIZE,
                  prompt_format: str | None = None, system_prompt: str | None = None,
                  trust_remote_code: bool | str = False, device: str | None = None, **unused) -> None:
         super().__init__()
-        from llava_norm.model.builder import load_bundle, resolve_dtype
 
         self._rank = int(os.environ.get("RANK", "0"))
         self._world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -68,7 +69,7 @@ class LlavaNormLmms(lmms):
             settings.prompt_format = prompt_format
         if system_prompt is not None:
             settings.system_prompt = system_prompt or None
-        self.batch_size_per_gpu = int(batch_size) if str(batch_size).isdigit() else 8
+        self.batch_size_per_gpu = int(batch_size) if str(batch_size).isdigit() else DEFAULT_BATCH_SIZE
         self.predictor = Predictor.from_settings(bundle, settings, device=self._device)
 
     @property

@@ -29,7 +29,9 @@ from llava_norm.data.prompts import PromptSettings, run_config, training_prompt_
 from llava_norm.evaluation.benchmarks import BENCHMARKS, get_benchmark
 from llava_norm.evaluation.distributed import Ranks
 from llava_norm.evaluation.predictions import PredictionStore, SettingsMismatchError
-from llava_norm.evaluation.table import read_results
+from llava_norm.evaluation.table import EVAL_SUMMARY, read_results
+from llava_norm.inference import Predictor, Prompt
+from llava_norm.model.builder import load_bundle, resolve_dtype
 from llava_norm.provenance import environment, fingerprint, flatten, now
 
 
@@ -135,8 +137,6 @@ def _settings(config: EvalConfig, request: BenchmarkRequest, bench) -> dict[str,
 
 
 def _predict_batch(predictor, bench_kind: str, batch: list, cap: int | None) -> list[dict]:
-    from llava_norm.inference import Prompt
-
     if bench_kind == "generate":
         prompts = [Prompt(i.prompt, i.image) for i in batch]  # the run's system prompt comes from predictor.settings
         budgets = [i.max_new_tokens if cap is None else min(cap, i.max_new_tokens) for i in batch]
@@ -219,9 +219,6 @@ def _write_json(path: Path, data: dict) -> None:
 
 def run_evaluation(config: EvalConfig) -> dict | None:
     """Evaluate; returns the summary on rank 0 (None on other ranks)."""
-    from llava_norm.inference import Predictor
-    from llava_norm.model.builder import load_bundle, resolve_dtype
-
     ranks = Ranks.setup()
     try:
         Path(config.out_dir).mkdir(parents=True, exist_ok=True)
@@ -238,7 +235,7 @@ def run_evaluation(config: EvalConfig) -> dict | None:
         summary = {"run_name": config.run_name, "checkpoint": str(Path(config.checkpoint).resolve()),
                    "benchmarks": {name: {"metrics": r["metrics"], "settings": r["settings"]}
                                   for name, r in read_results(config.out_dir).items()}}
-        _write_json(Path(config.out_dir) / "summary.json", summary)
+        _write_json(Path(config.out_dir) / EVAL_SUMMARY, summary)
         return summary
     finally:
         ranks.close()

@@ -25,8 +25,11 @@ def headline(benchmark: str) -> Headline:
     return BENCHMARKS[benchmark].declaration.headline
 
 
-# Settings that must agree across runs for their numbers to share a column.
-COMPARABLE = ("benchmark", "data_path", "limit")
+EVAL_SUMMARY = "summary.json"  # in an evaluation's --out: the run name and every benchmark's result
+
+# Settings that must agree across runs for their numbers to share a column (the data by its
+# fingerprint: the same files anywhere, not whatever sits at one path).
+COMPARABLE = ("benchmark", "data_fingerprint", "limit")
 
 
 @dataclass
@@ -62,7 +65,7 @@ def read_run(run_dir: str | Path) -> tuple[str, dict[str, dict]]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"evaluation directory not found: {run_dir}")
-    summary = run_dir / "summary.json"
+    summary = run_dir / EVAL_SUMMARY
     name = json.loads(summary.read_text())["run_name"] if summary.exists() else run_dir.name
     results = read_results(run_dir)
     if not results:

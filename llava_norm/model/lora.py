@@ -27,6 +27,7 @@ from peft import LoraConfig
 from peft.functional import get_peft_model_state_dict, inject_adapter_in_model
 from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file, save_file
+from transformers.utils import SAFE_WEIGHTS_NAME
 
 from llava_norm.config_checks import lora_target_problem
 
@@ -92,7 +93,7 @@ def split_saved_model(model_dir: str | Path, model) -> None:
     from the saved file, so this also holds after a ZeRO-3 save that gathered the shards.
     """
     model_dir = Path(model_dir)
-    weights = model_dir / "model.safetensors"
+    weights = model_dir / SAFE_WEIGHTS_NAME
     if not weights.is_file():
         raise FileNotFoundError(f"{weights}: expected one safetensors file from the final save")
     state = load_file(str(weights))

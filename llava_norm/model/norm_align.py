@@ -1,39 +1,18 @@
 """The norm-alignment layer (paper Sec. 5, App. D) and the text-norm target T.
 
 Owns: ``GlobalWeightCompensatedLayerNorm`` (LayerNorm whose backward pass into its input is
-rescaled by 1/max(mean|g|, clamp)), ``text_embedding_norm`` (T), and the table of the four
-ablation arms, so the rest of the code never spells an arm's meaning twice.
+rescaled by 1/max(mean|g|, clamp)) and ``text_embedding_norm`` (T). What each arm means is one
+table, ``config_schema.NORM_ARMS``, which the config validates against and this module builds from.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass(frozen=True)
-class NormArm:
-    """One row of the paper's ablation table."""
-
-    name: str
-    has_norm: bool
-    text_norm_init: bool
-    gwc: bool
-
-
-NORM_ARMS: dict[str, NormArm] = {
-    arm.name: arm
-    for arm in (
-        NormArm("none", has_norm=False, text_norm_init=False, gwc=False),
-        NormArm("ln_default", has_norm=True, text_norm_init=False, gwc=False),
-        NormArm("ln_textnorm", has_norm=True, text_norm_init=True, gwc=False),
-        NormArm("ln_textnorm_gwc", has_norm=True, text_norm_init=True, gwc=True),
-    )
-}
+from llava_norm.config_schema import NORM_ARMS, NormArm
 
 
 def get_arm(name: str) -> NormArm:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from llava_norm.config import LoraSettings, OptimConfig
+from llava_norm.layout import PROJECTOR_MODULE
 from llava_norm.model.lora import apply_lora, is_lora_parameter, lora_targets
 from llava_norm.model.modeling import blank_image
 
@@ -24,9 +25,9 @@ def module_of(name: str) -> str:
         return "lora"
     if ".vision_tower." in f".{name}":
         return "vision_tower"
-    if ".multi_modal_projector.norm." in f".{name}":
+    if f".{PROJECTOR_MODULE}.norm." in f".{name}":
         return "norm"
-    if ".multi_modal_projector." in f".{name}":
+    if f".{PROJECTOR_MODULE}." in f".{name}":
         return "projector"
     return "llm"  # language_model.* and lm_head.*
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from llava_norm.config import RunConfig, to_yaml
+from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE
 from llava_norm.provenance import RECORD, flatten
 from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY, complete_checkpoints
 
@@ -39,7 +40,7 @@ OPERATIONAL_KEYS = frozenset({
 })
 SCHEDULE_KEYS = frozenset({"train.max_steps", "train.epochs"})  # what train.extend may raise
 # What a run writes into output_dir, and so what train.restart removes (nothing else is touched).
-RUN_OUTPUTS = ("model", "projector.safetensors", SUMMARY, "config.yaml", SKIPPED, "runs", RECORD)
+RUN_OUTPUTS = ("model", PROJECTOR_FILE, SUMMARY, CONFIG_FILE, SKIPPED, "runs", RECORD)
 
 
 class RelaunchError(RuntimeError):
@@ -100,7 +101,7 @@ def plan_launch(config: RunConfig) -> LaunchPlan:
                                 "to delete it and start over, or train.resume=auto to continue it")
         return LaunchPlan("fresh")
     if finished is not None:
-        saved = (out / "config.yaml").read_text() if (out / "config.yaml").is_file() else ""
+        saved = (out / CONFIG_FILE).read_text() if (out / CONFIG_FILE).is_file() else ""
         if not t.extend:
             differences = config_differences(saved, config)
             if differences:

@@ -21,21 +21,22 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import TrainingArguments, set_seed
+from transformers.utils import SAFE_WEIGHTS_NAME
 
 from llava_norm.config import RunConfig, effective_grad_accum, lora_vision_mode, to_yaml
 from llava_norm.data.collate import collate
 from llava_norm.data.conversation import conversation_tokenizer
 from llava_norm.data.dataset import SupervisedDataset, count_by_cause
+from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE, PROJECTOR_PREFIX
 from llava_norm.model.builder import Bundle, ModelSpec, build_model
 from llava_norm.model.lora import split_saved_model
 from llava_norm.train.params import freeze_backbones, freeze_for_lora
-from llava_norm.train.relaunch import clear_outputs, plan_launch
 from llava_norm.train.record import finish_record, start_record
+from llava_norm.train.relaunch import clear_outputs, plan_launch
 from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY
 from llava_norm.train.trainer import LlavaNormTrainer
 
 log = logging.getLogger(__name__)
-PROJECTOR_PREFIX = "model.multi_modal_projector."
 
 
 def load_projector(model, path: str | Path) -> None:
@@ -142,8 +143,8 @@ def save_final(trainer: LlavaNormTrainer, bundle: Bundle, config: RunConfig) -> 
             split_saved_model(model_dir, bundle.model)
         bundle.tokenizer.save_pretrained(model_dir)
         bundle.image_processor.save_pretrained(model_dir)
-        state = load_file(str(model_dir / "model.safetensors"))
-        save_file({k: v for k, v in state.items() if k.startswith(PROJECTOR_PREFIX)}, str(out / "projector.safetensors"))
+        state = load_file(str(model_dir / SAFE_WEIGHTS_NAME))
+        save_file({k: v for k, v in state.items() if k.startswith(PROJECTOR_PREFIX)}, str(out / PROJECTOR_FILE))
     return model_dir
 
 
@@ -191,7 +192,7 @@ def run_training(config: RunConfig) -> Path | None:
     out = Path(t.output_dir)
     if trainer.args.should_save:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(to_yaml(config))
+        (out / CONFIG_FILE).write_text(to_yaml(config))
         record = start_record(config, plan.differences)
     if plan.checkpoint:
         log.info("resuming from %s", plan.checkpoint)
@@ -208,7 +209,7 @@ def run_training(config: RunConfig) -> Path | None:
                    "rows_rejected_at_load": len(dataset.rejected), "rows_skipped_when_drawn": len(skipped) - len(dataset.rejected),
                    "skipped_by_cause": by_cause, "log_history": trainer.state.log_history}
         (out / SUMMARY).write_text(json.dumps(summary, indent=2))
-        finish_record(config, record, {"model": model_dir, "projector": out / "projector.safetensors"})
+        finish_record(config, record, {"model": model_dir, "projector": out / PROJECTOR_FILE})
         causes = ", ".join(f"{cause} {n}" for cause, n in by_cause.items()) or "none"
         print(f"[llava-norm] stage {t.stage} done: {trainer.state.global_step} steps "
               f"({summary['steps_this_launch']} in this launch); {len(skipped)} bad rows skipped ({causes}), "

@@ -24,6 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from llava_norm.config_schema import TEMPLATE_KWARGS
 from llava_norm.data.dataset import ROLE_MAP
 from llava_norm.model.norm_align import text_embedding_norm
+from llava_norm.model.tiny import make_llama3_tokenizer, make_qwen25_tokenizer
 from llava_norm.synth.build import read_manifest
 from llava_norm.warmup.loop import LoopConfig, holdout_split, train_steps
 
@@ -112,8 +113,6 @@ def world_tokenizer_corpus(world: str | Path) -> list[str]:
     captions, and the instruction conversations rendered through both tiny chat templates
     (Llama-3.2 and Qwen2.5), so the BPE merges cover the words the pipeline uses and the
     templates' fixed text (headers, system blocks) instead of spelling them byte by byte."""
-    from llava_norm.model.tiny import make_llama3_tokenizer, make_qwen25_tokenizer
-
     world = Path(world)
     corpora = read_manifest(world)["corpora"]
     texts = [json.loads(line)["text"] for line in (world / corpora["text"]["path"]).read_text().splitlines() if line]

@@ -1,0 +1,13 @@
+"""Names that writers and readers in several layers agree on: a run's files and the projector's
+place in a saved model.
+
+Owns only names. A training run writes its resolved config and stage 1's projector under these
+names; evaluation, the diagnostics and the pipeline read them back; the config checks and the
+training code find the projector's weights in a checkpoint by its parameter prefix.
+"""
+
+CONFIG_FILE = "config.yaml"  # in a run's output_dir: the resolved config it trained with
+PROJECTOR_FILE = "projector.safetensors"  # in a run's output_dir: projector + norm weights (stage 2 starts here)
+PROJECTOR_MODULE = "multi_modal_projector"  # the projector (and its norm layer) inside LlavaNormModel
+PROJECTOR_PREFIX = f"model.{PROJECTOR_MODULE}."  # its parameters' names in a saved model
+NORM_PREFIX = f"{PROJECTOR_PREFIX}norm."  # the norm-alignment layer's parameters
