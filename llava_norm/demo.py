@@ -9,8 +9,10 @@ baseline arm and the text-norm + GWC arm: stage 1 -> stage 2 -> evaluation on th
 benchmarks (``llava_norm.pipeline``, the code behind ``scripts/pipeline.sh``) -> the
 diagnostics -> ``<root>/demo/REPORT.md`` (``llava_norm.demo_report``).
 
-Every path is passed to the configs as an override, so the demo runs under any root; every
-step is skipped when its output is complete, so a second run only rewrites the report.
+Every path is passed to the configs as an override, so the demo runs under any root. Every
+step is reused only when its provenance record matches what it would compute now (the world,
+backbones and warm-up through ``pipeline.recorded_step``, the arms through the pipeline's own
+steps), so a second run only rewrites the report.
 """
 
 from __future__ import annotations
@@ -22,17 +24,16 @@ from pathlib import Path
 
 from llava_norm.demo_report import ALIGNED, ARMS, BASELINE, SEED, diagnostics_step, write_report
 from llava_norm.model.tiny import TinySizes, make_tiny
-from llava_norm.pipeline import REPO, PipelineConfig, Step, arm_steps, run_steps
+from llava_norm.pipeline import REPO, PipelineConfig, Step, arm_steps, recorded_step, run_steps
+from llava_norm.provenance import Record, make_record
 from llava_norm.synth import build_world
 from llava_norm.synth.benchmarks import FOLDER as BENCHMARK_FOLDER
 from llava_norm.synth.build import CORPUS_PATHS, IMAGE_FOLDER, MANIFEST
 from llava_norm.warmup import warm_up
 from llava_norm.warmup.lm import world_tokenizer_corpus
-from llava_norm.warmup.loop import LoopConfig, file_digest
+from llava_norm.warmup.loop import LoopConfig
 from llava_norm.warmup.run import WarmupConfig
-from llava_norm.warmup.run import REPORT as WARMUP_REPORT
 
-BACKBONES_STAMP = "built_from.json"  # beside the tiny backbones: what they were built from
 
 
 @dataclass(frozen=True)
@@ -103,49 +104,31 @@ class DemoPaths:
         return self.run(arm, stage) / "model"
 
 
-def _stamp_matches(stamp: Path, wanted: dict) -> bool:
-    return stamp.is_file() and json.loads(stamp.read_text()) == wanted
-
-
 def _world_step(paths: DemoPaths, profile: DemoProfile) -> Step:
-    stamp = paths.world / "built_with.json"
-    wanted = {"seed": SEED, **profile.world}
+    def expected() -> Record:
+        return make_record("world", {"build_world": dict(profile.world)}, {}, seed=SEED)
 
-    def run() -> None:
-        build_world(paths.world, seed=SEED, **profile.world)
-        stamp.write_text(json.dumps(wanted, sort_keys=True))
-
-    return Step("synthetic world", lambda: _stamp_matches(stamp, wanted), run)
+    return recorded_step("synthetic world", paths.world, expected,
+                         lambda: build_world(paths.world, seed=SEED, **profile.world))
 
 
 def _backbones_step(paths: DemoPaths) -> Step:
-    """Tiny backbones whose tokenizers are trained on this world's text; rebuilt when the world
-    or the sizes change (a stamp records what they were built from)."""
-    stamp = paths.backbones / BACKBONES_STAMP
+    """Tiny backbones whose tokenizers are trained on this world's text: rebuilt when the world
+    or the sizes change."""
+    def expected() -> Record:
+        return make_record("backbones", {"sizes": asdict(TinySizes())}, {"world": paths.world / MANIFEST}, seed=SEED)
 
-    def wanted() -> dict:
-        return {"seed": SEED, "sizes": asdict(TinySizes()), "world_manifest_sha256": file_digest(paths.world / MANIFEST)}
-
-    def run() -> None:
-        make_tiny(paths.backbones, seed=SEED, corpus=world_tokenizer_corpus(paths.world))
-        stamp.write_text(json.dumps(wanted(), indent=1) + "\n")
-
-    return Step("tiny backbones", lambda: _stamp_matches(stamp, wanted()), run)
+    return recorded_step("tiny backbones", paths.backbones, expected,
+                         lambda: make_tiny(paths.backbones, seed=SEED, corpus=world_tokenizer_corpus(paths.world)))
 
 
 def _warmup_step(paths: DemoPaths, profile: DemoProfile) -> Step:
-    report = paths.warm / WARMUP_REPORT
-    stamp = paths.backbones / BACKBONES_STAMP
+    def expected() -> Record:
+        return make_record("warm-up", asdict(profile.warmup.with_seed()),
+                           {"backbones": paths.backbones, "world": paths.world / MANIFEST}, seed=profile.warmup.seed)
 
-    def done() -> bool:
-        # warm_up would reuse finished backbones itself (it fingerprints settings, sources and
-        # world); checking here keeps a reused step out of the timings.
-        if not report.is_file() or not stamp.is_file() or report.stat().st_mtime < stamp.stat().st_mtime:
-            return False
-        wanted = json.loads(json.dumps(asdict(profile.warmup.with_seed())))
-        return json.loads(report.read_text()).get("config") == wanted
-
-    return Step("backbone warm-up", done, lambda: warm_up(paths.backbones, paths.world, paths.warm, profile.warmup))
+    return recorded_step("backbone warm-up", paths.warm, expected,
+                         lambda: warm_up(paths.backbones, paths.world, paths.warm, profile.warmup))
 
 
 def pipeline_config(paths: DemoPaths, profile: DemoProfile) -> PipelineConfig:

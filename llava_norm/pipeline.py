@@ -29,7 +29,8 @@ from llava_norm.evaluation.arguments import DEFAULT_DATA_ROOT, parse_eval_args
 from llava_norm.evaluation.runner import benchmark_settings, settings_differences
 from llava_norm.evaluation.table import write_table
 from llava_norm.layout import PROJECTOR_FILE
-from llava_norm.provenance import differences, environment, environment_differences, fingerprint, read_record
+from llava_norm.provenance import (Record, differences, environment, environment_differences, fingerprint, read_record,
+                                   write_record)
 from llava_norm.train.record import training_record
 from llava_norm.train.rundir import SUMMARY, complete_checkpoints
 
@@ -93,6 +94,34 @@ def launch(command: list[str], log: Path | None, env: dict | None = None) -> Non
     if code != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
         raise RuntimeError(f"step failed (exit {code}): {' '.join(command)}\n--- last lines of {log} ---\n{tail}")
+
+
+def recorded_step(name: str, out: Path, expected: Callable[[], Record], run: Callable[[], None],
+                  code_counts: bool = False) -> Step:
+    """A step that writes one folder and leaves its provenance record in it (the demo's world,
+    backbones and warm-up): reused only when the record matches ``expected()`` and the folder is
+    still what was recorded, like the training stages."""
+
+    def check() -> Decision:
+        want, found = expected(), read_record(out)
+        if found is None:
+            return Decision(False, ["its output has no provenance record" if out.exists() else "not run yet"],
+                            stale=out.exists())
+        reasons = differences(found, want)
+        notes = environment_differences(found.environment, want.environment)
+        if code_counts:
+            reasons, notes = reasons + notes, []
+        if not reasons and found.outputs.get("folder") != fingerprint(out):
+            reasons = ["its output was changed after it was recorded"]
+        return Decision(not reasons, reasons, notes, stale=bool(reasons))
+
+    def execute() -> None:
+        record = expected()
+        run()  # an interrupted run leaves no record: its folder is not reused
+        record.complete, record.outputs = True, {"folder": fingerprint(out)}
+        write_record(out, record)
+
+    return Step(name, check, execute)
 
 
 def launch_world_size(env: dict[str, str]) -> int:

@@ -75,7 +75,8 @@ def file_fingerprint(path: Path) -> str:
 
 
 def folder_fingerprint(path: Path) -> str:
-    files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    # A record describes the folder; it is not part of what it describes.
+    files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".") and p.name != RECORD)
     digest = hashlib.sha256()
     for file in files:
         digest.update(f"{file.relative_to(path).as_posix()}:{file.stat().st_size};".encode())
@@ -171,7 +172,9 @@ class Record:
 
 
 def make_record(stage: str, config: dict, inputs: dict[str, str | Path], seed: int | None = None) -> Record:
-    """A record of what this stage would compute now; every input is fingerprinted."""
+    """A record of what this stage would compute now; every input is fingerprinted. The config
+    is taken as JSON stores it (tuples as lists), so a record read back compares equal."""
+    config = json.loads(json.dumps(config, default=str))
     return Record(stage, config, {name: {"path": str(path), "fingerprint": fingerprint(path)}
                                   for name, path in inputs.items() if path is not None},
                   seed, environment(), created=now())

@@ -10,6 +10,9 @@ from PIL import Image
 
 from launch import REPO, env
 
+from llava_norm.demo import PROFILES, DemoPaths, plan_demo
+from llava_norm.pipeline import run_steps
+
 FIGURES = ("interface_norms", "top_norm_rows", "layers", "dynamics", "gain_stats", "gradient_flow", "attention")
 
 
@@ -43,6 +46,16 @@ def test_smoke_demo_writes_the_report_then_reuses_every_step(tmp_path):
 
     second = _demo(tmp_path)
     assert [s["status"] for s in second["steps"]] == ["reused"] * len(first["steps"])
+    # One reuse rule: the world's record notices a changed file, and nothing downstream of an
+    # unchanged input is rerun for it.
+    paths = DemoPaths(tmp_path.resolve())
+    image = next(p for p in sorted(paths.images.rglob("*")) if p.is_file())
+    image.write_bytes(image.read_bytes() + b"\0")
+    decisions = {}
+    run_steps(plan_demo(paths, PROFILES["smoke"]), dry_run=True, decisions=decisions)
+    assert decisions["synthetic world"].reasons == ["its output was changed after it was recorded"]
+    assert decisions["tiny backbones"].reuse and decisions["backbone warm-up"].reuse
+    assert any(r.startswith("input data.mixture.0.image_folder changed") for r in decisions["none: stage 1"].reasons)
     assert "one-sided binomial test of" in report  # every item-count benchmark is tested against guessing
 
 
