@@ -6,9 +6,11 @@ multi-process shapes are in test_resume.py.
 
 import json
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 from launch import snapshot
 from tinydata import write_dataset
@@ -97,3 +99,26 @@ def test_deepspeed_checkpoints_load_without_unpickling_code(tmp_path, capsys):
     with pytest.raises(pickle.UnpicklingError):
         TorchCheckpointEngine().load(str(bad))
     assert "unpickled code ran" not in capsys.readouterr().out
+
+
+def test_the_record_follows_every_launch_of_a_run(run):
+    """Written at start, completed at the end; a resume that differs from the launch it continues
+    says so in the record; a finished run whose record was left incomplete is completed."""
+    launch, out, path = run
+    launch("train.max_steps=2")
+    record = json.loads((out / "provenance.json").read_text())
+    assert record["complete"] and record["outputs"]["model"] and "resumed_with_changes" not in record["config"]
+
+    # Stopped between the summary and the record: the relaunch completes the record it started.
+    (out / "provenance.json").write_text(json.dumps({**record, "complete": False, "outputs": {}}))
+    assert launch("train.max_steps=2") is None
+    assert json.loads((out / "provenance.json").read_text())["outputs"] == record["outputs"]
+
+    # An image changes (the sample order does not, so the run can continue), then the run is
+    # extended: the record names the changed input.
+    images = Path(record["inputs"]["data.mixture.0.image_folder"]["path"])
+    Image.new("RGB", (40, 40), (1, 2, 3)).save(sorted(images.iterdir())[0])
+    launch("train.max_steps=3", "train.extend=true")
+    changed = json.loads((out / "provenance.json").read_text())["config"]["resumed_with_changes"]
+    assert any(c.startswith("input data.mixture.0.image_folder changed") for c in changed), changed
+    assert any(c.startswith("train.max_steps") for c in changed), changed

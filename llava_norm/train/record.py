@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from llava_norm.config import RunConfig, to_yaml, world_size
-from llava_norm.provenance import Record, fingerprint, flatten, make_record, now, write_record
+from llava_norm.provenance import Record, differences, fingerprint, flatten, make_record, now, read_record, write_record
 from llava_norm.train.relaunch import OPERATIONAL_KEYS
 
 # Keys naming a file, folder or hub id: they enter the record as inputs, by fingerprint.
@@ -37,15 +37,31 @@ def training_record(config: RunConfig, world_size: int) -> Record:
     return make_record(f"stage{config.train.stage}", settings, inputs, seed=config.train.seed)
 
 
-def start_record(config: RunConfig, changed: list[str]) -> Record:
+CHANGED = "resumed_with_changes"  # in a record's config: what differed between the launches of one run
+
+
+def start_record(config: RunConfig, changed: list[str], resuming: bool) -> Record:
     """Written when a launch starts: an interrupted run says what it was computing. A resume
-    under ``train.allow_config_change`` lists the changes, so the run never passes for one
-    trained under a single config."""
+    that differs from the launch it continues (a config change under
+    ``train.allow_config_change``, or an input that changed in between) lists the changes, so
+    the run never passes for one computed from a single set of inputs."""
     record = training_record(config, world_size())
+    previous = read_record(config.train.output_dir) if resuming else None
+    if previous is not None:
+        earlier = previous.config.pop(CHANGED, [])
+        changed = [*earlier, *changed, *(d for d in differences(previous, record) if d not in changed)]
     if changed:
-        record.config["resumed_with_changes"] = list(changed)
+        record.config[CHANGED] = list(dict.fromkeys(changed))
     write_record(config.train.output_dir, record)
     return record
+
+
+def complete_finished_run(config: RunConfig, outputs: dict[str, Path]) -> None:
+    """A relaunch of a finished run: if the last launch was stopped between its summary and its
+    record, complete the record it started (same config, as the relaunch checked)."""
+    record = read_record(config.train.output_dir)
+    if record is not None and not record.complete:
+        finish_record(config, record, outputs)
 
 
 def finish_record(config: RunConfig, record: Record, outputs: dict[str, Path]) -> None:

@@ -31,7 +31,7 @@ from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE, PROJECTOR_PREFIX
 from llava_norm.model.builder import Bundle, ModelSpec, build_model
 from llava_norm.model.lora import split_saved_model
 from llava_norm.train.params import freeze_backbones, freeze_for_lora
-from llava_norm.train.record import finish_record, start_record
+from llava_norm.train.record import complete_finished_run, finish_record, start_record
 from llava_norm.train.relaunch import clear_outputs, plan_launch
 from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY
 from llava_norm.train.trainer import LlavaNormTrainer
@@ -153,6 +153,9 @@ def run_training(config: RunConfig) -> Path | None:
     t = config.train
     plan = plan_launch(config)  # before any model or data loads: refusals cost nothing
     if plan.action == "done":
+        if int(os.environ.get("RANK", "0")) == 0:
+            out = Path(t.output_dir)
+            complete_finished_run(config, {"model": out / "model", "projector": out / PROJECTOR_FILE})
         print(f"[llava-norm] {plan.message}")
         return None
     if t.restart:
@@ -193,7 +196,7 @@ def run_training(config: RunConfig) -> Path | None:
     if trainer.args.should_save:
         out.mkdir(parents=True, exist_ok=True)
         (out / CONFIG_FILE).write_text(to_yaml(config))
-        record = start_record(config, plan.differences)
+        record = start_record(config, plan.differences, resuming=plan.checkpoint is not None)
     if plan.checkpoint:
         log.info("resuming from %s", plan.checkpoint)
     result = trainer.train(resume_from_checkpoint=str(plan.checkpoint) if plan.checkpoint else None)
