@@ -42,7 +42,8 @@ class Decision:
     reuse: bool
     reasons: list[str] = field(default_factory=list)  # why it must run: what differs, or what is missing
     notes: list[str] = field(default_factory=list)  # recorded differences that do not count (code, libraries)
-    stale: bool = False  # a finished output exists, computed from something else
+    stale: bool = False  # an output exists, computed from something else (or unprovable)
+    finished: bool = False  # that output is complete: the only kind --reuse-stale may keep
     forced: bool = False  # an earlier step of the same arm ran
 
 
@@ -113,7 +114,7 @@ def recorded_step(name: str, out: Path, expected: Callable[[], Record], run: Cal
             reasons, notes = reasons + notes, []
         if not reasons and found.outputs.get("folder") != fingerprint(out):
             reasons = ["its output was changed after it was recorded"]
-        return Decision(not reasons, reasons, notes, stale=bool(reasons))
+        return Decision(not reasons, reasons, notes, stale=bool(reasons), finished=True)
 
     def execute() -> None:
         record = expected()
@@ -147,27 +148,32 @@ def stage_decision(yaml_path: Path, overrides: list[str], out: Path, world: int,
     notes = environment_differences(found.environment, expected.environment)
     if code_counts:
         reasons, notes = reasons + notes, []
+    outputs = {"model": out / "model", "projector": out / PROJECTOR_FILE}
+    missing = [name for name in found.outputs if not outputs[name].exists()]
+    finished = found.complete and not missing
+    if found.complete:
+        reasons += [f"output {name} is missing" for name in missing]
     if not reasons and found.complete:
-        changed = [name for name, recorded in found.outputs.items()
-                   if recorded != fingerprint(out / ("model" if name == "model" else PROJECTOR_FILE))]
+        changed = [name for name, recorded in found.outputs.items() if recorded != fingerprint(outputs[name])]
         reasons = [f"output {name} was changed after the run recorded it" for name in changed]
     if reasons:
-        return Decision(False, reasons, notes, stale=True)
+        return Decision(False, reasons, notes, stale=True, finished=finished)
     if not found.complete:
         return Decision(False, ["interrupted: resuming it"], notes)
-    return Decision(True, notes=notes)
+    return Decision(True, notes=notes, finished=True)
 
 
 def eval_decision(argv: list[str], out: Path, code_counts: bool) -> Decision:
     """Reuse an evaluation only if every requested benchmark's result has the settings (checkpoint
     and data fingerprints included) that evaluating now would record."""
     config = parse_eval_args(argv)
-    reasons, notes, stale = [], [], False
+    reasons, notes, stale, finished = [], [], False, True
     now = environment()
     for request in config.benchmarks:
         path = out / f"{request.name}.json"
         if not path.is_file():
             reasons.append(f"{request.name}: not evaluated yet")
+            finished = False
             continue
         result = json.loads(path.read_text())
         keys = settings_differences(result.get("settings", {}), benchmark_settings(config, request))
@@ -178,7 +184,7 @@ def eval_decision(argv: list[str], out: Path, code_counts: bool) -> Decision:
             stale = True
             reasons.append(f"{request.name}: " + ", ".join(keys))
         notes += [f"{request.name}: {n}" for n in env]
-    return Decision(not reasons, reasons, notes, stale=stale)
+    return Decision(not reasons, reasons, notes, stale=stale, finished=finished)
 
 
 @dataclass(frozen=True)
@@ -257,9 +263,11 @@ def arm_steps(config: PipelineConfig, config_dir: str) -> list[Step]:
 
 def table_step(config: PipelineConfig, marks: dict[str, list[str]]) -> Step:
     def run() -> None:
-        dirs = [ArmDirs.of(config.runs_dir, arm_name(a)).eval for a in config.arms]
-        md, _ = write_table(dirs, config.table or Path(config.runs_dir) / "results", baseline=arm_name(config.arms[0]),
-                            marks=marks)
+        arms = {arm_name(a): ArmDirs.of(config.runs_dir, arm_name(a)) for a in config.arms}
+        wanted = None if config.benchmarks == "all" else config.benchmarks.split(",")
+        md, _ = write_table([d.eval for d in arms.values()], config.table or Path(config.runs_dir) / "results",
+                            baseline=arm_name(config.arms[0]), marks=marks, benchmarks=wanted,
+                            checkpoints={arm: d.stage2 / "model" for arm, d in arms.items()})
         tqdm.write(md.read_text())
 
     return Step("results table", lambda: False, run)
@@ -292,7 +300,8 @@ def run_steps(steps: list[Step], desc: str = "pipeline", reuse_stale: bool = Fal
         bar.set_postfix_str(step.name)
         start = time.perf_counter()
         if step.arm in ran_arms:  # its inputs are being recomputed: no record can match them yet
-            decision = Decision(False, ["an earlier step of this arm ran"], forced=True)
+            decision = Decision(False, [f"an earlier step of this arm {'would run' if dry_run else 'ran'}"],
+                                forced=True)
         else:
             decision = step.decide()
         for note in decision.notes:
@@ -300,7 +309,7 @@ def run_steps(steps: list[Step], desc: str = "pipeline", reuse_stale: bool = Fal
                        "(--code-counts reruns it)")
             if marks is not None and step.arm:
                 marks[step.arm].append(f"{step.name.split(': ', 1)[-1]} made by another version: {note}")
-        if not decision.reuse and decision.stale and reuse_stale and not decision.forced:
+        if not decision.reuse and decision.stale and decision.finished and reuse_stale and not decision.forced:
             tqdm.write(f"[pipeline] {step.name}: STALE, reused on purpose (--reuse-stale): {'; '.join(decision.reasons)}")
             if marks is not None and step.arm:
                 marks[step.arm].append(f"{step.name.split(': ', 1)[-1]} stale, reused: {'; '.join(decision.reasons)}")
@@ -311,7 +320,8 @@ def run_steps(steps: list[Step], desc: str = "pipeline", reuse_stale: bool = Fal
             record.append((step.name, "reused", time.perf_counter() - start))
             continue
         if step.arm and (dry_run or decision.reasons != ["not run yet"]):
-            tqdm.write(f"[pipeline] {step.name}: running ({'; '.join(decision.reasons)})")
+            tqdm.write(f"[pipeline] {step.name}: {'would run' if dry_run else 'running'} "
+                       f"({'; '.join(decision.reasons)})")
         if step.arm:
             ran_arms.add(step.arm)
         if dry_run:

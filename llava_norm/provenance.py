@@ -128,7 +128,11 @@ def _git(*args: str) -> str | None:
 
 def environment() -> dict:
     """The code version (commit, dirty flag, source digest) and the library versions."""
-    commit = _git("rev-parse", "HEAD")
+    # Only the checkout this package lives in: an installed copy inside another repository's
+    # tree must not report that repository's commit.
+    top = _git("rev-parse", "--show-toplevel")
+    ours = top is not None and Path(top).resolve() == PACKAGE.parent
+    commit = _git("rev-parse", "HEAD") if ours else None
     status = _git("status", "--porcelain", "--", "llava_norm") if commit else None
     versions = {}
     for name in LIBRARIES:

@@ -75,6 +75,12 @@ def test_table_refuses_runs_with_different_settings(tmp_path):
     b = _result(tmp_path, "b", "pope", {"mean_over_splits": {"f1": 0.8}}, limit=20)
     with pytest.raises(ValueError, match="'limit'"):
         build_table([a, b])
+    c = _result(tmp_path, "c", "pope", {"mean_over_splits": {"f1": 0.8}}, limit=10)
+    settings = json.loads((c / "pope.json").read_text())
+    settings["settings"]["max_new_tokens_cap"] = 4  # a capped smoke run never shares a column with a full one
+    (c / "pope.json").write_text(json.dumps(settings))
+    with pytest.raises(ValueError, match="'max_new_tokens_cap'"):
+        build_table([a, c])
 
 
 # ------------------------------------------------------------------ end to end
@@ -147,7 +153,9 @@ def test_killed_evaluation_resumes_to_the_same_metrics_without_double_counting(s
         assert result["settings"]["max_new_tokens_cap"] == 12
         assert result["settings"]["benchmark"]["benchmark"] == bench
 
-    md, csv_path = write_table([whole, cut], setup / "table", baseline="whole")
+    md, csv_path = write_table([whole, cut], setup / "tables/llama3.2-3b", baseline="whole")
+    assert (md.name, csv_path.name) == ("llama3.2-3b.md", "llama3.2-3b.csv")  # a dotted prefix is kept whole
+    assert json.loads((setup / "tables/llama3.2-3b.provenance.json").read_text())["complete"]
     header = csv_path.read_text().splitlines()[0].split(",")
     assert header[:4] == ["run", "is_baseline", "mmbench_en_dev", "mmbench_en_dev_delta"]
     assert all(b in header for b in NINE)

@@ -58,14 +58,14 @@ def project(tmp_path_factory, tiny_dir):
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         return result
 
-    def decide(code_counts: bool = False) -> dict[str, object]:
+    def decide(code_counts: bool = False, reuse_stale: bool = False) -> dict[str, object]:
         """What the pipeline would do now, step by step, without running anything."""
         config = PipelineConfig(arms=arms, runs_dir=str(runs), data_root=str(world / "benchmarks"),
                                 benchmarks=BENCHMARKS, stage1_overrides=common, stage2_overrides=common,
                                 eval_args=eval_args, env={"GPUS_PER_NODE": "1"}, code_counts=code_counts)
         steps, _ = plan(config)
         decisions: dict[str, object] = {}
-        run_steps(steps, dry_run=True, decisions=decisions)
+        run_steps(steps, dry_run=True, decisions=decisions, reuse_stale=reuse_stale)
         return decisions
 
     first = launch()
@@ -200,6 +200,33 @@ def test_an_interrupted_stage_resumes_and_a_stale_one_restarts(project):
         path.write_text(original)
 
 
+def test_deleted_outputs_rerun_and_reuse_stale_never_keeps_an_unfinished_step(project):
+    model = project.runs / "none/stage2/model"
+    shutil.move(model, project.root / "moved-model")
+    try:
+        decision = project.decide(reuse_stale=True)["none: stage 2"]
+        assert not decision.reuse and decision.reasons == ["output model is missing"]
+    finally:
+        shutil.move(project.root / "moved-model", model)
+    path = project.runs / "none/stage1" / RECORD
+    original = path.read_text()
+    record = json.loads(original)
+    record["config"]["optim.lr"] = 1.0  # stale, and interrupted: nothing finished to keep
+    path.write_text(json.dumps({**record, "complete": False}))
+    try:
+        decision = project.decide(reuse_stale=True)["none: stage 1"]
+        assert not decision.reuse and decision.stale and not decision.finished
+    finally:
+        path.write_text(original)
+    pope = project.runs / "none/eval/pope.json"
+    hidden = pope.with_suffix(".hidden")
+    pope.rename(hidden)  # a benchmark not evaluated yet is never kept as "stale"
+    try:
+        assert not project.decide(reuse_stale=True)["none: eval"].reuse
+    finally:
+        hidden.rename(pope)
+
+
 def test_reusing_a_stale_step_on_purpose_marks_its_row(project):
     yaml_path = Path(project.arms[0]) / "stage2.yaml"
     original = yaml_path.read_text()
@@ -224,7 +251,7 @@ def test_a_yaml_edit_to_stage_2_reruns_that_stage_and_its_evaluation_only(projec
         reruns = _reruns(project.decide())
         assert set(reruns) == {"ln_textnorm_gwc: stage 2", "ln_textnorm_gwc: eval"}
         assert [r.split(":")[0] for r in reruns["ln_textnorm_gwc: stage 2"]] == ["optim.lr"]
-        assert reruns["ln_textnorm_gwc: eval"] == ["an earlier step of this arm ran"]
+        assert reruns["ln_textnorm_gwc: eval"] == ["an earlier step of this arm would run"]
         before = json.loads((project.runs / "ln_textnorm_gwc/eval/pope.json").read_text())
         result = project.launch()
         statuses = _statuses(result.stdout)

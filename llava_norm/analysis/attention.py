@@ -18,7 +18,8 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from llava_norm.analysis.common import Labeled, analysis_device, load_analysis_bundle, prompt_settings, write_result
+from llava_norm.analysis.common import (Labeled, analysis_device, labeled_inputs, load_analysis_bundle,
+                                        prompt_settings, write_result)
 from llava_norm.analysis.plots import attention_figure
 from llava_norm.data.images import open_image
 from llava_norm.data.prompts import IMAGE_PREFIX, Prompt, PromptEncoder, PromptSettings
@@ -97,4 +98,4 @@ def attention_maps(models: list[Labeled], image_path: str | Path, prompt_text: s
     result = {"analysis": "attention", "image": str(image_path), "prompt": prompt_text, "phrase": phrase,
               "maps": maps}
     return write_result(result, out_dir, attention_figure(image, maps, phrase),
-                        {"image": image_path, **{m.label: m.path for m in models}})
+                        {"image": image_path, **labeled_inputs(models)})

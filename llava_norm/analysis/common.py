@@ -119,6 +119,18 @@ def finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def labeled_inputs(models: list[Labeled]) -> dict[str, Path]:
+    """label -> path for a provenance record; a label given twice keeps both inputs (``label #2``)."""
+    out: dict[str, Path] = {}
+    for model in models:
+        key, n = model.label, 1
+        while key in out:
+            n += 1
+            key = f"{model.label} #{n}"
+        out[key] = model.path
+    return out
+
+
 def write_result(result: dict, out_dir: str | Path | None, figure, inputs: dict | None = None) -> dict:
     """Save ``<kind>.json`` and the matplotlib figure as ``<kind>.png``; returns the result with its paths.
 
@@ -137,6 +149,8 @@ def write_result(result: dict, out_dir: str | Path | None, figure, inputs: dict 
     plt.close(figure)
     result["figure"] = f"{kind}.png"
     paths = {label: path for label, path in (inputs or {}).items() if path and Path(path).exists()}
-    result["provenance"] = asdict(make_record(f"analysis:{kind}", {}, paths))
+    record = make_record(f"analysis:{kind}", {}, paths)
+    record.complete = True  # written with the result it describes
+    result["provenance"] = asdict(record)
     (out / f"{kind}.json").write_text(json.dumps(result, indent=2))
     return result

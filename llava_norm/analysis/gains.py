@@ -14,7 +14,7 @@ from pathlib import Path
 from safetensors import safe_open
 from transformers.utils import SAFE_WEIGHTS_NAME
 
-from llava_norm.analysis.common import Labeled, write_result
+from llava_norm.analysis.common import Labeled, labeled_inputs, write_result
 from llava_norm.analysis.plots import gains_figure
 from llava_norm.layout import NORM_PREFIX
 from llava_norm.model.norm_align import GlobalWeightCompensatedLayerNorm
@@ -70,4 +70,4 @@ def checkpoint_gain_stats(path: str | Path, label: str) -> dict:
 def gain_stats(models: list[Labeled], out_dir: str | Path | None = None) -> dict:
     rows = [checkpoint_gain_stats(m.path, m.label) for m in models]
     return write_result({"analysis": "gain_stats", "rows": rows}, out_dir, gains_figure(rows),
-                        {m.label: m.path for m in models})
+                        labeled_inputs(models))

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from llava_norm.analysis.common import (Labeled, analysis_device, finite, load_analysis_bundle, prompt_settings,
-                                        write_result)
+from llava_norm.analysis.common import (Labeled, analysis_device, finite, labeled_inputs, load_analysis_bundle,
+                                        prompt_settings, write_result)
 from llava_norm.analysis.masks import interleave_prompts, prompt_batches
 from llava_norm.analysis.plots import dynamics_figure, layers_figure
 from llava_norm.analysis.samples import SampleSet
@@ -134,7 +134,7 @@ def layer_curves(models: list[Labeled], samples: SampleSet, out_dir: str | Path 
     result = {"analysis": "layers", "source": samples.source, "images": len(samples.images),
               "text_only_prompts": len(samples.prompts), "text_excludes_bos": True, "curves": curves}
     return write_result(result, out_dir, layers_figure(curves),
-                        {"samples": samples.source, **{m.label: m.path for m in models}})
+                        {"samples": samples.source, **labeled_inputs(models)})
 
 
 def run_checkpoints(run_dir: str | Path, include_final: bool = True) -> list[Labeled]:
@@ -156,4 +156,4 @@ def dynamics(run_dir: str | Path, samples: SampleSet, out_dir: str | Path | None
     curves = collect_curves(checkpoints, samples, batch_size, prompt_format, device)
     result = {"analysis": "dynamics", "run_dir": str(run_dir), "source": samples.source, "curves": curves}
     return write_result(result, out_dir, dynamics_figure(curves),
-                        {"samples": samples.source, **{c.label: c.path for c in checkpoints}})
+                        {"samples": samples.source, **labeled_inputs(checkpoints)})

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
@@ -130,7 +131,8 @@ def _settings(config: EvalConfig, request: BenchmarkRequest, bench) -> dict[str,
         "limit": config.limit,
         "benchmark": bench.settings(),
         "prompt": asdict(config.prompt),
-        "dtype": config.dtype,
+        # resolved: "auto" is fp32 on a CPU and bf16 on a GPU, and those are different results
+        "dtype": resolve_dtype(config.dtype, torch.device("cuda" if torch.cuda.is_available() else "cpu")),
         "decoding": "greedy",
         "max_new_tokens_cap": config.max_new_tokens_cap,
     }

@@ -42,17 +42,21 @@ def _code(environment: dict) -> str:
     if not environment:
         return ""
     commit = (environment.get("commit") or "no-git")[:10]
-    return f"{commit}{'+dirty' if environment.get('dirty') else ''}"
+    return f"{commit}{'+dirty' if environment.get('dirty') else ''} (source {environment.get('source', '?')[:8]})"
 
 
-def row_source(run: str, results: dict[str, dict], marks: list[str] | None = None) -> RowSource:
-    """The provenance of one run's row from its ``<benchmark>.json`` results, re-checked now."""
+def row_source(run: str, results: dict[str, dict], marks: list[str] | None = None,
+               checkpoint: str | Path | None = None) -> RowSource:
+    """The provenance of one run's row from its ``<benchmark>.json`` results, re-checked now
+    against ``checkpoint`` (where the checkpoint is now; default: where it was when evaluated)."""
     source = RowSource(run, marks=list(marks or []))
     settings = {name: r.get("settings", {}) for name, r in results.items()}
-    checkpoints = {(s.get("checkpoint"), s.get("checkpoint_fingerprint")) for s in settings.values()}
-    if len(checkpoints) > 1:
-        source.marks.append(f"benchmarks evaluated on {len(checkpoints)} different checkpoints")
-    source.checkpoint, source.checkpoint_fingerprint = sorted(checkpoints, key=str)[-1]
+    fingerprints = {s.get("checkpoint_fingerprint") for s in settings.values()}
+    if len(fingerprints) > 1:
+        source.marks.append(f"benchmarks evaluated on {len(fingerprints)} different checkpoints")
+    latest = max(results, key=lambda name: results[name].get("finished", ""))  # the newest result names the row
+    source.checkpoint = str(checkpoint) if checkpoint else settings[latest].get("checkpoint", "")
+    source.checkpoint_fingerprint = settings[latest].get("checkpoint_fingerprint", "")
     source.eval_settings = _short_hash({n: {k: v for k, v in s.items() if k not in _CHECKPOINT_KEYS}
                                         for n, s in settings.items()})
     source.evaluated = max((r.get("finished", "") for r in results.values()), default="")
@@ -73,7 +77,11 @@ def _recheck(source: RowSource, settings: dict[str, dict]) -> list[str]:
         marks.append("stale: the checkpoint changed after it was evaluated")
     for name, s in settings.items():
         data = s.get("data_path")
-        if data and Path(data).exists() and "data_fingerprint" in s and fingerprint(data) != s["data_fingerprint"]:
+        if not data or "data_fingerprint" not in s:
+            continue
+        if not Path(data).exists():
+            marks.append(f"{name} data {data} not found: cannot be verified")
+        elif fingerprint(data) != s["data_fingerprint"]:
             marks.append(f"stale: {name} data changed after it was evaluated")
     training = read_record(checkpoint.parent)
     if training is None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from llava_norm.evaluation.benchmarks import BENCHMARKS, Headline
 from llava_norm.evaluation.sources import RowSource, csv_fields, markdown_section, row_source
-from llava_norm.provenance import make_record, write_record
+from llava_norm.provenance import fingerprint, make_record, write_record
 
 
 def headline(benchmark: str) -> Headline:
@@ -29,7 +29,7 @@ EVAL_SUMMARY = "summary.json"  # in an evaluation's --out: the run name and ever
 
 # Settings that must agree across runs for their numbers to share a column (the data by its
 # fingerprint: the same files anywhere, not whatever sits at one path).
-COMPARABLE = ("benchmark", "data_fingerprint", "limit")
+COMPARABLE = ("benchmark", "data_fingerprint", "limit", "max_new_tokens_cap", "dtype")
 
 
 @dataclass
@@ -60,23 +60,25 @@ def read_results(out_dir: str | Path) -> dict[str, dict]:
     return {name: results[name] for name in BENCHMARKS if name in results}
 
 
-def read_run(run_dir: str | Path) -> tuple[str, dict[str, dict]]:
-    """(run name, {benchmark: result json}) from an ``llava-norm eval`` output directory."""
+def read_run(run_dir: str | Path, benchmarks: list[str] | None = None) -> tuple[str, dict[str, dict]]:
+    """(run name, {benchmark: result json}) from an ``llava-norm eval`` output directory; only
+    ``benchmarks`` if given (results left over from an earlier request are not tabulated)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"evaluation directory not found: {run_dir}")
     summary = run_dir / EVAL_SUMMARY
     name = json.loads(summary.read_text())["run_name"] if summary.exists() else run_dir.name
-    results = read_results(run_dir)
+    results = {k: v for k, v in read_results(run_dir).items() if benchmarks is None or k in benchmarks}
     if not results:
         raise ValueError(f"{run_dir}: no benchmark result files (<benchmark>.json); run `llava-norm eval` first")
     return name, results
 
 
-def build_table(run_dirs: list[str | Path], baseline: str | None = None) -> Table:
+def build_table(run_dirs: list[str | Path], baseline: str | None = None,
+                benchmarks: list[str] | None = None) -> Table:
     runs: dict[str, dict[str, dict]] = {}
     for run_dir in run_dirs:
-        name, results = read_run(run_dir)
+        name, results = read_run(run_dir, benchmarks)
         if name in runs:
             raise ValueError(f"two evaluation directories have run name {name!r}; give them distinct --name")
         runs[name] = results
@@ -155,20 +157,26 @@ def to_csv(table: Table) -> str:
 
 def write_table(run_dirs: list[str | Path], out_prefix: str | Path, baseline: str | None = None,
                 extra_rows: dict[str, dict[str, float]] | None = None,
-                marks: dict[str, list[str]] | None = None) -> tuple[Path, Path]:
+                marks: dict[str, list[str]] | None = None, benchmarks: list[str] | None = None,
+                checkpoints: dict[str, Path] | None = None) -> tuple[Path, Path]:
     """Write ``<out_prefix>.md`` and ``<out_prefix>.csv`` with each row's provenance (checkpoint,
-    config hash, evaluation settings, date, code), re-checked now; ``marks`` adds, per run, what
-    the caller knows (a stale step reused on purpose). Returns the two paths."""
-    table = build_table(run_dirs, baseline)
-    runs = dict(read_run(d) for d in run_dirs)
-    table.sources = {name: row_source(name, runs[name], (marks or {}).get(name)) for name in table.runs}
+    config hash, evaluation settings, date, code), re-checked now. ``marks`` adds, per run, what
+    the caller knows (a stale step reused on purpose); ``benchmarks`` limits the columns to those
+    asked for; ``checkpoints`` says where each run's checkpoint is now (the pipeline knows; by
+    default, where it was when evaluated). Returns the two paths."""
+    table = build_table(run_dirs, baseline, benchmarks)
+    runs = dict(read_run(d, benchmarks) for d in run_dirs)
+    table.sources = {name: row_source(name, runs[name], (marks or {}).get(name), (checkpoints or {}).get(name))
+                     for name in table.runs}
     out_prefix = Path(out_prefix)
     out_prefix.parent.mkdir(parents=True, exist_ok=True)
-    md, csv_path = out_prefix.with_suffix(".md"), out_prefix.with_suffix(".csv")
+    # Not with_suffix: a prefix such as "llama3.2-3b" would lose its ".2-3b".
+    md, csv_path = Path(f"{out_prefix}.md"), Path(f"{out_prefix}.csv")
     md.write_text(to_markdown(table, extra_rows) + markdown_section(list(table.sources.values())))
     csv_path.write_text(to_csv(table))
     record = make_record("table", {"baseline": table.baseline, "runs": table.runs, "columns": table.columns},
                          dict(zip(runs, run_dirs)))
+    record.complete, record.outputs = True, {"md": fingerprint(md), "csv": fingerprint(csv_path)}
     write_record(out_prefix.parent, record, f"{out_prefix.name}.provenance.json")
     return md, csv_path
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 import yaml
 
 from llava_norm.config import RunConfig, to_yaml, world_size
@@ -34,6 +35,8 @@ def training_record(config: RunConfig, world_size: int) -> Record:
         flat[f"data.mixture.{index}.take"] = source.get("take", "all")
     settings = {key: value for key, value in flat.items() if key not in OPERATIONAL_KEYS}
     settings["world_size"] = world_size
+    if settings.get("train.precision") == "auto":  # bf16 on a GPU, fp32 on a CPU: different runs
+        settings["train.precision"] = "bf16" if torch.cuda.is_available() else "fp32"
     return make_record(f"stage{config.train.stage}", settings, inputs, seed=config.train.seed)
 
 
