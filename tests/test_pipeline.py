@@ -7,6 +7,7 @@ The first run is shared by the module (it is the expensive part); every test but
 back what it changed.
 """
 
+import contextlib
 import csv
 import json
 import shutil
@@ -71,6 +72,17 @@ def project(tmp_path_factory, tiny_dir):
     first = launch()
     return SimpleNamespace(root=root, runs=runs, world=world, data=data, arms=arms, launch=launch, decide=decide,
                            first=first)
+
+
+@contextlib.contextmanager
+def appended(path: Path, text: str):
+    """The file with ``text`` appended, put back afterwards."""
+    original = path.read_text()
+    path.write_text(original + text)
+    try:
+        yield
+    finally:
+        path.write_text(original)
 
 
 def _reruns(decisions: dict) -> dict[str, list[str]]:
@@ -228,26 +240,18 @@ def test_deleted_outputs_rerun_and_reuse_stale_never_keeps_an_unfinished_step(pr
 
 
 def test_reusing_a_stale_step_on_purpose_marks_its_row(project):
-    yaml_path = Path(project.arms[0]) / "stage2.yaml"
-    original = yaml_path.read_text()
-    yaml_path.write_text(original + "optim: {weight_decay: 0.1}\n")
-    try:
+    with appended(Path(project.arms[0]) / "stage2.yaml", "optim: {weight_decay: 0.1}\n"):
         result = project.launch("--reuse-stale")
-        assert set(_statuses(result.stdout).values()) == {"reused", "done"}
-        assert list(_statuses(result.stdout).values()).count("done") == 1  # the table only
-        rows = {r["run"]: r for r in csv.DictReader((project.runs / "results.csv").open())}
-        assert "stage 2 stale, reused: optim.weight_decay" in rows["none"]["marks"]
-        assert rows["ln_textnorm_gwc"]["marks"] == ""
-        assert "| none † |" in (project.runs / "results.md").read_text()
-    finally:
-        yaml_path.write_text(original)
+    assert set(_statuses(result.stdout).values()) == {"reused", "done"}
+    assert list(_statuses(result.stdout).values()).count("done") == 1  # the table only
+    rows = {r["run"]: r for r in csv.DictReader((project.runs / "results.csv").open())}
+    assert "stage 2 stale, reused: optim.weight_decay" in rows["none"]["marks"]
+    assert rows["ln_textnorm_gwc"]["marks"] == ""
+    assert "| none † |" in (project.runs / "results.md").read_text()
 
 
 def test_a_yaml_edit_to_stage_2_reruns_that_stage_and_its_evaluation_only(project):
-    yaml_path = Path(project.arms[1]) / "stage2.yaml"
-    original = yaml_path.read_text()
-    yaml_path.write_text(original + "optim: {lr: 3.0e-5}\n")
-    try:
+    with appended(Path(project.arms[1]) / "stage2.yaml", "optim: {lr: 3.0e-5}\n"):
         reruns = _reruns(project.decide())
         assert set(reruns) == {"ln_textnorm_gwc: stage 2", "ln_textnorm_gwc: eval"}
         assert [r.split(":")[0] for r in reruns["ln_textnorm_gwc: stage 2"]] == ["optim.lr"]
@@ -257,11 +261,9 @@ def test_a_yaml_edit_to_stage_2_reruns_that_stage_and_its_evaluation_only(projec
         statuses = _statuses(result.stdout)
         assert [statuses[f"ln_textnorm_gwc: {s}"] for s in ("stage 1", "stage 2", "eval")] == ["reused", "done", "done"]
         assert all(statuses[f"none: {s}"] == "reused" for s in ("stage 1", "stage 2", "eval"))
-        assert "optim.lr" in result.stdout  # the log names the key
+        assert "optim.lr" in result.stdout  # the pipeline's output names the key
         after = json.loads((project.runs / "ln_textnorm_gwc/eval/pope.json").read_text())
         assert after["settings"]["checkpoint_fingerprint"] != before["settings"]["checkpoint_fingerprint"]
         assert _reruns(project.decide()) == {}
-    finally:
-        yaml_path.write_text(original)
     # Back to the original YAML: the run it now holds is stale the other way.
     assert set(_reruns(project.decide())) == {"ln_textnorm_gwc: stage 2", "ln_textnorm_gwc: eval"}
