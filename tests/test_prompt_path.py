@@ -172,3 +172,23 @@ def test_a_model_saved_outside_a_run_is_read_with_the_training_defaults(run, tmp
     assert PromptSettings().template_kwargs == dict(DataConfig().template_kwargs)  # one source of the defaults
     assert training_prompt_settings(run.dir / "checkpoint-1") == PromptSettings("chat", {"date_string": DATE}, SYSTEM,
                                                                                 "pad")
+
+
+def test_a_plain_format_run_is_read_as_its_training_samples_lay_out_image_and_text(run, tiny_dir, tmp_path):
+    """Stage 1 ('plain': BOS, image, caption) has generation prompts with no text; the
+    diagnostics read the prompt's text in the caption's place, token for token as a training
+    sample with that caption, so App. F has text tokens to compare against."""
+    from llava_norm.analysis.masks import prompt_batches
+    from llava_norm.data.prompts import Prompt, PromptEncoder
+
+    settings = PromptSettings(prompt_format="plain")
+    image = open_image(run.images / "wide.png")
+    encoder = PromptEncoder.for_bundle(run.bundle, settings)
+    trained = encoder.example([{"role": "user", "content": f"<image>\n{QUESTION}"},
+                               {"role": "assistant", "content": ANSWER}], [image])
+    (batch,) = prompt_batches(run.bundle, [Prompt(ANSWER, image)], settings=settings)
+    assert batch.inputs["input_ids"][0].tolist() == trained.input_ids
+    assert torch.equal(batch.inputs["pixel_values"], trained.pixel_values)
+    assert batch.text_mask.sum() > 0 and batch.image_mask.sum() > 0
+    # Evaluation (generation) of the same run asks with the image alone.
+    assert encoder.prompt_example(Prompt(ANSWER, image)).input_ids == trained.input_ids[:batch.image_mask.sum() + 1]

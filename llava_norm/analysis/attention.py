@@ -60,7 +60,7 @@ def attention_map(bundle, image: Image.Image, prompt_text: str, phrase: str, lay
     if model.config._attn_implementation != "eager":
         raise ValueError("attention maps need a model loaded with attn_implementation='eager'")
     encoder = PromptEncoder.for_bundle(bundle, settings)
-    example = encoder.prompt_example(Prompt(prompt_text, image))
+    example = encoder.reading_example(Prompt(prompt_text, image))
     queries = phrase_positions(bundle, encoder.tokenizer, prompt_text, phrase, example.input_ids)
     device = next(model.parameters()).device
     ids = torch.tensor([example.input_ids], device=device)

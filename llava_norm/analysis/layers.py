@@ -151,7 +151,8 @@ def run_checkpoints(run_dir: str | Path, include_final: bool = True) -> list[Lab
 def dynamics(run_dir: str | Path, samples: SampleSet, out_dir: str | Path | None = None, batch_size: int = 8,
              prompt_format: str | None = None, include_final: bool = True, device: str | None = None) -> dict:
     """App. F: the cosine curves of one run at each saved checkpoint, prompted as the run's
-    evaluation prompts them (a stage-1 run's 'plain' format keeps no text: its text curve is empty)."""
+    evaluation prompts them (a stage-1 run in the 'plain' format reads each prompt's text where its
+    training samples hold the caption: see ``PromptEncoder.reading_example``)."""
     checkpoints = run_checkpoints(run_dir, include_final)
     curves = collect_curves(checkpoints, samples, batch_size, prompt_format, device)
     result = {"analysis": "dynamics", "run_dir": str(run_dir), "source": samples.source, "curves": curves}

@@ -60,7 +60,7 @@ def prompt_batches(bundle, prompts: list[Prompt], batch_size: int = 8, settings:
     device = device or next(model.parameters()).device
     excluded = (tokenizer.bos_token_id,) if exclude_bos and tokenizer.bos_token_id is not None else ()
     for start in range(0, len(prompts), batch_size):
-        batch = encoder.prompt_batch(prompts[start:start + batch_size])
+        batch = encoder.prompt_batch(prompts[start:start + batch_size], reading=True)
         image, text = token_masks(batch["input_ids"], batch["attention_mask"], model.config.image_token_id, excluded)
         inputs = {k: v.to(device, model.dtype) if k == "pixel_values" else v.to(device) for k, v in batch.items()}
         yield TokenBatch(inputs, image.to(device), text.to(device))

@@ -87,7 +87,7 @@ def dynamics_figure(curves: list[dict]):
         for colour, c in zip(colours, curves):
             if c[group]["cosine"] is not None:
                 ax.plot(c[group]["cosine"], color=colour, label=c["label"])
-        # A stage-1 run's 'plain' prompts hold the image and BOS only: no text tokens to plot.
+        # No text tokens in these prompts (e.g. image-only samples): say so rather than draw nothing.
         empty = all(c[group]["cosine"] is None for c in curves)
         ax.set_title(f"{group} tokens: cos(h_l, h_l+1) over training" + (" (none in these prompts)" if empty else ""))
         ax.set_xlabel("layer l")

@@ -26,7 +26,8 @@ from PIL import Image
 
 from llava_norm.config_schema import DataConfig
 from llava_norm.data.collate import Example, collate
-from llava_norm.data.conversation import IMAGE_PLACEHOLDER, ConversationTokenizer, conversation_tokenizer, truncate
+from llava_norm.data.conversation import (IMAGE_PLACEHOLDER, ConversationTokenizer, PlainFormat, conversation_tokenizer,
+                                          truncate)
 from llava_norm.data.images import open_image, preprocess
 from llava_norm.layout import CONFIG_FILE
 
@@ -136,9 +137,20 @@ class PromptEncoder:
         """What the model is asked: the prompt's turns and the generation prompt, nothing supervised."""
         return self.example(prompt.messages(), prompt.images(), add_generation_prompt=True)
 
-    def prompt_batch(self, prompts: list[Prompt]) -> dict:
-        """Left-padded (as generation needs) ``input_ids``, ``attention_mask`` and ``pixel_values``."""
-        batch = collate([self.prompt_example(p) for p in prompts], self.tokenizer.tokenizer.pad_token_id,
-                        padding_side="left")
+    def reading_example(self, prompt: Prompt) -> Example:
+        """What the diagnostics feed a model: its evaluation prompt, except in the 'plain' stage-1
+        format, whose prompt keeps no text (BOS and the image). There the prompt's text stands
+        where a stage-1 sample's caption stands, so the model reads image and text tokens laid
+        out exactly as in its training samples (paper App. F measures both during pretraining)."""
+        if not isinstance(self.tokenizer.format, PlainFormat):
+            return self.prompt_example(prompt)
+        turns = [*prompt.messages(), {"role": "assistant", "content": prompt.text}]
+        return self.example(turns, prompt.images(), add_generation_prompt=False)
+
+    def prompt_batch(self, prompts: list[Prompt], reading: bool = False) -> dict:
+        """Left-padded (as generation needs) ``input_ids``, ``attention_mask`` and ``pixel_values``
+        of the prompts (``reading``: of what the diagnostics feed, see ``reading_example``)."""
+        build = self.reading_example if reading else self.prompt_example
+        batch = collate([build(p) for p in prompts], self.tokenizer.tokenizer.pad_token_id, padding_side="left")
         batch.pop("labels")
         return batch
