@@ -112,9 +112,10 @@ def recorded_step(name: str, out: Path, expected: Callable[[], Record], run: Cal
         notes = environment_differences(found.environment, want.environment)
         if code_counts:
             reasons, notes = reasons + notes, []
-        if not reasons and found.outputs.get("folder") != fingerprint(out):
+        changed = not reasons and found.outputs.get("folder") != fingerprint(out)
+        if changed:
             reasons = ["its output was changed after it was recorded"]
-        return Decision(not reasons, reasons, notes, stale=bool(reasons), finished=True)
+        return Decision(not reasons, reasons, notes, stale=bool(reasons), finished=not changed)
 
     def execute() -> None:
         record = expected()
@@ -156,6 +157,7 @@ def stage_decision(yaml_path: Path, overrides: list[str], out: Path, world: int,
     if not reasons and found.complete:
         changed = [name for name, recorded in found.outputs.items() if recorded != fingerprint(outputs[name])]
         reasons = [f"output {name} was changed after the run recorded it" for name in changed]
+        finished = not changed  # outputs no record describes: nothing to keep, even with --reuse-stale
     if reasons:
         return Decision(False, reasons, notes, stale=True, finished=finished)
     if not found.complete:
@@ -264,10 +266,16 @@ def arm_steps(config: PipelineConfig, config_dir: str) -> list[Step]:
 def table_step(config: PipelineConfig, marks: dict[str, list[str]]) -> Step:
     def run() -> None:
         arms = {arm_name(a): ArmDirs.of(config.runs_dir, arm_name(a)) for a in config.arms}
-        wanted = None if config.benchmarks == "all" else config.benchmarks.split(",")
+        first = next(iter(arms.values()))
+        # Where the checkpoints and the benchmark files are now, which the evaluations' own
+        # records (the paths at evaluation time) cannot know after a move.
+        requests = parse_eval_args([str(first.stage2 / "model"), "--benchmarks", config.benchmarks, "--out",
+                                    str(first.eval), "--data-root", str(Path(config.data_root).resolve()),
+                                    *config.eval_args]).benchmarks
         md, _ = write_table([d.eval for d in arms.values()], config.table or Path(config.runs_dir) / "results",
-                            baseline=arm_name(config.arms[0]), marks=marks, benchmarks=wanted,
-                            checkpoints={arm: d.stage2 / "model" for arm, d in arms.items()})
+                            baseline=arm_name(config.arms[0]), marks=marks, benchmarks=[r.name for r in requests],
+                            checkpoints={arm: d.stage2 / "model" for arm, d in arms.items()},
+                            data={r.name: Path(r.path) for r in requests})
         tqdm.write(md.read_text())
 
     return Step("results table", lambda: False, run)

@@ -46,9 +46,10 @@ def _code(environment: dict) -> str:
 
 
 def row_source(run: str, results: dict[str, dict], marks: list[str] | None = None,
-               checkpoint: str | Path | None = None) -> RowSource:
+               checkpoint: str | Path | None = None, data: dict[str, Path] | None = None) -> RowSource:
     """The provenance of one run's row from its ``<benchmark>.json`` results, re-checked now
-    against ``checkpoint`` (where the checkpoint is now; default: where it was when evaluated)."""
+    against ``checkpoint`` and ``data`` (where the checkpoint and each benchmark's files are now;
+    default: where they were when evaluated)."""
     source = RowSource(run, marks=list(marks or []))
     settings = {name: r.get("settings", {}) for name, r in results.items()}
     fingerprints = {s.get("checkpoint_fingerprint") for s in settings.values()}
@@ -64,11 +65,11 @@ def row_source(run: str, results: dict[str, dict], marks: list[str] | None = Non
     source.code = ", ".join(v or "unrecorded" for v in versions)
     if any("data_fingerprint" not in s or "environment" not in results[n] for n, s in settings.items()):
         source.marks.append("results without a provenance record (written by an older version)")
-    source.marks += _recheck(source, settings)
+    source.marks += _recheck(source, settings, data or {})
     return source
 
 
-def _recheck(source: RowSource, settings: dict[str, dict]) -> list[str]:
+def _recheck(source: RowSource, settings: dict[str, dict], now: dict[str, Path]) -> list[str]:
     marks = []
     checkpoint = Path(source.checkpoint or "")
     if not source.checkpoint or not checkpoint.exists():
@@ -76,7 +77,7 @@ def _recheck(source: RowSource, settings: dict[str, dict]) -> list[str]:
     if fingerprint(checkpoint) != source.checkpoint_fingerprint:
         marks.append("stale: the checkpoint changed after it was evaluated")
     for name, s in settings.items():
-        data = s.get("data_path")
+        data = now.get(name) or s.get("data_path")
         if not data or "data_fingerprint" not in s:
             continue
         if not Path(data).exists():

@@ -158,15 +158,16 @@ def to_csv(table: Table) -> str:
 def write_table(run_dirs: list[str | Path], out_prefix: str | Path, baseline: str | None = None,
                 extra_rows: dict[str, dict[str, float]] | None = None,
                 marks: dict[str, list[str]] | None = None, benchmarks: list[str] | None = None,
-                checkpoints: dict[str, Path] | None = None) -> tuple[Path, Path]:
+                checkpoints: dict[str, Path] | None = None, data: dict[str, Path] | None = None) -> tuple[Path, Path]:
     """Write ``<out_prefix>.md`` and ``<out_prefix>.csv`` with each row's provenance (checkpoint,
     config hash, evaluation settings, date, code), re-checked now. ``marks`` adds, per run, what
     the caller knows (a stale step reused on purpose); ``benchmarks`` limits the columns to those
-    asked for; ``checkpoints`` says where each run's checkpoint is now (the pipeline knows; by
-    default, where it was when evaluated). Returns the two paths."""
+    asked for; ``checkpoints`` and ``data`` say where each run's checkpoint and each benchmark's
+    files are now (the pipeline knows; by default, where they were when evaluated). Returns the
+    two paths."""
     table = build_table(run_dirs, baseline, benchmarks)
     runs = dict(read_run(d, benchmarks) for d in run_dirs)
-    table.sources = {name: row_source(name, runs[name], (marks or {}).get(name), (checkpoints or {}).get(name))
+    table.sources = {name: row_source(name, runs[name], (marks or {}).get(name), (checkpoints or {}).get(name), data)
                      for name in table.runs}
     out_prefix = Path(out_prefix)
     out_prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -174,7 +175,9 @@ def write_table(run_dirs: list[str | Path], out_prefix: str | Path, baseline: st
     md, csv_path = Path(f"{out_prefix}.md"), Path(f"{out_prefix}.csv")
     md.write_text(to_markdown(table, extra_rows) + markdown_section(list(table.sources.values())))
     csv_path.write_text(to_csv(table))
-    record = make_record("table", {"baseline": table.baseline, "runs": table.runs, "columns": table.columns},
+    record = make_record("table", {"baseline": table.baseline, "runs": table.runs, "columns": table.columns,
+                                   "benchmarks": benchmarks, "checkpoints": checkpoints, "data": data,
+                                   "marks": {run: s.marks for run, s in table.sources.items()}},
                          dict(zip(runs, run_dirs)))
     record.complete, record.outputs = True, {"md": fingerprint(md), "csv": fingerprint(csv_path)}
     write_record(out_prefix.parent, record, f"{out_prefix.name}.provenance.json")
