@@ -10,18 +10,21 @@ back what it changed.
 import contextlib
 import csv
 import json
+import os
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from launch import REPO, env
+from launch import REPO, env, processes_of, snapshot
 from safetensors.torch import load_file, save_file
 from tinydata import write_dataset
 
 from llava_norm.pipeline import PipelineConfig, plan, run_steps
-from llava_norm.provenance import RECORD, fingerprint
+from llava_norm.provenance import RECORD, fingerprint, read_record
 from llava_norm.synth import build_world
 
 ARMS = ("none", "ln_textnorm_gwc")
@@ -71,7 +74,30 @@ def project(tmp_path_factory, tiny_dir):
 
     first = launch()
     return SimpleNamespace(root=root, runs=runs, world=world, data=data, arms=arms, launch=launch, decide=decide,
-                           first=first)
+                           first=first, command=command, environment=environment)
+
+
+def kill_when_started(project, out: Path, timeout: int = 300) -> None:
+    """Launch the pipeline and SIGKILL its process group as soon as the training run in ``out``
+    has written its starting record. Proves the kill: the pipeline is gone, no process of the run
+    survives, no file in ``out`` changes afterwards, and the run had not finished."""
+    proc = subprocess.Popen(project.command, cwd=REPO, env=project.environment, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + timeout
+    while True:
+        record = read_record(out) if (out / RECORD).is_file() else None
+        if record is not None and not record.complete:
+            break
+        assert proc.poll() is None and time.time() < deadline, "the pipeline ended before the stage started"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(0.25)
+    assert not processes_of(out), f"processes outlived the kill: {processes_of(out)}"
+    before = snapshot(out)
+    time.sleep(1.0)
+    assert snapshot(out) == before, "files changed after the kill"
+    assert not read_record(out).complete and not (out / "train_summary.json").exists()
 
 
 @contextlib.contextmanager
@@ -257,11 +283,16 @@ def test_a_yaml_edit_to_stage_2_reruns_that_stage_and_its_evaluation_only(projec
         assert [r.split(":")[0] for r in reruns["ln_textnorm_gwc: stage 2"]] == ["optim.lr"]
         assert reruns["ln_textnorm_gwc: eval"] == ["an earlier step of this arm would run"]
         before = json.loads((project.runs / "ln_textnorm_gwc/eval/pope.json").read_text())
-        result = project.launch()
+        kill_when_started(project, project.runs / "ln_textnorm_gwc/stage2")  # interrupted in the stale stage
+        decision = project.decide()["ln_textnorm_gwc: stage 2"]
+        assert decision.reasons == ["interrupted: resuming it"] and not decision.stale
+        result = project.launch()  # the same command continues at the interrupted stage
         statuses = _statuses(result.stdout)
         assert [statuses[f"ln_textnorm_gwc: {s}"] for s in ("stage 1", "stage 2", "eval")] == ["reused", "done", "done"]
+        assert json.loads((project.runs / "ln_textnorm_gwc/stage2/train_summary.json").read_text())[
+            "steps_this_launch"] == 2
         assert all(statuses[f"none: {s}"] == "reused" for s in ("stage 1", "stage 2", "eval"))
-        assert "optim.lr" in result.stdout  # the pipeline's output names the key
+        assert "stage 2: running (interrupted: resuming it)" in result.stdout  # not restarted: continued
         after = json.loads((project.runs / "ln_textnorm_gwc/eval/pope.json").read_text())
         assert after["settings"]["checkpoint_fingerprint"] != before["settings"]["checkpoint_fingerprint"]
         assert _reruns(project.decide()) == {}
