@@ -97,6 +97,14 @@ def launch(command: list[str], log: Path | None, env: dict | None = None) -> Non
         raise RuntimeError(f"step failed (exit {code}): {' '.join(command)}\n--- last lines of {log} ---\n{tail}")
 
 
+def compare(found: Record, expected: Record, code_counts: bool) -> tuple[list[str], list[str]]:
+    """(what makes the output stale, what is only noted): a different code or library version
+    is a note unless ``code_counts``."""
+    reasons = differences(found, expected)
+    notes = environment_differences(found.environment, expected.environment)
+    return (reasons + notes, []) if code_counts else (reasons, notes)
+
+
 def recorded_step(name: str, out: Path, expected: Callable[[], Record], run: Callable[[], None],
                   code_counts: bool = False) -> Step:
     """A step that writes one folder and leaves its provenance record in it (the demo's world,
@@ -108,10 +116,7 @@ def recorded_step(name: str, out: Path, expected: Callable[[], Record], run: Cal
         if found is None:
             return Decision(False, ["its output has no provenance record" if out.exists() else "not run yet"],
                             stale=out.exists())
-        reasons = differences(found, want)
-        notes = environment_differences(found.environment, want.environment)
-        if code_counts:
-            reasons, notes = reasons + notes, []
+        reasons, notes = compare(found, want, code_counts)
         changed = not reasons and found.outputs.get("folder") != fingerprint(out)
         if changed:
             reasons = ["its output was changed after it was recorded"]
@@ -145,10 +150,7 @@ def stage_decision(yaml_path: Path, overrides: list[str], out: Path, world: int,
         holds_run = (out / SUMMARY).exists() or bool(complete_checkpoints(out))
         return Decision(False, ["its output has no provenance record" if holds_run else "not run yet"],
                         stale=holds_run)
-    reasons = differences(found, expected)
-    notes = environment_differences(found.environment, expected.environment)
-    if code_counts:
-        reasons, notes = reasons + notes, []
+    reasons, notes = compare(found, expected, code_counts)
     outputs = {"model": out / "model", "projector": out / PROJECTOR_FILE}
     missing = [name for name in found.outputs if not outputs[name].exists()]
     finished = found.complete and not missing
@@ -212,6 +214,12 @@ class ArmDirs:
         return self.root / "eval"
 
 
+def eval_argv(config: PipelineConfig, dirs: ArmDirs, arm: str) -> list[str]:
+    """The ``llava-norm eval`` words for one arm: what is launched and what its reuse is judged by."""
+    return [str(dirs.stage2 / "model"), "--benchmarks", config.benchmarks, "--out", str(dirs.eval), "--name", arm,
+            "--data-root", str(Path(config.data_root).resolve()), *config.eval_args]
+
+
 def arm_steps(config: PipelineConfig, config_dir: str) -> list[Step]:
     arm = arm_name(config_dir)
     cfg = Path(config_dir).resolve()
@@ -244,20 +252,16 @@ def arm_steps(config: PipelineConfig, config_dir: str) -> list[Step]:
                     run, arm)
         return step
 
-    def eval_options() -> list[str]:
-        return ["--benchmarks", config.benchmarks, "--out", str(eval_dir), "--name", arm,
-                "--data-root", str(Path(config.data_root).resolve()), *config.eval_args]
-
     def evaluate() -> None:
         decision = evaluation.decision
         # The runner itself recomputes a benchmark whose settings differ (--replace-stale); a
         # forced step, or a code change that counts, needs every result recomputed.
         redo = ["--overwrite"] if decision and (decision.forced or (config.code_counts and decision.stale)) else []
-        launch(["bash", "scripts/eval.sh", str(stage2 / "model"), *eval_options(), "--replace-stale", *redo],
+        launch(["bash", "scripts/eval.sh", *eval_argv(config, dirs, arm), "--replace-stale", *redo],
                logs and logs / "eval.log", env=config.env)
 
     def check_eval() -> Decision:
-        return eval_decision([str(stage2 / "model"), *eval_options()], eval_dir, config.code_counts)
+        return eval_decision(eval_argv(config, dirs, arm), eval_dir, config.code_counts)
 
     evaluation = Step(f"{arm}: eval", check_eval, evaluate, arm)
     return [train_step(1), train_step(2), evaluation]
@@ -269,9 +273,7 @@ def table_step(config: PipelineConfig, marks: dict[str, list[str]]) -> Step:
         first = next(iter(arms.values()))
         # Where the checkpoints and the benchmark files are now, which the evaluations' own
         # records (the paths at evaluation time) cannot know after a move.
-        requests = parse_eval_args([str(first.stage2 / "model"), "--benchmarks", config.benchmarks, "--out",
-                                    str(first.eval), "--data-root", str(Path(config.data_root).resolve()),
-                                    *config.eval_args]).benchmarks
+        requests = parse_eval_args(eval_argv(config, first, arm_name(config.arms[0]))).benchmarks
         md, _ = write_table([d.eval for d in arms.values()], config.table or Path(config.runs_dir) / "results",
                             baseline=arm_name(config.arms[0]), marks=marks, benchmarks=[r.name for r in requests],
                             checkpoints={arm: d.stage2 / "model" for arm, d in arms.items()},

@@ -148,16 +148,19 @@ def environment_differences(recorded: dict, now: dict) -> list[str]:
     """What differs in the code or the libraries: the source digest decides, the commit names it."""
     out = []
     if recorded.get("source") != now.get("source"):
-        out.append(f"code: {_version(recorded)} -> {_version(now)}")
+        out.append(f"code: {version_label(recorded)} -> {version_label(now)}")
     old, new = recorded.get("libraries", {}), now.get("libraries", {})
     out += [f"{name}: {old.get(name)} -> {new.get(name)}" for name in sorted(set(old) | set(new))
             if old.get(name) != new.get(name)]
     return out
 
 
-def _version(env: dict) -> str:
+def version_label(env: dict) -> str:
+    """``<commit>[+dirty] (source <digest>)``: how logs and tables name a code version."""
+    if not env:
+        return ""
     commit = (env.get("commit") or "no-git")[:10]
-    return f"{commit}{'+dirty' if env.get('dirty') else ''} (source {env.get('source')})"
+    return f"{commit}{'+dirty' if env.get('dirty') else ''} (source {env.get('source', '?')})"
 
 
 @dataclass

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,11 @@ class EvalConfig:
     # refused by default, so nothing is lost by accident; replaced when set (the pipeline sets it).
     replace_stale: bool = False
     trust_remote_code: bool = False
+
+    @cached_property
+    def checkpoint_fingerprint(self) -> str:
+        """Read once per evaluation, not once per benchmark (a 7B checkpoint is many files)."""
+        return checkpoint_fingerprint(self.checkpoint)
 
 
 def resolve_benchmarks(names: list[str], data_root: str | None, paths: dict[str, str],
@@ -125,7 +131,7 @@ def _settings(config: EvalConfig, request: BenchmarkRequest, bench) -> dict[str,
     """Everything that can change a prediction; batch size and world size cannot."""
     return {
         "checkpoint": str(Path(config.checkpoint).resolve()),
-        "checkpoint_fingerprint": checkpoint_fingerprint(config.checkpoint),
+        "checkpoint_fingerprint": config.checkpoint_fingerprint,
         "data_path": str(Path(request.path).resolve()),
         "data_fingerprint": fingerprint(request.path),
         "limit": config.limit,

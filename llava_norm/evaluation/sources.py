@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llava_norm.provenance import fingerprint, read_record
+from llava_norm.provenance import fingerprint, read_record, version_label
 
 # Settings that name the checkpoint: the rest is "how it was evaluated".
 _CHECKPOINT_KEYS = ("checkpoint", "checkpoint_fingerprint", "data_path", "data_fingerprint")
@@ -38,13 +38,6 @@ def _short_hash(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def _code(environment: dict) -> str:
-    if not environment:
-        return ""
-    commit = (environment.get("commit") or "no-git")[:10]
-    return f"{commit}{'+dirty' if environment.get('dirty') else ''} (source {environment.get('source', '?')[:8]})"
-
-
 def row_source(run: str, results: dict[str, dict], marks: list[str] | None = None,
                checkpoint: str | Path | None = None, data: dict[str, Path] | None = None) -> RowSource:
     """The provenance of one run's row from its ``<benchmark>.json`` results, re-checked now
@@ -61,7 +54,7 @@ def row_source(run: str, results: dict[str, dict], marks: list[str] | None = Non
     source.eval_settings = _short_hash({n: {k: v for k, v in s.items() if k not in _CHECKPOINT_KEYS}
                                         for n, s in settings.items()})
     source.evaluated = max((r.get("finished", "") for r in results.values()), default="")
-    versions = sorted({_code(r.get("environment", {})) for r in results.values()})
+    versions = sorted({version_label(r.get("environment", {})) for r in results.values()})
     source.code = ", ".join(v or "unrecorded" for v in versions)
     if any("data_fingerprint" not in s or "environment" not in results[n] for n, s in settings.items()):
         source.marks.append("results without a provenance record (written by an older version)")
