@@ -92,7 +92,7 @@ class Shapes:
         return (self.image_size // self.patch_size) ** 2
 
 
-# "tiny" is llava_norm.model.tiny.TinySizes; "small" is a ~100M-parameter model that still steps on a CPU.
+# "tiny" is llava_norm_demo.tiny.TinySizes; "small" is a ~100M-parameter model that still steps on a CPU.
 SIZES = {
     "tiny": Shapes(64, 8, 64, 3, 4, 256, 96, 3, 4, 2, 192, 1280),
     "small": Shapes(224, 16, 384, 6, 6, 1536, 768, 12, 12, 4, 2048, 32000),

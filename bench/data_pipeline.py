@@ -1,7 +1,7 @@
 """Data-pipeline throughput vs what the GPUs consume: samples/s of our SupervisedDataset + collate.
 
 Owns the measurement behind the ``headroom >= 10x`` target. Each sample is read the way
-training reads it: a LLaVA-format row from the synthetic world (``llava_norm.synth``, stage-2
+training reads it: a LLaVA-format row from the synthetic world (``llava_norm_demo.synth``, stage-2
 instruction rows, ~10% text-only), its PNG opened and preprocessed by a SigLIP-SO400M-384
 image processor (384 x 384, bicubic, mean/std 0.5), the conversation tokenised with a
 Llama-3.2-format chat template and masked, and batches collated, through a torch DataLoader
@@ -36,8 +36,8 @@ from llava_norm.data.conversation import ConversationTokenizer, make_prompt_form
 from llava_norm.data.dataset import SupervisedDataset
 from llava_norm.data.images import open_image, preprocess
 from llava_norm.model.builder import IMAGE_TOKEN, load_tokenizer
-from llava_norm.model.tiny import make_tiny
-from llava_norm.synth import build_world
+from llava_norm_demo.tiny import make_tiny
+from llava_norm_demo.synth import build_world
 
 TARGET_HEADROOM = 10.0
 H100_BF16_TFLOPS = 989.4

@@ -1,6 +1,6 @@
 """Batched greedy evaluation throughput: ``Predictor.generate`` at several batch sizes vs batch 1.
 
-Owns the evaluation-speed curve: a tiny LlavaNorm bundle (``llava_norm.model.tiny``, SigLIP
+Owns the evaluation-speed curve: a tiny LlavaNorm bundle (``llava_norm_demo.tiny``, SigLIP
 + Llama-3.2 format) answers the same image prompts at every batch size; rounds alternate the
 batch sizes (order flipped every round) and the medians are reported as samples/s and
 generated tokens/s (a random model rarely stops early, but tokens/s keeps the comparison
@@ -24,7 +24,7 @@ from transformers.utils import logging as hf_logging
 
 from llava_norm.inference import Predictor, Prompt
 from llava_norm.model.builder import ModelSpec, build_model
-from llava_norm.model.tiny import make_tiny
+from llava_norm_demo.tiny import make_tiny
 
 QUESTIONS = ["What colour is the shape?", "How many objects are there?", "Where is the star?",
              "Describe the image in one sentence.", "Is there a circle in the picture? Answer yes or no."]

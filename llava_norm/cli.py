@@ -9,22 +9,6 @@ import argparse
 import logging
 import os
 import sys
-from pathlib import Path
-
-
-def _make_tiny(args) -> None:
-    # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.model.tiny import make_tiny
-
-    corpus = None
-    if args.world:  # tokenizers trained on the world's own text: shorter sequences in every later stage
-        # lazy: start-up; a subcommand loads only the stages it runs
-        from llava_norm.warmup.lm import world_tokenizer_corpus
-
-        corpus = world_tokenizer_corpus(args.world)
-    paths = make_tiny(args.out_dir, seed=args.seed, corpus=corpus)
-    for name, path in paths.items():
-        print(f"{name}: {path}")
 
 
 def _train(args) -> None:
@@ -91,39 +75,11 @@ def _exit_launched_worker() -> None:
     os._exit(0)
 
 
-def _synth(args) -> None:
-    # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.synth import build_world
-
-    manifest = build_world(args.out_dir, seed=args.seed)
-    print(f"synthetic world in {args.out_dir}: {len(manifest['benchmarks'])} benchmarks, "
-          f"{manifest['corpora']['pretrain']['rows']} captions, {manifest['corpora']['instruct']['rows']} instructions")
-
-
 def _merge_lora(args) -> None:
     # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.model.builder import merge_lora_dir
 
     print(f"merged model in {merge_lora_dir(args.in_dir, args.out_dir, args.dtype)}")
-
-
-def _warmup(args) -> None:
-    # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.warmup import REPORT, WarmupConfig, warm_up
-
-    report = warm_up(args.backbones, args.world, args.out,
-                     WarmupConfig(seed=args.seed, llms=tuple(args.llms), towers=tuple(args.towers)))
-    for name, entry in report["backbones"].items():
-        print(f"{name}: held-out loss {entry['before']['loss']:.3f} -> {entry['after']['loss']:.3f}"
-              f"{' (reused)' if entry['reused'] else ''}")
-    print(f"report: {args.out}/{REPORT}")
-
-
-def _demo(args) -> None:
-    # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.demo import run_demo
-
-    run_demo(args.root, args.profile)
 
 
 def _eval(args) -> None:
@@ -177,21 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("make-tiny", help="write tiny random SigLIP/CLIP/Llama/Qwen2 backbones (offline)")
-    p.add_argument("out_dir")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--world", help="train the tokenizers on this synthetic world's text (default: a built-in corpus)")
-    p.set_defaults(func=_make_tiny)
-
     p = sub.add_parser("train", help="run stage 1 or 2 from a YAML config")
     p.add_argument("config")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=2e-5 train.max_steps=10")
     p.set_defaults(func=_train)
-
-    p = sub.add_parser("synth", help="write the seeded synthetic world: images, corpora, mini benchmarks")
-    p.add_argument("out_dir")
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=_synth)
 
     # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.evaluation.arguments import DEFAULT_DATA_ROOT, add_eval_arguments
@@ -230,26 +175,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dtype to merge in and save (default float32)")
     p.set_defaults(func=_merge_lora)
 
-    p = sub.add_parser("warmup", help="pretrain the tiny LLM (causal LM) and SigLIP (sigmoid contrastive) on a world")
-    p.add_argument("--backbones", required=True, help="dir written by make-tiny")
-    p.add_argument("--world", required=True, help="dir written by synth")
-    p.add_argument("--out", required=True, help="warmed backbones go to OUT/<name>, report to OUT/warmup_report.json")
-    p.add_argument("--llms", nargs="*", default=["llama"], choices=["llama", "qwen2"])
-    p.add_argument("--towers", nargs="*", default=["siglip"], choices=["siglip"])
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=_warmup)
-
-    p = sub.add_parser("demo", help="the whole pipeline at tiny scale, offline: writes ROOT/demo/REPORT.md")
-    p.add_argument("--root", default="runs", help="where the world, backbones and runs go (default: runs)")
-    p.add_argument("--profile", default="full", choices=["full", "smoke"],
-                   help="smoke: the same steps with a handful of training steps (what the test suite runs)")
-    p.set_defaults(func=_demo)
-
     # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.analysis.cli import register as register_analyses
 
     register_analyses(sub.add_parser("analyze", help="the paper's diagnostics: a JSON and a PNG each, and a report"))
+    _register_plugins(sub)
     return parser
+
+
+# Installed packages add subcommands through this entry-point group (the demo's guest wing
+# adds make-tiny, synth, warmup and demo): the core names no plugin.
+COMMANDS_GROUP = "llava_norm.commands"
+
+
+def _register_plugins(sub) -> None:
+    from importlib.metadata import entry_points
+
+    for entry in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+        entry.load()(sub)
 
 
 def main(argv: list[str] | None = None) -> None:

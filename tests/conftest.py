@@ -2,7 +2,7 @@
 
 import pytest
 
-from llava_norm.model.tiny import make_tiny
+from llava_norm_demo.tiny import make_tiny
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,8 @@ import pytest
 from llava_norm.evaluation.benchmarks import BENCHMARKS, Declaration, GenerationItem, get_benchmark
 from llava_norm.evaluation.runner import resolve_benchmarks
 from llava_norm.evaluation.table import build_table, to_markdown
-from llava_norm.synth import build_world
-from llava_norm.synth.benchmarks import FOLDER, TEXT_WRITERS, VISION_WRITERS
+from llava_norm_demo.synth import build_world
+from llava_norm_demo.synth.benchmarks import FOLDER, TEXT_WRITERS, VISION_WRITERS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -110,8 +110,8 @@ def test_table_columns_and_legend_are_the_declared_headlines(world, tmp_path):
 
 
 def test_demo_chance_levels_are_the_declared_rule_on_the_evaluated_items(world):
-    from llava_norm.demo import DemoPaths
-    from llava_norm.demo_report import chance_levels
+    from llava_norm_demo.driver import DemoPaths
+    from llava_norm_demo.report import chance_levels
 
     paths = DemoPaths(world.parents[1])
     assert paths.world == world

@@ -10,7 +10,7 @@ from PIL import Image
 
 from launch import REPO, env
 
-from llava_norm.demo import PROFILES, DemoPaths, plan_demo
+from llava_norm_demo.driver import PROFILES, DemoPaths, plan_demo
 from llava_norm.pipeline import run_steps
 
 FIGURES = ("interface_norms", "top_norm_rows", "layers", "dynamics", "gain_stats", "gradient_flow", "attention")
@@ -64,7 +64,7 @@ def test_binomial_tail_against_enumeration():
     import itertools
     import math
 
-    from llava_norm.demo_report import binomial_tail
+    from llava_norm_demo.report import binomial_tail
 
     assert math.isclose(binomial_tail(3, 3, 0.5), 0.125) and binomial_tail(0, 5, 0.3) == 1.0
     assert math.isclose(binomial_tail(2, 4, 0.25), 1 - 0.75 ** 4 - 4 * 0.25 * 0.75 ** 3)

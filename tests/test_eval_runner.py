@@ -13,7 +13,7 @@ import pytest
 from llava_norm.evaluation.predictions import PredictionStore, SettingsMismatchError
 from llava_norm.evaluation.table import build_table, to_csv, to_markdown, write_table
 from llava_norm.model.builder import ModelSpec, build_model
-from llava_norm.synth import build_world
+from llava_norm_demo.synth import build_world
 
 from launch import REPO, env, free_port
 

@@ -1,5 +1,6 @@
 """The package's imports run one way: config -> data -> model -> train -> evaluation -> analysis ->
-pipeline/cli, with the demo's guest wing (demo, synth, warmup, tiny backbones) above them all.
+pipeline/cli. The demo's guest wing (``llava_norm_demo``: the synthetic world, tiny backbones,
+warm-up, demo driver and report) sits beside the core and builds on it; the core never imports it.
 
 Every ``import`` in every module is read from the source (function-level ones included), so a
 lazy import cannot hide an upward edge or a cycle; and a lazy import of the package's own code
@@ -7,30 +8,35 @@ must say why in a comment on its line.
 """
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "llava_norm"
-# Longest prefix wins. The guest wing is the demo's: the core never imports it.
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "llava_norm"
+GUEST = ROOT / "llava_norm_demo"
+# Longest prefix wins.
 LAYERS = {
     "llava_norm.config_schema": 0, "llava_norm.config_checks": 0, "llava_norm.config": 0, "llava_norm.provenance": 0,
-    "llava_norm.layout": 0,
+    "llava_norm.layout": 0, "llava_norm.stats": 0,
     "llava_norm.data": 1,
     "llava_norm.model": 2, "llava_norm.inference": 2, "llava_norm": 2,  # the package root re-exports the model
     "llava_norm.train": 3,
     "llava_norm.evaluation": 4,
     "llava_norm.analysis": 5,
     "llava_norm.pipeline": 6, "llava_norm.cli": 6,
-    "llava_norm.demo": 7, "llava_norm.demo_report": 7, "llava_norm.synth": 7, "llava_norm.warmup": 7,
-    "llava_norm.model.tiny": 7,
+    "llava_norm_demo": 7,
 }
 NAMES = ["config", "data", "model", "train", "evaluation", "analysis", "pipeline/cli", "demo (guest wing)"]
-# The command line registers the guest wing's subcommands (make-tiny, synth, warmup, demo) and so
-# may reach up to it; no other core module may.
-REACHES_GUEST_WING = {"llava_norm.cli"}
+OURS = ("llava_norm", "llava_norm_demo")
+
+
+def sources() -> list[Path]:
+    return sorted([*PACKAGE.rglob("*.py"), *GUEST.rglob("*.py")])
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -47,27 +53,27 @@ def imports(path: Path) -> list[tuple[str, int, bool]]:
     top = {id(node) for node in tree.body}
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("llava_norm"):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(OURS):
             # ``from llava_norm.x import y`` may name a submodule y: the edge goes to it if it is one.
             for alias in node.names:
                 candidate = f"{node.module}.{alias.name}"
-                target = candidate if (PACKAGE.parent / candidate.replace(".", "/")).with_suffix(".py").exists() or \
-                    (PACKAGE.parent / candidate.replace(".", "/") / "__init__.py").exists() else node.module
+                target = candidate if (ROOT / candidate.replace(".", "/")).with_suffix(".py").exists() or \
+                    (ROOT / candidate.replace(".", "/") / "__init__.py").exists() else node.module
                 found.append((target, node.lineno, id(node) not in top))
         elif isinstance(node, ast.Import):
-            found += [(a.name, node.lineno, id(node) not in top) for a in node.names if a.name.startswith("llava_norm")]
+            found += [(a.name, node.lineno, id(node) not in top) for a in node.names if a.name.startswith(OURS)]
     return found
 
 
 def graph() -> dict[str, list[tuple[str, int, bool]]]:
-    return {module_name(p): imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
+    return {module_name(p): imports(p) for p in sources()}
 
 
 def test_every_import_goes_down_or_sideways():
     upward = []
     for module, edges in graph().items():
         for target, line, _ in edges:
-            if layer(target) > layer(module) and not (module in REACHES_GUEST_WING and layer(target) == 7):
+            if layer(target) > layer(module):
                 upward.append(f"{module}:{line} ({NAMES[layer(module)]}) imports {target} ({NAMES[layer(target)]})")
     assert not upward, "upward imports:\n" + "\n".join(upward)
 
@@ -98,7 +104,7 @@ def test_a_lazy_import_of_our_own_code_says_why():
     """A function-level import of the package's own code carries ``# lazy: <why>`` on its line or
     on the comment line heading its block of imports."""
     silent = []
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sources():
         lines = path.read_text().splitlines()
         for target, line, lazy in imports(path):
             if not lazy:
@@ -115,3 +121,26 @@ def test_the_model_raises_no_config_error_and_the_analyses_need_no_trainer():
     edges = graph()
     assert "llava_norm.config" not in {t for t, _, _ in edges["llava_norm.model.lora"]}
     assert "llava_norm.train.trainer" not in {t for t, _, _ in edges["llava_norm.analysis.layers"]}
+
+
+def test_the_core_never_names_the_guest_wing():
+    """Not even in a string handed to importlib: the demo's subcommands come in through the
+    ``llava_norm.commands`` entry point that the guest package declares in pyproject.toml."""
+    naming = [f"{p.relative_to(ROOT)}:{i}" for p in sorted(PACKAGE.rglob("*.py"))
+              for i, line in enumerate(p.read_text().splitlines(), 1) if "llava_norm_demo" in line]
+    assert not naming, "the core names the guest wing:\n" + "\n".join(naming)
+
+
+def test_the_guest_subcommands_are_registered_and_the_core_loads_without_them():
+    """``llava-norm`` lists the demo's subcommands, and importing the whole core pulls in no
+    module of the guest wing (checked in a fresh interpreter)."""
+    from llava_norm.cli import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    assert {"make-tiny", "synth", "warmup", "demo", "train", "eval"} <= set(commands)
+    core = [module_name(p) for p in sorted(PACKAGE.rglob("*.py")) if p.name != "__main__.py"]
+    code = ("import importlib, sys\n"
+            f"for m in {core!r}: importlib.import_module(m)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('llava_norm_demo')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]", f"importing the core loaded guest modules: {loaded}"

@@ -25,7 +25,7 @@ from tinydata import write_dataset
 
 from llava_norm.pipeline import PipelineConfig, plan, run_steps
 from llava_norm.provenance import RECORD, fingerprint, read_record
-from llava_norm.synth import build_world
+from llava_norm_demo.synth import build_world
 
 ARMS = ("none", "ln_textnorm_gwc")
 BENCHMARKS = "pope,ai2d,mmlu"

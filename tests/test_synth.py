@@ -1,4 +1,4 @@
-"""Tests of the synthetic world (llava_norm.synth): determinism, file formats, answer
+"""Tests of the synthetic world (llava_norm_demo.synth): determinism, file formats, answer
 correctness against the recorded scenes, train/benchmark disjointness, idempotence.
 
 The answer oracles below re-derive every answer from the scene records with their own
@@ -22,9 +22,9 @@ import pytest
 from PIL import Image
 
 from llava_norm.evaluation.benchmarks import get_benchmark
-from llava_norm.synth import build_world
-from llava_norm.synth.render import render_scene
-from llava_norm.synth.world import COLOURS, Scene, sample_scene, split_of
+from llava_norm_demo.synth import build_world
+from llava_norm_demo.synth.render import render_scene
+from llava_norm_demo.synth.world import COLOURS, Scene, sample_scene, split_of
 
 SMALL = dict(n_pretrain=120, n_instruct=200, n_text=300, n_bench=24)
 GRID = ["top left", "top middle", "top right", "middle left", "center", "middle right",
@@ -477,8 +477,8 @@ def test_default_build_under_30s(tmp_path):
 def test_mmlu_test_questions_spread_over_families():
     """Each subject's test questions cycle through its question families, so a family with
     hundreds of templated variants (the bead counts) cannot crowd out one with a dozen."""
-    from llava_norm.synth.benchmarks import _interleave_families
-    from llava_norm.synth.facts import mmlu_split
+    from llava_norm_demo.synth.benchmarks import _interleave_families
+    from llava_norm_demo.synth.facts import mmlu_split
 
     pool = [it for it in mmlu_split(20)["bench"] if it.subject == "colour_theory"]
     families = sorted({it.family for it in pool})

@@ -7,9 +7,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, SiglipModel
 
 from llava_norm.model.builder import ModelSpec, build_model
-from llava_norm.synth import build_world
-from llava_norm.warmup import REPORT, LoopConfig, WarmupConfig, warm_up
-from llava_norm.warmup.loop import MARKER
+from llava_norm_demo.synth import build_world
+from llava_norm_demo.warmup import REPORT, LoopConfig, WarmupConfig, warm_up
+from llava_norm_demo.warmup.loop import MARKER
 
 FAST = WarmupConfig(lm=LoopConfig(steps=8, batch_size=4, lr=3e-3, warmup_steps=2),
                     lm_block_tokens=64, vision=LoopConfig(steps=8, batch_size=8, lr=1e-3, warmup_steps=2))

@@ -7,7 +7,7 @@ synthetic world -> tiny backbones (tokenizers trained on the world's text) -> ba
 (causal-LM pretraining of the LLM, sigmoid contrastive pretraining of SigLIP) -> for the
 baseline arm and the text-norm + GWC arm: stage 1 -> stage 2 -> evaluation on the nine mini
 benchmarks (``llava_norm.pipeline``, the code behind ``scripts/pipeline.sh``) -> the
-diagnostics -> ``<root>/demo/REPORT.md`` (``llava_norm.demo_report``).
+diagnostics -> ``<root>/demo/REPORT.md`` (``llava_norm_demo.report``).
 
 Every path is passed to the configs as an override, so the demo runs under any root. Every
 step is reused only when its provenance record matches what it would compute now (the world,
@@ -22,17 +22,17 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from llava_norm.demo_report import ALIGNED, ARMS, BASELINE, SEED, diagnostics_step, write_report
-from llava_norm.model.tiny import TinySizes, make_tiny
+from llava_norm_demo.report import ALIGNED, ARMS, BASELINE, SEED, diagnostics_step, write_report
+from llava_norm_demo.tiny import TinySizes, make_tiny
 from llava_norm.pipeline import REPO, PipelineConfig, Step, arm_steps, recorded_step, run_steps
 from llava_norm.provenance import Record, make_record
-from llava_norm.synth import build_world
-from llava_norm.synth.benchmarks import FOLDER as BENCHMARK_FOLDER
-from llava_norm.synth.build import CORPUS_PATHS, IMAGE_FOLDER, MANIFEST
-from llava_norm.warmup import warm_up
-from llava_norm.warmup.lm import world_tokenizer_corpus
-from llava_norm.warmup.loop import LoopConfig
-from llava_norm.warmup.run import WarmupConfig
+from llava_norm_demo.synth import build_world
+from llava_norm_demo.synth.benchmarks import FOLDER as BENCHMARK_FOLDER
+from llava_norm_demo.synth.build import CORPUS_PATHS, IMAGE_FOLDER, MANIFEST
+from llava_norm_demo.warmup import warm_up
+from llava_norm_demo.warmup.lm import world_tokenizer_corpus
+from llava_norm_demo.warmup.loop import LoopConfig
+from llava_norm_demo.warmup.run import WarmupConfig
 
 
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from llava_norm.synth import benchmarks as B
-from llava_norm.synth.corpora import instruct_row, pretrain_row, text_corpus, text_instruct_row
-from llava_norm.synth.facts import fact_sentences, hellaswag_split, mmlu_split
-from llava_norm.synth.render import IMAGE_SIZE, scene_png
-from llava_norm.synth.world import sample_split_scene
+from llava_norm_demo.synth import benchmarks as B
+from llava_norm_demo.synth.corpora import instruct_row, pretrain_row, text_corpus, text_instruct_row
+from llava_norm_demo.synth.facts import fact_sentences, hellaswag_split, mmlu_split
+from llava_norm_demo.synth.render import IMAGE_SIZE, scene_png
+from llava_norm_demo.synth.world import sample_split_scene
 
 SCHEMA_VERSION = 2  # 2: benchmarks keyed by their registered names; chance left to the declarations
 GENERATOR_VERSION = "synth-1"  # bump whenever generated content changes

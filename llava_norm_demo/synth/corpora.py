@@ -18,8 +18,8 @@ from llava_norm.data.prompts import IMAGE_PREFIX
 from llava_norm.evaluation.benchmarks import ai2d, mmbench, mmstar
 from llava_norm.evaluation.benchmarks.mcq import LETTERS
 from llava_norm.evaluation.benchmarks.pope import INSTRUCTION as SHORT_SUFFIX
-from llava_norm.synth.facts import (Completion, MCItem, fact_sentences, mmlu_header, mmlu_prompt)
-from llava_norm.synth.world import (LEXICON, QTYPES, POSITIONS, QA, Scene, a_, cell_phrase, make_qa,
+from llava_norm_demo.synth.facts import (Completion, MCItem, fact_sentences, mmlu_header, mmlu_prompt)
+from llava_norm_demo.synth.world import (LEXICON, QTYPES, POSITIONS, QA, Scene, a_, cell_phrase, make_qa,
                                     mc_options, pick)
 
 CAPTION_PROMPTS = (

@@ -23,9 +23,9 @@ from llava_norm.evaluation.benchmarks import BENCHMARKS
 from llava_norm.evaluation.benchmarks.mcq import LETTERS as ALL_LETTERS
 from llava_norm.evaluation.benchmarks.mmbench import CIRCULAR_STRIDE
 from llava_norm.evaluation.benchmarks.pope import SPLITS as POPE_SPLITS
-from llava_norm.synth.facts import MMLU_SUBJECTS, hellaswag_split, mmlu_split
-from llava_norm.synth.render import scene_png
-from llava_norm.synth.world import (COLOURS, COLOUR_WEIGHTS, SHAPES, SHAPE_WEIGHTS, Scene, a_, pick,
+from llava_norm_demo.synth.facts import MMLU_SUBJECTS, hellaswag_split, mmlu_split
+from llava_norm_demo.synth.render import scene_png
+from llava_norm_demo.synth.world import (COLOURS, COLOUR_WEIGHTS, SHAPES, SHAPE_WEIGHTS, Scene, a_, pick,
                                     sample_mc_qa, sample_split_scene)
 
 FOLDER = "benchmarks"  # under the world's root: the --data-root of its evaluations

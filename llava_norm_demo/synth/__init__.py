@@ -10,8 +10,8 @@ Modules: ``world`` (scene model, sampling, hold-out split, question ground truth
 (benchmark writers), ``build`` (orchestration, manifest, idempotence).
 """
 
-from llava_norm.synth.build import build_world
-from llava_norm.synth.render import render_scene, scene_png
-from llava_norm.synth.world import Scene, Shape, sample_scene, split_of
+from llava_norm_demo.synth.build import build_world
+from llava_norm_demo.synth.render import render_scene, scene_png
+from llava_norm_demo.synth.world import Scene, Shape, sample_scene, split_of
 
 __all__ = ["Scene", "Shape", "build_world", "render_scene", "sample_scene", "scene_png", "split_of"]

@@ -16,10 +16,10 @@ from pathlib import Path
 from transformers.utils import SAFE_WEIGHTS_NAME
 
 from llava_norm.config_schema import TEMPLATE_KWARGS
-from llava_norm.synth.build import MANIFEST
-from llava_norm.warmup.lm import warm_lm, world_lm_documents
-from llava_norm.warmup.loop import LoopConfig, Output, file_digest
-from llava_norm.warmup.vision import warm_siglip, world_caption_pairs
+from llava_norm_demo.synth.build import MANIFEST
+from llava_norm_demo.warmup.lm import warm_lm, world_lm_documents
+from llava_norm_demo.warmup.loop import LoopConfig, Output, file_digest
+from llava_norm_demo.warmup.vision import warm_siglip, world_caption_pairs
 
 log = logging.getLogger(__name__)
 REPORT = "warmup_report.json"

@@ -20,8 +20,8 @@ import torch
 from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer, SiglipModel
 
-from llava_norm.synth.build import read_manifest
-from llava_norm.warmup.loop import LoopConfig, holdout_split, train_steps
+from llava_norm_demo.synth.build import read_manifest
+from llava_norm_demo.warmup.loop import LoopConfig, holdout_split, train_steps
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 
 Every pool is a full deterministic enumeration; :func:`split_pool` assigns each item to
 'train' or 'bench' by the salt-free hash of its question stem / context
-(:func:`llava_norm.synth.world.split_of`), so the text corpora only ever see 'train' stems
+(:func:`llava_norm_demo.synth.world.split_of`), so the text corpora only ever see 'train' stems
 and the MMLU / HellaSwag mini benchmarks only 'bench' stems, for every seed.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llava_norm.synth.world import (COLOURS, a_, DIRECTIONS, LEXICON, NUM_WORDS, POSITIONS, SHAPES,
+from llava_norm_demo.synth.world import (COLOURS, a_, DIRECTIONS, LEXICON, NUM_WORDS, POSITIONS, SHAPES,
                                     neighbour, plural, split_of)
 
 POLYGON_SIDES = {"triangle": 3, "square": 4, "pentagon": 5, "hexagon": 6, "octagon": 8}

@@ -1,4 +1,4 @@
-"""Rendering of a :class:`~llava_norm.synth.world.Scene` to a PIL image and PNG bytes.
+"""Rendering of a :class:`~llava_norm_demo.synth.world.Scene` to a PIL image and PNG bytes.
 
 Text is drawn with a built-in 5x7 block font (capital letters, digits, ``+ - =``), scaled by
 an integer factor and without anti-aliasing, so output is legible for a tiny ViT at 64 px
@@ -15,7 +15,7 @@ import math
 import numpy as np
 from PIL import Image, ImageDraw
 
-from llava_norm.synth.world import COLOURS, POSITIONS, Scene
+from llava_norm_demo.synth.world import COLOURS, POSITIONS, Scene
 
 _GLYPHS = {
     "A": ".###./#...#/#...#/#####/#...#/#...#/#...#", "B": "####./#...#/#...#/####./#...#/#...#/####.",

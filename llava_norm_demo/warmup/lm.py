@@ -24,9 +24,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from llava_norm.config_schema import TEMPLATE_KWARGS
 from llava_norm.data.dataset import ROLE_MAP
 from llava_norm.model.norm_align import text_embedding_norm
-from llava_norm.model.tiny import make_llama3_tokenizer, make_qwen25_tokenizer
-from llava_norm.synth.build import read_manifest
-from llava_norm.warmup.loop import LoopConfig, holdout_split, train_steps
+from llava_norm_demo.tiny import make_llama3_tokenizer, make_qwen25_tokenizer
+from llava_norm_demo.synth.build import read_manifest
+from llava_norm_demo.warmup.loop import LoopConfig, holdout_split, train_steps
 
 END_OF_TEXT = ("<|end_of_text|>", "<|endoftext|>")  # Llama-3, Qwen2 document separators
 

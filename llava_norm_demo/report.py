@@ -28,9 +28,9 @@ from llava_norm.evaluation.runner import EvalConfig, PromptSettings, resolve_ben
 from llava_norm.evaluation.table import build_table, to_markdown
 from llava_norm.model.builder import ModelSpec, build_model
 from llava_norm.pipeline import ArmDirs, Step
-from llava_norm.synth.build import CORPUS_PATHS
+from llava_norm_demo.synth.build import CORPUS_PATHS
 from llava_norm.train.rundir import SUMMARY as TRAIN_SUMMARY
-from llava_norm.warmup.run import REPORT as WARMUP_REPORT
+from llava_norm_demo.warmup.run import REPORT as WARMUP_REPORT
 
 BASELINE, ALIGNED = "none", "ln_textnorm_gwc"  # the demo's arms: no alignment; text-norm + GWC
 ARMS = (BASELINE, ALIGNED)

@@ -10,7 +10,7 @@ both in Hugging Face format, so the stages load them through ``from_pretrained``
 checkpoints. Entry point: :func:`warm_up` (``run``); CLI ``llava-norm warmup``.
 """
 
-from llava_norm.warmup.loop import LoopConfig
-from llava_norm.warmup.run import REPORT, WarmupConfig, warm_up
+from llava_norm_demo.warmup.loop import LoopConfig
+from llava_norm_demo.warmup.run import REPORT, WarmupConfig, warm_up
 
 __all__ = ["REPORT", "LoopConfig", "WarmupConfig", "warm_up"]
