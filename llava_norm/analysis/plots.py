@@ -150,3 +150,39 @@ def attention_figure(image, maps: list[dict], phrase: str):
     fig.suptitle(f"attention from {phrase!r} to image patches")
     fig.tight_layout()
     return fig
+
+
+def forest_figure(rows: list[tuple[str, float, float, float]], title: str, xlabel: str):
+    """Deltas with intervals, one row each: ``(label, estimate, low, high)``. A row whose
+    interval covers 0 is grey: no detectable difference."""
+    fig, ax = plt.subplots(figsize=(7, 0.42 * len(rows) + 1.4))
+    y = np.arange(len(rows))[::-1]
+    for yi, (_, estimate, low, high) in zip(y, rows):
+        colour = "tab:gray" if low <= 0 <= high else "tab:green" if estimate > 0 else "tab:red"
+        ax.errorbar(estimate, yi, xerr=[[estimate - low], [high - estimate]], fmt="o", color=colour, capsize=4)
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_yticks(y, [label for label, *_ in rows])
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def training_figure(curves: dict[str, dict[str, list[tuple[int, float]]]]):
+    """Training loss against step: one panel per stage, one line per run. ``curves[stage][run]``
+    holds ``(step, loss)`` pairs."""
+    fig, axes = plt.subplots(1, len(curves), figsize=(5.5 * len(curves), 3.6), squeeze=False)
+    for ax, (stage, runs) in zip(axes[0], curves.items()):
+        for colour, (run, points) in enumerate(runs.items()):
+            if points:
+                steps, losses = np.array(points).T
+                ax.plot(steps, losses, color=f"C{colour}", lw=0.8, alpha=0.3)
+                window = max(1, len(losses) // 25)  # a running mean shows the trend through batch noise
+                smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
+                ax.plot(steps[window - 1:], smooth, color=f"C{colour}", lw=1.6, label=f"{run} (running mean)")
+        ax.set_title(stage)
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

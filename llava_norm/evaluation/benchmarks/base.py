@@ -20,7 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Union, dataclass_transform
 
+import numpy as np
 from PIL import Image
+
+from llava_norm.stats import Statistic, mean_of
 
 KINDS = ("generate", "loglikelihood")
 SCALE = "0-1"  # how metrics ("scale") and settings ("headline_metric") mark a fraction in [0, 1]
@@ -104,6 +107,15 @@ class LoglikelihoodItem:
 
 
 Item = Union[GenerationItem, LoglikelihoodItem]
+
+
+@dataclass(frozen=True)
+class UnitRows:
+    """A benchmark's scored units for resampling (``Benchmark.unit_rows``)."""
+
+    units: dict[str, list[Item]]  # unit key -> its items, in the rows' order
+    rows: np.ndarray  # (n_units, k); column 0: the unit right (100) or wrong (0)
+    statistic: Statistic  # rows of a resample -> headline in percent
 
 
 @dataclass(frozen=True)
@@ -201,6 +213,21 @@ class Benchmark(ABC):
     @abstractmethod
     def details(self) -> dict[str, Any]:
         """Prompt, options and scoring rule of this instance, for ``settings``."""
+
+    def unit_rows(self, items: Sequence[Item], predictions: Mapping[str, Any]) -> UnitRows:
+        """The scored units, one row of numbers each, and the statistic that recomputes the
+        headline (percent) from the rows of any resample of units: what intervals resample.
+
+        A unit is an item, or a question with all its copies (``meta["group"]``, scored together
+        as CircularEval does). Column 0 is the unit's own score, 100 right or 0 wrong. This default
+        serves a headline that is the mean over units; a benchmark whose headline is not (an F1,
+        a macro average) overrides it with the columns its statistic needs."""
+        groups: dict[str, list[Item]] = {}
+        for item in items:
+            groups.setdefault(str(item.meta.get("group", item.item_id)), []).append(item)
+        headline = self.declaration.headline
+        rows = np.array([[headline.value(self.score(unit, predictions))] for unit in groups.values()])
+        return UnitRows(groups, rows, mean_of(0))
 
     def settings(self) -> dict[str, Any]:
         """The exact variant used (data, prompt, split, shots, scoring rule), for result files."""

@@ -12,7 +12,9 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from llava_norm.evaluation.benchmarks.base import (Declaration, GenerationItem, Headline, SCALE, accuracy,
+import numpy as np
+
+from llava_norm.evaluation.benchmarks.base import (Declaration, GenerationItem, Headline, SCALE, UnitRows, accuracy,
                                                    generated_replies, mean, one_of_the_choices, register_benchmark)
 from llava_norm.evaluation.benchmarks.mcq import (ANSWER_WITH_LETTER, LETTERS, grouped_accuracy, infer_option_letter,
                                                   mmstar_paper_era_correct)
@@ -54,6 +56,11 @@ def split_inline_options(question: str) -> dict[str, str]:
 
 def build_prompt(question: str) -> str:
     return question.strip().replace(YES_NO_SUFFIX, "") + INSTRUCTION
+
+
+def _macro_over_l2(rows: np.ndarray) -> float:
+    """``average_macro_l2`` in percent: the mean over L2 categories of their accuracy."""
+    return float(np.mean([rows[rows[:, 1] == code, 0].mean() for code in np.unique(rows[:, 1])]))
 
 
 @register_benchmark
@@ -102,6 +109,15 @@ class MMStar(RowBenchmark):
         if self.scoring == "lmms_eval_paper_era":
             return mmstar_paper_era_correct(reply, item.meta["answer"])
         return infer_option_letter(reply, item.meta["options"]) == item.meta["answer"]
+
+    def unit_rows(self, items: Sequence[GenerationItem], predictions: Mapping[str, Any]) -> UnitRows:
+        """Per item: right (100/0) and its L2 category's index; the headline is the mean of the
+        L2 categories' accuracies."""
+        replies = generated_replies(self.name, items, predictions)
+        codes = {l2: i for i, l2 in enumerate(sorted({item.meta["l2_category"] for item in items}))}
+        rows = [[100.0 * self._correct(item, reply), codes[item.meta["l2_category"]]]
+                for item, reply in zip(items, replies)]
+        return UnitRows({item.item_id: [item] for item in items}, np.array(rows, dtype=float), _macro_over_l2)
 
     def score(self, items: Sequence[GenerationItem], predictions: Mapping[str, Any]) -> dict[str, Any]:
         replies = generated_replies(self.name, items, predictions)

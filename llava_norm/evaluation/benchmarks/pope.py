@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from llava_norm.evaluation.benchmarks.base import (Declaration, GenerationItem, Headline, SCALE, generated_replies,
-                                                   mean, register_benchmark, yes_or_no)
+import numpy as np
+
+from llava_norm.evaluation.benchmarks.base import (Declaration, GenerationItem, Headline, SCALE, UnitRows,
+                                                   generated_replies, mean, register_benchmark, yes_or_no)
 from llava_norm.evaluation.benchmarks.tabular import Row, RowBenchmark, required_image
 
 SPLITS = ("adversarial", "popular", "random")
@@ -35,6 +37,21 @@ def parse_yes_no(reply: str, rule: str) -> str | None:
     first_sentence = reply.split(".")[0].replace(",", "")
     words = first_sentence.split(" ")
     return "no" if ("No" in words or "no" in words or "not" in words) else "yes"
+
+
+def _mean_split_f1(rows: np.ndarray) -> float:
+    """``mean_over_splits.f1`` in percent from ``unit_rows``' columns."""
+    f1s = []
+    for column in range(4, 4 + len(SPLITS)):
+        chosen = rows[rows[:, column] > 0]
+        if len(chosen):
+            true_pos = float(np.sum(chosen[:, 1] * chosen[:, 3]))
+            false_pos = float(np.sum(chosen[:, 1] * (1 - chosen[:, 3])))
+            false_neg = float(np.sum(chosen[:, 2] * chosen[:, 3]))
+            precision = true_pos / (true_pos + false_pos) if true_pos + false_pos else 0.0
+            recall = true_pos / (true_pos + false_neg) if true_pos + false_neg else 0.0
+            f1s.append(2 * precision * recall / (precision + recall) if precision + recall else 0.0)
+    return 100.0 * mean(f1s)
 
 
 def yes_no_metrics(gold: Sequence[str], predicted: Sequence[str | None]) -> dict[str, float | int]:
@@ -106,6 +123,17 @@ class POPE(RowBenchmark):
             raise row.bad_value("answer", "must be yes or no")
         return self.generation_item(item_id, build_prompt(row.text("question")), required_image(row, by_index),
                                     answer=answer, splits=list(splits), question_id=row.optional_text("question_id"))
+
+    def unit_rows(self, items: Sequence[GenerationItem], predictions: Mapping[str, Any]) -> UnitRows:
+        """Per item: right (100/0), replied yes, replied no, gold yes, and its splits; the F1 per
+        split is rebuilt from these counts, as ``score`` computes it."""
+        replies = generated_replies(self.name, items, predictions)
+        rows = []
+        for item, reply in zip(items, replies):
+            parsed, gold = parse_yes_no(reply, self.reply_rule), item.meta["answer"]
+            rows.append([100.0 * (parsed == gold), parsed == "yes", parsed == "no", gold == "yes",
+                         *(split in item.meta["splits"] for split in SPLITS)])
+        return UnitRows({item.item_id: [item] for item in items}, np.array(rows, dtype=float), _mean_split_f1)
 
     def score(self, items: Sequence[GenerationItem], predictions: Mapping[str, Any]) -> dict[str, Any]:
         replies = generated_replies(self.name, items, predictions)

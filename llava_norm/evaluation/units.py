@@ -1,0 +1,73 @@
+"""Per-unit outcomes of a finished evaluation: what intervals and paired deltas resample.
+
+Owns turning one ``<benchmark>.json`` (with its stored predictions and the benchmark file it
+names) into its scored units: one row of numbers each (``Benchmark.unit_rows``), whether each
+was right, guessing's chance of each (the benchmark's declared rule), and the statistic that
+recomputes the headline from any resample of units, so every interval is of the number the
+table prints. Nothing is recomputed from files that differ from the ones the result records.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from llava_norm.evaluation.benchmarks import get_benchmark
+from llava_norm.evaluation.benchmarks.base import Benchmark, Item
+from llava_norm.evaluation.predictions import PredictionStore
+from llava_norm.provenance import fingerprint
+from llava_norm.stats import Statistic
+
+
+@dataclass(frozen=True)
+class Units:
+    """One run's scored units on one benchmark."""
+
+    benchmark: str
+    ids: tuple[str, ...]  # the unit keys: equal for two runs on the same items, which pairs them
+    rows: np.ndarray  # (n_units, k), as Benchmark.unit_rows documents
+    statistic: Statistic  # rows of a resample -> headline in percent
+    correct: np.ndarray  # 1/0 per unit: what a test against guessing counts
+    chances: np.ndarray  # uniform guessing's chance of each unit
+    headline: float  # percent; statistic(rows)
+
+
+def units_of(bench: Benchmark, items: list[Item], predictions: dict) -> Units:
+    """The units of one scored benchmark. The statistic over all rows must give back the
+    headline ``score`` computes, and each unit must be right or wrong: else an error."""
+    found = bench.unit_rows(items, predictions)
+    recorded = bench.declaration.headline.value(bench.score(items, predictions))
+    if not np.isclose(found.statistic(found.rows), recorded, atol=1e-9):
+        raise ValueError(f"{bench.name}: its unit rows give {found.statistic(found.rows)}, its score {recorded}")
+    if not np.isin(found.rows[:, 0], (0.0, 100.0)).all():
+        raise ValueError(f"{bench.name}: unit_rows' column 0 must be 100 (right) or 0 (wrong) per unit")
+    chances = np.array([bench.declaration.chance(unit)[0] for unit in found.units.values()])
+    return Units(bench.name, tuple(found.units), found.rows, found.statistic, found.rows[:, 0] / 100, chances,
+                 recorded)
+
+
+def read_units(result_path: str | Path, options: dict | None = None) -> Units:
+    """The units behind one ``<benchmark>.json`` written by ``llava-norm eval``.
+
+    The benchmark is rebuilt with ``options`` and must be the variant the result records; its
+    data file must still have the recorded fingerprint; and the stored predictions must give
+    the recorded headline. Any mismatch is an error naming the file."""
+    path = Path(result_path)
+    result = json.loads(path.read_text())
+    settings = result["settings"]
+    bench = get_benchmark(result["benchmark"], **(options or {}))
+    if bench.settings() != settings["benchmark"]:
+        raise ValueError(f"{path}: recorded with other benchmark options ({settings['benchmark']}); "
+                         "pass the options it was run with")
+    data = Path(settings["data_path"])
+    if not data.exists() or fingerprint(data) != settings["data_fingerprint"]:
+        raise ValueError(f"{path}: its benchmark data {data} is gone or changed since it was scored")
+    predictions = PredictionStore(path.parent, bench.name).read_all().predictions
+    units = units_of(bench, bench.load(data, settings["limit"]), predictions)
+    recorded = bench.declaration.headline.value(result["metrics"])
+    if not np.isclose(units.headline, recorded, atol=1e-9):
+        raise ValueError(f"{path}: its stored predictions score {units.headline}, the file says {recorded}")
+    return units
