@@ -221,8 +221,9 @@ def write_report(paths, profile, timings: dict) -> Path:
         "### Training curves", "", "![training curves](training.png)", "",
         "## Mini benchmarks", "",
         "Headline in percent, with a 95% bootstrap interval over items (MMBench: over questions). Against "
-        "guessing: an exact test of the items right (p < 0.01: above chance; p < 0.05: borderline), the margin "
-        "being the 95% Wilson low end minus chance; POPE's F1, which is no count, by its interval's low end.", "",
+        "guessing: an exact test of the items right (p < 0.01: above chance; p < 0.05: borderline); the margin "
+        "is the 95% Wilson low end of the share right minus guessing's. POPE's F1 is no count of items right, so "
+        "its test counts its answers right (accuracy, chance 50%).", "",
         f"| benchmark | chance | {' | '.join(f'`{arm}`' for arm in ARMS)} |", "|---|---|" + "---|" * len(ARMS),
         *[f"| {marks.labels[n]} | {marks.scores[n][BASELINE].chance_level:.1f} | "
           + " | ".join(f"{marks.scores[n][arm].interval.format()}: {marks.scores[n][arm].describe()}" for arm in ARMS)

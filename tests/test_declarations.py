@@ -1,9 +1,10 @@
 """One source for each benchmark fact: every registered benchmark has a complete declaration,
-and the runner, the results table, the demo report, the synthetic world and eval/README.md all
-agree with it (they read it, or, for the README, state the same values)."""
+and the runner, the results table, the intervals' units, the synthetic world and eval/README.md
+all agree with it (they read it, or, for the README, state the same values)."""
 
 import dataclasses
 import json
+import random
 import re
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from llava_norm.evaluation.benchmarks import BENCHMARKS, Declaration, GenerationItem, get_benchmark
 from llava_norm.evaluation.runner import resolve_benchmarks
 from llava_norm.evaluation.table import build_table, to_markdown
+from llava_norm.evaluation.units import units_of
 from llava_norm_demo.synth import build_world
 from llava_norm_demo.synth.benchmarks import FOLDER, TEXT_WRITERS, VISION_WRITERS
 
@@ -109,19 +111,28 @@ def test_table_columns_and_legend_are_the_declared_headlines(world, tmp_path):
         assert table.values["a"][name] == headline.value(metrics)
 
 
-def test_demo_chance_levels_are_the_declared_rule_on_the_evaluated_items(world):
-    from llava_norm_demo.driver import DemoPaths
-    from llava_norm_demo.report import chance_levels
-
-    paths = DemoPaths(world.parents[1])
-    assert paths.world == world
-    levels = chance_levels(paths, list(BENCHMARKS), limit=4)
-    for name, cls in BENCHMARKS.items():
-        items = get_benchmark(name).load(world / FOLDER / cls.declaration.data_dir, 4)
-        per_unit = cls.declaration.chance(items)
-        assert levels[name].units == len(per_unit) and levels[name].level == pytest.approx(sum(per_unit) / len(per_unit))
-        assert levels[name].macro == cls.declaration.headline.macro
-    assert levels["mmbench_en_dev"].level == pytest.approx(0.25 ** 4) and levels["ocrbench"].level == 0.0
+@pytest.mark.parametrize("name", list(BENCHMARKS))
+def test_unit_rows_give_back_the_headline_on_any_subset_of_units(name, world):
+    """What intervals resample: for random subsets of units, the statistic over their rows is
+    the headline the benchmark's own score gives on their items; each unit is right or wrong;
+    and guessing's chance per unit is the declared rule."""
+    bench = get_benchmark(name)
+    items = bench.load(world / FOLDER / bench.declaration.data_dir)
+    replies = _replies(items)
+    found = bench.unit_rows(items, replies)
+    units = units_of(bench, items, replies)
+    assert units.ids == tuple(found.units)
+    assert sorted(i.item_id for u in found.units.values() for i in u) == sorted(i.item_id for i in items)
+    assert set(units.correct) <= {0.0, 1.0} and len(units.correct) == len(units.ids)
+    declared = bench.declaration.chance(items)
+    assert len(units.chances) == len(declared) and units.chances.sum() == pytest.approx(sum(declared))
+    rng = random.Random(name)
+    keys = list(found.units)
+    for _ in range(6):
+        chosen = sorted(rng.sample(range(len(keys)), rng.randint(1, len(keys))))
+        subset = [item for i in chosen for item in found.units[keys[i]]]
+        expected = bench.declaration.headline.value(bench.score(subset, replies))
+        assert found.statistic(found.rows[chosen]) == pytest.approx(expected, abs=1e-9), chosen
 
 
 def _readme_rows(text: str, header: str) -> dict[str, list[str]]:
