@@ -127,7 +127,8 @@ def _git(*args: str) -> str | None:
 
 
 def environment() -> dict:
-    """The code version (commit, dirty flag, source digest) and the library versions."""
+    """The code version (commit, dirty flag, source digest), the library versions and the CPU's
+    float-kernel level."""
     # Only the checkout this package lives in: an installed copy inside another repository's
     # tree must not report that repository's commit.
     top = _git("rev-parse", "--show-toplevel")
@@ -141,7 +142,15 @@ def environment() -> dict:
         except metadata.PackageNotFoundError:
             versions[name] = None
     return {"commit": commit, "dirty": bool(status) if commit else None, "source": source_digest(),
-            "libraries": versions}
+            "libraries": versions, "cpu_kernels": _cpu_kernels()}
+
+
+def _cpu_kernels() -> str:
+    """The float-kernel level torch dispatches to on this CPU (AVX512, AVX2, ...): CPU results
+    differ in their last bits from one level to another, so a run carries it like a version."""
+    import torch  # lazy: only the record needs it, and this layer is otherwise torch-free
+
+    return torch.backends.cpu.get_cpu_capability()
 
 
 def environment_differences(recorded: dict, now: dict) -> list[str]:
@@ -152,6 +161,8 @@ def environment_differences(recorded: dict, now: dict) -> list[str]:
     old, new = recorded.get("libraries", {}), now.get("libraries", {})
     out += [f"{name}: {old.get(name)} -> {new.get(name)}" for name in sorted(set(old) | set(new))
             if old.get(name) != new.get(name)]
+    if recorded.get("cpu_kernels", now.get("cpu_kernels")) != now.get("cpu_kernels"):
+        out.append(f"CPU float kernels: {recorded['cpu_kernels']} -> {now.get('cpu_kernels')}")
     return out
 
 

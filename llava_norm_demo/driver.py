@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from llava_norm_demo.report import ALIGNED, ARMS, BASELINE, SEED, diagnostics_step, write_report
+from llava_norm_demo.report import ARMS, SEED, diagnostics_step, write_report
 from llava_norm_demo.tiny import TinySizes, make_tiny
 from llava_norm.pipeline import REPO, PipelineConfig, Step, arm_steps, recorded_step, run_steps
 from llava_norm.provenance import Record, make_record

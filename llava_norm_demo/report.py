@@ -11,6 +11,7 @@ paired-bootstrap intervals, the machine it ran on, the timings and the diagnosti
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -29,6 +30,7 @@ from llava_norm.evaluation.units import Units, read_units
 from llava_norm.stats import Delta
 from llava_norm.model.builder import ModelSpec, build_model
 from llava_norm.pipeline import ArmDirs, Step
+from llava_norm.provenance import environment
 from llava_norm_demo.synth.build import CORPUS_PATHS
 from llava_norm.train.rundir import SUMMARY as TRAIN_SUMMARY
 from llava_norm_demo.verdicts import Claim, Score, delta, mechanism_claims, score
@@ -41,6 +43,7 @@ SEED = 0
 PROMPT, PHRASE = "What colour is the largest shape in the picture?", "largest shape"
 INIT_LABEL = f"{ALIGNED} at initialisation"
 CONTINUATION = "mmlu_continuation"
+VERDICTS = "verdicts.json"  # beside REPORT.md
 
 
 def _fresh_aligned_build(paths, out_dir: Path) -> Path:
@@ -172,8 +175,8 @@ def _summary(claims: list[Claim], marks: Benchmarks) -> list[str]:
              f"**The mechanism: {held} of {len(claims)} claims held.** Each is a number from this run against a "
              "threshold far from where the last bits of a float kernel move it.", "",
              "| claim | paper | measured | threshold | verdict |", "|---|---|---|---|---|",
-             *[_cells(c.text, c.where, c.measured, c.threshold, f"{'**held**' if c.held else '**NOT held**'}, {c.margin}")
-               for c in claims], ""]
+             *[_cells(c.text, c.where, c.measured, c.threshold,
+                      f"{'**held**' if c.held else '**NOT held**'}, {c.margin}") for c in claims], ""]
     for arm in ARMS:
         groups: dict[str, list[str]] = {}
         for name, by in marks.scores.items():
@@ -189,6 +192,20 @@ def _summary(claims: list[Claim], marks: Benchmarks) -> list[str]:
                           sorted(groups.items())) + ". One seed cannot tell an arm effect from seed noise; "
               "`llava-norm` sweeps seeds for that.", ""]
     return lines
+
+
+def _write_verdicts(path: Path, claims: list[Claim], marks: Benchmarks) -> None:
+    """Every verdict of the report in one JSON file, so two runs (two machines, two thread
+    settings) can be compared verdict by verdict."""
+    verdicts = {
+        "claims": [dataclasses.asdict(c) for c in claims],
+        "against_guessing": {name: {arm: {"verdict": s.above, "score": s.interval.format(), "p": s.chance.p_value,
+                                          "margin_points": s.margin} for arm, s in by.items()}
+                             for name, by in marks.scores.items()},
+        "deltas": {name: {"verdict": d.verdict, "delta": d.format()} for name, d in marks.deltas.items()},
+        "environment": environment(),
+    }
+    path.write_text(json.dumps(verdicts, indent=1) + "\n")
 
 
 def write_report(paths, profile, timings: dict) -> Path:
@@ -246,6 +263,7 @@ def write_report(paths, profile, timings: dict) -> Path:
         "", "| arm | stage 1 loss | stage 2 loss |", "|---|---|---|",
         *[f"| {arm} | {_losses(curves['stage 1'][arm])} | {_losses(curves['stage 2'][arm])} |" for arm in ARMS], "",
     ]
+    _write_verdicts(demo / VERDICTS, claims, marks)
     body = (demo / "diagnostics.md").read_text().splitlines()  # written by the diagnostics step
     lines += ["#" + line if line.startswith("#") else line for line in body]  # nest its headings one level
     report = demo / "REPORT.md"

@@ -69,8 +69,9 @@ def mechanism_claims(diag: Path, baseline: str, aligned: str, init_label: str) -
             base_ratio = base["projector_output"]["mean"] / base["text_norm_T"]
             gwc_ratio = gwc["norm_output"]["mean"] / gwc["text_norm_T"]
             factor = base_ratio / gwc_ratio
-            claims.append(_claim("The norm layer keeps visual tokens near T, far closer than without it", "Tables 1-2", factor, 2,
-                                 "×", f"{gwc_ratio:.2f}× T with it, {base_ratio:.1f}× T without (after stage 1)"))
+            claims.append(_claim("The norm layer keeps visual tokens near T, far closer than without it",
+                                 "Tables 1-2", factor, 2, "×",
+                                 f"{gwc_ratio:.2f}× T with it, {base_ratio:.1f}× T without (after stage 1)"))
     layers = _load(diag / "layers.json")
     if layers:
         cos = {c["label"]: {g: sum(c[g]["cosine"]) / len(c[g]["cosine"]) for g in ("image", "text") if c[g]["cosine"]}
@@ -87,7 +88,8 @@ def mechanism_claims(diag: Path, baseline: str, aligned: str, init_label: str) -
                                  "without (final models)"))
     flow = _load(diag / "gradient_flow.json")
     check = (flow or {}).get("gwc_check") or {}
-    observed, predicted = check.get("observed_ratio", {}).get("projector_linears"), check.get("predicted_ratio_mean_abs_g")
+    observed = check.get("observed_ratio", {}).get("projector_linears")
+    predicted = check.get("predicted_ratio_mean_abs_g")
     if observed is not None and predicted:
         error = abs(observed / predicted - 1)
         claims.append(_claim("Without GWC the projector's gradient shrinks by mean|g| (what GWC compensates)",

@@ -5,6 +5,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from llava_norm import provenance
 from llava_norm.config import load_config
@@ -82,6 +83,13 @@ def test_differences_name_keys_inputs_and_seed_but_not_code(tmp_path):
     other_code = {**new.environment, "source": "0" * 16, "libraries": {**new.environment["libraries"], "torch": "0"}}
     assert differences(new, make_record("stage2", new.config, {"data": data}, seed=2)) == []
     assert [d.split(":")[0] for d in environment_differences(other_code, new.environment)] == ["code", "torch"]
+    # Another CPU's float kernels give other last bits: noted like a version.
+    assert new.environment["cpu_kernels"] == torch.backends.cpu.get_cpu_capability()
+    other_cpu = {**new.environment, "cpu_kernels": "SOMETHING_ELSE"}
+    assert environment_differences(other_cpu, new.environment) == [
+        f"CPU float kernels: SOMETHING_ELSE -> {new.environment['cpu_kernels']}"]
+    older = {k: v for k, v in new.environment.items() if k != "cpu_kernels"}  # records from before the field
+    assert environment_differences(older, new.environment) == []
 
 
 def test_training_record_separates_settings_inputs_and_operational_keys(tmp_path, tiny_dir):
