@@ -16,23 +16,23 @@ import datetime
 import json
 import os
 import platform
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from transformers.utils import SAFE_WEIGHTS_NAME
 
 from llava_norm.analysis import SuiteInputs, run_suite
 from llava_norm.analysis.plots import forest_figure, plt, training_figure
 from llava_norm.evaluation.runner import EvalConfig, PromptSettings, resolve_benchmarks, run_evaluation
 from llava_norm.evaluation.table import build_table
 from llava_norm.evaluation.units import Units, read_units
-from llava_norm.stats import Delta
 from llava_norm.model.builder import ModelSpec, build_model
-from llava_norm.pipeline import ArmDirs, Step
-from llava_norm.provenance import environment
-from llava_norm_demo.synth.build import CORPUS_PATHS
+from llava_norm.pipeline import ArmDirs, Step, recorded_step
+from llava_norm.provenance import Record, environment, make_record
+from llava_norm.stats import Delta
 from llava_norm.train.rundir import SUMMARY as TRAIN_SUMMARY
+from llava_norm_demo.synth.build import CORPUS_PATHS, MANIFEST
 from llava_norm_demo.verdicts import Claim, Score, delta, mechanism_claims, score
 from llava_norm_demo.warmup.run import REPORT as WARMUP_REPORT
 
@@ -44,6 +44,7 @@ PROMPT, PHRASE = "What colour is the largest shape in the picture?", "largest sh
 INIT_LABEL = f"{ALIGNED} at initialisation"
 CONTINUATION = "mmlu_continuation"
 VERDICTS = "verdicts.json"  # beside REPORT.md
+DIAGNOSTICS_MD = "diagnostics.md"  # in diagnostics/, nested into REPORT.md
 
 
 def _fresh_aligned_build(paths, out_dir: Path) -> Path:
@@ -68,27 +69,30 @@ def _mmlu_continuation(paths, out: Path, limit: int | None) -> None:
 
 
 def diagnostics_step(paths, profile) -> Step:
+    """Reused, like every other step, only when its provenance record matches: the models and
+    runs it reads, the world and the warmed backbones by fingerprint, and its settings."""
     out = paths.demo / "diagnostics"
-    marker = out / "complete"
+    models = {f"{arm} stage {stage}": paths.model(arm, stage) for arm in ARMS for stage in (1, 2)}
+
+    def expected() -> Record:
+        settings = {"analysis_images": profile.analysis_images, "eval_limit": profile.eval_limit,
+                    "attention": [PROMPT, PHRASE], "seed": SEED}
+        inputs = {**models, "dynamics run": paths.run(ALIGNED, 1), "warm backbones": paths.warm,
+                  "world": paths.world / MANIFEST, "benchmarks": paths.benchmarks}
+        return make_record("diagnostics", settings, inputs, seed=SEED)
 
     def run() -> None:
-        stages = {f"{arm} stage {stage}": paths.model(arm, stage) for arm in ARMS for stage in (1, 2)}
-        stages = {INIT_LABEL: _fresh_aligned_build(paths, out / f"{ALIGNED}_init"), **stages}
+        stages = {INIT_LABEL: _fresh_aligned_build(paths, out / f"{ALIGNED}_init"), **models}
         run_suite(SuiteInputs(
             runs={arm: paths.run(arm, 2) for arm in ARMS},
             samples=paths.world, data=paths.world / CORPUS_PATHS["instruct"],
             image_folder=paths.images, dynamics_run=paths.run(ALIGNED, 1), interface_models=stages,
             gain_models={f"{ALIGNED} after stage {stage}": paths.model(ALIGNED, stage) for stage in (1, 2)},
             attention_prompt=PROMPT, attention_phrase=PHRASE, limit=profile.analysis_images,
-        ), out, title="Diagnostics", report_path=paths.demo / "diagnostics.md")
+        ), out, title="Diagnostics", report_path=out / DIAGNOSTICS_MD)
         _mmlu_continuation(paths, out, profile.eval_limit)
-        marker.write_text(datetime.datetime.now().isoformat())
 
-    def done() -> bool:
-        finals = [paths.model(arm, 2) / SAFE_WEIGHTS_NAME for arm in ARMS]
-        return marker.exists() and all(f.stat().st_mtime < marker.stat().st_mtime for f in finals)
-
-    return Step("diagnostics", done, run)
+    return recorded_step("diagnostics", out, expected, run)
 
 
 
@@ -264,8 +268,10 @@ def write_report(paths, profile, timings: dict) -> Path:
         *[f"| {arm} | {_losses(curves['stage 1'][arm])} | {_losses(curves['stage 2'][arm])} |" for arm in ARMS], "",
     ]
     _write_verdicts(demo / VERDICTS, claims, marks)
-    body = (demo / "diagnostics.md").read_text().splitlines()  # written by the diagnostics step
-    lines += ["#" + line if line.startswith("#") else line for line in body]  # nest its headings one level
+    body = (diag / DIAGNOSTICS_MD).read_text().splitlines()  # written by the diagnostics step
+    # nest its headings one level; its links are relative to diagnostics/, REPORT.md's to demo/
+    lines += ["#" + line if line.startswith("#") else re.sub(r"\]\((?!https?:)", "](diagnostics/", line)
+              for line in body]
     report = demo / "REPORT.md"
     report.write_text("\n".join(lines) + "\n")
     return report

@@ -116,7 +116,8 @@ class Score:
     margin: float  # points: the Wilson 95% low end of the share right minus chance
 
     def describe(self) -> str:
-        p = "p < 1e-4" if self.chance.p_value < 1e-4 else f"p = {self.chance.p_value:.2g}"
+        p = "guessing never gets one" if self.chance.chance == 0 else \
+            "p < 1e-4" if self.chance.p_value < 1e-4 else f"p = {self.chance.p_value:.2g}"
         return f"{self.above}: {self.chance.k}/{self.chance.n} right ({p}; margin {self.margin:+.1f} points)"
 
 
