@@ -21,7 +21,8 @@ from omegaconf.errors import OmegaConfBaseException
 from llava_norm.config_checks import check_paths as _check_paths
 from llava_norm.config_schema import (CHOICES, LORA_VISION_MODES, RANGES, SCHEDULERS, ConfigError, DataConfig,
                                       DataSource, LoraSettings, ModelConfig, OptimConfig, RunConfig, TrainConfig,
-                                      effective_grad_accum, lora_vision_mode, parse_take, to_yaml, world_size)
+                                      effective_grad_accum, lora_vision_mode, parse_take, scale_value_problem, to_yaml,
+                                      world_size)
 
 __all__ = ["CHOICES", "LORA_VISION_MODES", "RANGES", "SCHEDULERS", "ConfigError", "DataConfig", "DataSource",
            "LoraSettings", "ModelConfig", "OptimConfig", "RunConfig", "TrainConfig", "effective_grad_accum",
@@ -126,6 +127,9 @@ def validate(config: RunConfig, check_paths: bool = True) -> None:
         value = _get(config, dotted)
         if value is not None and not _in_range(value, spec):
             raise ConfigError(f"key '{dotted}': must be {spec}, got {value}")
+    problem = scale_value_problem(config.model.scale_value)
+    if problem:
+        raise ConfigError(f"key 'model.scale_value': {problem}")
     t, lora = config.train, config.lora
     if t.stage not in (1, 2):
         raise ConfigError(f"key 'train.stage': must be 1 or 2, got {t.stage}")

@@ -11,7 +11,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from llava_norm.config_schema import ConfigError, RunConfig, effective_grad_accum, world_size
+from llava_norm.config_schema import NORM_ARMS, ConfigError, RunConfig, effective_grad_accum, world_size
 from llava_norm.layout import PROJECTOR_PREFIX
 
 
@@ -76,7 +76,7 @@ def _check_projector(config: RunConfig) -> None:
         raise ConfigError(f"key '{key}': {path} is not a safetensors file")
     found = {name.removeprefix(PROJECTOR_PREFIX).split(".")[0] for name in header} - {"__metadata__"}
     want = {"linear_1", *(["linear_2"] if m.projector_type == "mlp2x_gelu" else []),
-            *(["norm"] if m.norm_alignment != "none" else [])}  # every arm but none has a norm layer
+            *(["norm"] if NORM_ARMS[m.norm_alignment].has_tensors else [])}
     if found != want:
         raise ConfigError(f"key '{key}': {path} holds projector modules {sorted(found)}, but projector_type "
                           f"{m.projector_type!r} with norm_alignment {m.norm_alignment!r} needs {sorted(want)} "

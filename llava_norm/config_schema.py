@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import MISSING, OmegaConf
 
@@ -32,6 +32,9 @@ class ModelConfig:
     vision_feature_layer: int = -2
     vision_feature_select_strategy: Optional[str] = None  # default (drop CLS) | full | null: from the tower
     gwc_clamp: float = 1e-6
+    # scale_fixed / scale_learned: the factor c, a number or "auto" (T over the mean norm of the
+    # projected visual tokens of a calibration batch, measured at the start of stage 1)
+    scale_value: Any = "auto"
     attn_implementation: str = "sdpa"  # sdpa | flash_attention_2 | eager
     trust_remote_code: bool = False
     pretrained_projector: Optional[str] = None  # stage 2: projector.safetensors written by stage 1
@@ -146,24 +149,59 @@ LENGTH_ESTIMATES = ("tokens", "words")
 
 @dataclass(frozen=True)
 class NormArm:
-    """One row of the paper's ablation table: what a value of ``model.norm_alignment`` builds
-    (``model.norm_align`` turns it into a layer; the config accepts exactly these names)."""
+    """One row of the ablation table: what a value of ``model.norm_alignment`` builds
+    (``model.norm_align.build_alignment`` turns it into a layer; the config accepts exactly
+    these names). A new arm that combines existing layer kinds is one more row here; a new kind
+    of layer also needs its class in ``model.norm_align`` (README, "The arms")."""
 
     name: str
-    has_norm: bool
-    text_norm_init: bool
-    gwc: bool
+    layer: str  # one of LAYER_KINDS
+    text_norm_init: bool = False  # norm layers: gain g_i = T / sqrt(d), so a token leaves with norm ~T
+    gwc: bool = False  # norm layers: Global Weight Compensation of the gradient into the projector
+
+    @property
+    def has_norm(self) -> bool:
+        """Whether the projector ends in an alignment layer (every arm but ``none``)."""
+        return self.layer != "none"
+
+    @property
+    def has_tensors(self) -> bool:
+        """Whether the layer holds tensors that stage 1 saves (scale_to_t has none)."""
+        return self.layer not in ("none", "scale_to_t")
+
+    @property
+    def scale_calibrated(self) -> bool:
+        """Whether ``model.scale_value`` (a number, or ``auto``: calibrated at stage 1) sets it."""
+        return self.layer in ("scale_fixed", "scale_learned")
 
 
+# none: nothing after the projector; layernorm / rmsnorm: a norm layer with a learned gain;
+# scale_to_t: every token rescaled to norm T; scale_fixed: x c, c frozen; scale_learned: x s, s learned.
+LAYER_KINDS = ("none", "layernorm", "rmsnorm", "scale_to_t", "scale_fixed", "scale_learned")
 NORM_ARMS: dict[str, NormArm] = {
     arm.name: arm
     for arm in (
-        NormArm("none", has_norm=False, text_norm_init=False, gwc=False),
-        NormArm("ln_default", has_norm=True, text_norm_init=False, gwc=False),
-        NormArm("ln_textnorm", has_norm=True, text_norm_init=True, gwc=False),
-        NormArm("ln_textnorm_gwc", has_norm=True, text_norm_init=True, gwc=True),
+        NormArm("none", "none"),
+        NormArm("ln_default", "layernorm"),
+        NormArm("ln_textnorm", "layernorm", text_norm_init=True),
+        NormArm("ln_textnorm_gwc", "layernorm", text_norm_init=True, gwc=True),
+        NormArm("rms_textnorm", "rmsnorm", text_norm_init=True),
+        NormArm("rms_textnorm_gwc", "rmsnorm", text_norm_init=True, gwc=True),
+        NormArm("scale_to_t", "scale_to_t"),
+        NormArm("scale_fixed", "scale_fixed"),
+        NormArm("scale_learned", "scale_learned"),
     )
 }
+assert all(arm.layer in LAYER_KINDS for arm in NORM_ARMS.values())
+
+
+def scale_value_problem(value: Any) -> str | None:
+    """What is wrong with a ``model.scale_value`` (None: nothing)."""
+    if value == "auto":
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return f"must be 'auto' or a positive number, got {value!r}"
+    return None
 
 
 PROJECTOR_TYPES = ("mlp2x_gelu", "linear")  # model.projector

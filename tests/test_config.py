@@ -15,11 +15,12 @@ import torch
 from safetensors.torch import save_file
 
 from llava_norm.config import CHOICES, RANGES, SCHEDULERS, ConfigError, effective_grad_accum, load_config
+from llava_norm.config_schema import NORM_ARMS
 from tinydata import write_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
-ARMS = ["none", "ln_default", "ln_textnorm", "ln_textnorm_gwc"]
+ARMS = list(NORM_ARMS)  # every arm has a config for every backbone
 
 
 @pytest.mark.parametrize("backbone", ["llama3.2-3b", "qwen2.5-7b", "tiny"])

@@ -17,7 +17,7 @@ from transformers.utils import SAFE_WEIGHTS_NAME
 from llava_norm.analysis.common import Labeled, labeled_inputs, write_result
 from llava_norm.analysis.plots import gains_figure
 from llava_norm.layout import NORM_PREFIX
-from llava_norm.model.norm_align import GlobalWeightCompensatedLayerNorm
+from llava_norm.model.norm_align import GlobalWeightCompensatedLayerNorm, get_arm
 
 
 
@@ -34,21 +34,21 @@ def _tensor_files(path: Path) -> dict[str, Path]:
 
 
 def read_norm_layer(path: str | Path) -> GlobalWeightCompensatedLayerNorm | None:
-    """The checkpoint's norm layer (None for arm ``none``)."""
+    """The checkpoint's norm layer (None for an arm without one: ``none`` and the scaling arms)."""
     path = Path(path)
     config = json.loads((path / "config.json").read_text())
-    files = _tensor_files(path)
-    names = [NORM_PREFIX + "weight", NORM_PREFIX + "bias"]
-    if names[0] not in files:
-        if config.get("norm_alignment", "none") != "none":
-            raise ValueError(f"{path}: config says norm_alignment={config['norm_alignment']!r} "
-                             f"but the weights have no {names[0]}")
+    arm = get_arm(config.get("norm_alignment", "none"))
+    if arm.layer not in ("layernorm", "rmsnorm"):  # no gain: nothing for Table 5
         return None
+    files = _tensor_files(path)
+    names = [NORM_PREFIX + "weight", *([] if arm.layer == "rmsnorm" else [NORM_PREFIX + "bias"])]
+    if names[0] not in files:
+        raise ValueError(f"{path}: config says norm_alignment={arm.name!r} but the weights have no {names[0]}")
     tensors = {}
     for name in names:
         with safe_open(str(files[name]), framework="pt") as f:
             tensors[name.rsplit(".", 1)[1]] = f.get_tensor(name).float()
-    layer = GlobalWeightCompensatedLayerNorm(tensors["weight"].numel())
+    layer = GlobalWeightCompensatedLayerNorm(tensors["weight"].numel(), rms=arm.layer == "rmsnorm")
     layer.load_state_dict(tensors)
     return layer
 

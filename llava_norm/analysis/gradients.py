@@ -75,14 +75,16 @@ def measure_gradients(bundle, batch: dict) -> dict:
         "projector_linear_2": _grad_norm(projector.linear_2.parameters()) if projector.linear_2 is not None else None,
         "projector_linears": _grad_norm([p for n, p in projector.named_parameters() if not n.startswith("norm.")]),
         "vision_tower": _grad_norm(model.model.vision_tower.parameters()),
-        "norm_gain": _grad_norm([projector.norm.weight]) if projector.norm is not None else None,
+        # the alignment layer's own parameters: a gain (norm arms), a scalar (scale_learned), or none
+        "norm_gain": _grad_norm(list(projector.norm.parameters())) if projector.norm is not None
+        and any(True for _ in projector.norm.parameters()) else None,
         "language_model": _grad_norm(model.model.language_model.parameters()),
     }
     stats = projector.norm.gain_statistics() if projector.norm is not None else None
     model.zero_grad(set_to_none=True)
     return {"loss": float(loss.detach()), "grad_norms": norms, "norm_alignment": model.config.norm_alignment,
-            "gain": stats, "gwc_scale": projector.norm.compensation_scale() if projector.norm is not None
-            and projector.norm.compensate else None}
+            "gain": stats, "gwc_scale": projector.norm.compensation_scale()
+            if getattr(projector.norm, "compensate", False) else None}
 
 
 def arm_bundles(vision: str, llm: str, arms: tuple[str, ...] = DEFAULT_ARMS, seed: int = 42,

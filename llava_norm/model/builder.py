@@ -43,6 +43,7 @@ class ModelSpec:
     # "default" drops a CLS token, "full" keeps every token; None: decided from the tower's output.
     vision_feature_select_strategy: str | None = None
     gwc_clamp: float = 1e-6
+    scale_value: float | str = "auto"  # scale_fixed / scale_learned: c, or "auto" (calibrated at stage 1)
     attn_implementation: str = "sdpa"
     dtype: str = "float32"
     trust_remote_code: bool = False
@@ -149,7 +150,7 @@ def build_model(spec: ModelSpec) -> Bundle:
         vision_config=tower.config, text_config=llm.config, image_token_id=image_token_id,
         image_seq_length=tokens_per_image, vision_feature_layer=spec.vision_feature_layer,
         vision_feature_select_strategy=strategy, norm_alignment=spec.norm_alignment, text_norm=text_norm,
-        gwc_clamp=spec.gwc_clamp, projector_type=spec.projector_type,
+        gwc_clamp=spec.gwc_clamp, projector_type=spec.projector_type, scale_value=spec.scale_value,
         tie_word_embeddings=llm.config.tie_word_embeddings,
     )
     config._attn_implementation = spec.attn_implementation

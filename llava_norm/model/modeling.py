@@ -20,15 +20,16 @@ from transformers import (
 from transformers import initialization as hf_init
 from transformers.models.llava.modeling_llava import LlavaPreTrainedModel
 
-from llava_norm.model.norm_align import GlobalWeightCompensatedLayerNorm
+from llava_norm.model.norm_align import GlobalWeightCompensatedLayerNorm, VisualScale
 from llava_norm.model.projector import NormAlignedProjector
 
 
 class LlavaNormConfig(LlavaConfig):
     """Llava config plus the norm-alignment arm.
 
-    norm_alignment: one of ``none``, ``ln_default``, ``ln_textnorm``, ``ln_textnorm_gwc``.
+    norm_alignment: a name in ``config_schema.NORM_ARMS``.
     text_norm: T, measured from the LLM input embeddings when the model is first built.
+    scale_value: the scaling arms' factor, a number or "auto" (calibrated at stage 1).
     """
 
     model_type = "llava_norm"
@@ -38,6 +39,7 @@ class LlavaNormConfig(LlavaConfig):
     gwc_clamp: float = 1e-6
     norm_eps: float = 1e-5
     projector_type: str = "mlp2x_gelu"
+    scale_value: float | str = "auto"
 
 
 def blank_image(tower) -> torch.Tensor:
@@ -72,7 +74,11 @@ class LlavaNormPreTrainedModel(LlavaPreTrainedModel):
         # would silently turn the text-norm arms into the default-init arm.
         if isinstance(module, GlobalWeightCompensatedLayerNorm):
             hf_init.constant_(module.weight, module.init_gain)
-            hf_init.zeros_(module.bias)
+            if module.bias is not None:
+                hf_init.zeros_(module.bias)
+        elif isinstance(module, VisualScale):
+            if module.mode != "to_t":
+                hf_init.constant_(module.scale, module.init_value)
         else:
             super()._init_weights(module)
 
@@ -108,7 +114,7 @@ class LlavaNormForConditionalGeneration(LlavaNormPreTrainedModel, LlavaForCondit
         self.post_init()
 
     @property
-    def norm_layer(self) -> GlobalWeightCompensatedLayerNorm | None:
+    def norm_layer(self) -> GlobalWeightCompensatedLayerNorm | VisualScale | None:
         return self.model.multi_modal_projector.norm
 
 

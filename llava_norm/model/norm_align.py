@@ -1,8 +1,10 @@
-"""The norm-alignment layer (paper Sec. 5, App. D) and the text-norm target T.
+"""The norm-alignment layers (paper Sec. 5, App. D, and the arms reviewers asked for) and T.
 
-Owns: ``GlobalWeightCompensatedLayerNorm`` (LayerNorm whose backward pass into its input is
-rescaled by 1/max(mean|g|, clamp)) and ``text_embedding_norm`` (T). What each arm means is one
-table, ``config_schema.NORM_ARMS``, which the config validates against and this module builds from.
+Owns: ``GlobalWeightCompensatedLayerNorm`` (LayerNorm or RMSNorm whose backward pass into its
+input is rescaled by 1/max(mean|g|, clamp)), ``VisualScale`` (the scaling arms: to norm T, by a
+frozen factor, by one learned factor), ``build_alignment`` (the layer an arm builds) and
+``text_embedding_norm`` (T). What each arm means is one table, ``config_schema.NORM_ARMS``,
+which the config validates against and ``build_alignment`` builds from.
 """
 
 from __future__ import annotations
@@ -49,12 +51,13 @@ class _ScaleGradient(torch.autograd.Function):
 
 
 class GlobalWeightCompensatedLayerNorm(nn.Module):
-    """LayerNorm over the last dim, y = g * x_hat + b, with Global Weight Compensation.
+    """LayerNorm over the last dim, y = g * x_hat + b, with Global Weight Compensation; with
+    ``rms=True``, RMSNorm instead (y = g * x / rms(x), no bias).
 
     With ``compensate=True`` and in training mode, the gradient flowing back through x_hat
     (into the projector and the vision tower) is divided by s = max(mean|g|, clamp). The
-    gradients of ``weight`` (g) and ``bias`` (b) are those of plain LayerNorm. The forward
-    pass is plain LayerNorm in every mode.
+    gradients of ``weight`` (g) and ``bias`` (b) are those of the plain norm. The forward pass
+    is the plain norm in every mode.
     """
 
     def __init__(
@@ -64,6 +67,7 @@ class GlobalWeightCompensatedLayerNorm(nn.Module):
         compensate: bool = True,
         clamp: float = 1e-6,
         eps: float = 1e-5,
+        rms: bool = False,
     ):
         super().__init__()
         if clamp <= 0:
@@ -73,13 +77,15 @@ class GlobalWeightCompensatedLayerNorm(nn.Module):
         self.compensate = compensate
         self.clamp = float(clamp)
         self.eps = eps
+        self.rms = rms
         self.weight = nn.Parameter(torch.full((hidden_size,), self.init_gain))
-        self.bias = nn.Parameter(torch.zeros(hidden_size))
+        self.bias = None if rms else nn.Parameter(torch.zeros(hidden_size))
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
             self.weight.fill_(self.init_gain)
-            self.bias.zero_()
+            if self.bias is not None:
+                self.bias.zero_()
 
     def compensation_scale(self) -> float:
         """s = max(mean|g|, clamp), read from the current gain (for logs; forward uses the tensor form)."""
@@ -96,6 +102,8 @@ class GlobalWeightCompensatedLayerNorm(nn.Module):
             # gradients (they only see grad(y) and x_hat). This keeps the LayerNorm one fused kernel,
             # instead of layer_norm + mul + add and their backward passes (bench/gwc_overhead.py).
             x = _ScaleGradient.apply(x, 1.0 / self._scale())
+        if self.rms:
+            return F.rms_norm(x, (self.hidden_size,), self.weight, self.eps)
         return F.layer_norm(x, (self.hidden_size,), self.weight, self.bias, self.eps)
 
     @torch.no_grad()
@@ -106,16 +114,80 @@ class GlobalWeightCompensatedLayerNorm(nn.Module):
             "gain_l2": float(g.norm()),
             "gain_abs_mean": float(g.abs().mean()),
             "gain_abs_std": float(g.abs().std()),
-            "bias_abs_mean": float(self.bias.detach().float().abs().mean()),
+            "bias_abs_mean": 0.0 if self.bias is None else float(self.bias.detach().float().abs().mean()),
         }
 
     def extra_repr(self) -> str:
         return (
             f"{self.hidden_size}, init_gain={self.init_gain:.4g}, compensate={self.compensate}, "
-            f"clamp={self.clamp:g}, eps={self.eps:g}"
+            f"clamp={self.clamp:g}, eps={self.eps:g}{', rms' if self.rms else ''}"
         )
 
 
 def text_norm_gain(text_norm: float, hidden_size: int) -> float:
     """Per-entry gain g = T / sqrt(d), so that ||g * x_hat|| ~ T (x_hat has norm ~ sqrt(d))."""
     return text_norm / math.sqrt(hidden_size)
+
+
+class VisualScale(nn.Module):
+    """The scaling arms: visual tokens rescaled, not normalised (is it the norm layer, or any
+    rescaling, that matters?).
+
+    ``mode="to_t"``: y = T x / ||x||, every token at norm T, no parameters.
+    ``mode="fixed"``: y = c x with c a frozen buffer (saved with the checkpoint).
+    ``mode="learned"``: y = s x with s one learned scalar, initialised to ``value``.
+    """
+
+    def __init__(self, mode: str, text_norm: float | None, value: float = 1.0, eps: float = 1e-12):
+        super().__init__()
+        if mode not in ("to_t", "fixed", "learned"):
+            raise ValueError(f"VisualScale mode must be to_t, fixed or learned, got {mode!r}")
+        if mode == "to_t" and text_norm is None:
+            raise ValueError("VisualScale(to_t) needs the text norm T")
+        self.mode, self.text_norm, self.eps, self.init_value = mode, text_norm, eps, float(value)
+        if mode == "learned":
+            self.scale = nn.Parameter(torch.tensor(self.init_value))
+        elif mode == "fixed":
+            self.register_buffer("scale", torch.tensor(self.init_value))
+
+    def reset_parameters(self) -> None:
+        if self.mode != "to_t":
+            with torch.no_grad():
+                self.scale.fill_(self.init_value)
+
+    def set_value(self, value: float) -> None:
+        """Set c (or s's starting value): what stage-1 calibration measured."""
+        self.init_value = float(value)
+        self.reset_parameters()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "to_t":
+            return x * (self.text_norm / x.norm(dim=-1, keepdim=True).clamp(min=self.eps))
+        return x * self.scale.to(x.dtype)
+
+    @torch.no_grad()
+    def gain_statistics(self) -> dict[str, float]:
+        """What training logs: the factor (none for to_t)."""
+        return {} if self.mode == "to_t" else {"scale": float(self.scale)}
+
+    def extra_repr(self) -> str:
+        value = "" if self.mode == "to_t" else f", init={self.init_value:.4g}"
+        return f"mode={self.mode}, T={self.text_norm}{value}"
+
+
+def build_alignment(arm: NormArm, hidden_size: int, text_norm: float | None, clamp: float, eps: float,
+                    scale_value) -> nn.Module | None:
+    """The layer after the projector for one arm (None for ``none``)."""
+    if arm.layer == "none":
+        return None
+    if arm.layer in ("layernorm", "rmsnorm"):
+        if arm.text_norm_init and text_norm is None:
+            raise ValueError(f"norm_alignment={arm.name!r} needs config.text_norm (T); build the model with "
+                             "llava_norm.model.builder.build_model, which measures it from the LLM embeddings")
+        gain = text_norm_gain(text_norm, hidden_size) if arm.text_norm_init else 1.0
+        return GlobalWeightCompensatedLayerNorm(hidden_size, init_gain=gain, compensate=arm.gwc, clamp=clamp, eps=eps,
+                                                rms=arm.layer == "rmsnorm")
+    # "auto" starts at 1 until stage 1 calibrates it (train.calibration); a loaded checkpoint
+    # brings its calibrated value with it.
+    value = 1.0 if scale_value in (None, "auto") else float(scale_value)
+    return VisualScale(arm.layer.removeprefix("scale_"), text_norm, value)

@@ -12,7 +12,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from llava_norm.config_schema import PROJECTOR_TYPES
-from llava_norm.model.norm_align import GlobalWeightCompensatedLayerNorm, get_arm, text_norm_gain
+from llava_norm.model.norm_align import build_alignment, get_arm
 
 
 class NormAlignedProjector(nn.Module):
@@ -33,18 +33,8 @@ class NormAlignedProjector(nn.Module):
         else:
             self.act = self.linear_2 = None
 
-        arm = get_arm(config.norm_alignment)
-        self.norm = None
-        if arm.has_norm:
-            if arm.text_norm_init and config.text_norm is None:
-                raise ValueError(
-                    f"norm_alignment={arm.name!r} needs config.text_norm (T); build the model with "
-                    "llava_norm.model.builder.build_model, which measures it from the LLM embeddings"
-                )
-            gain = text_norm_gain(config.text_norm, text_dim) if arm.text_norm_init else 1.0
-            self.norm = GlobalWeightCompensatedLayerNorm(
-                text_dim, init_gain=gain, compensate=arm.gwc, clamp=config.gwc_clamp, eps=config.norm_eps
-            )
+        self.norm = build_alignment(get_arm(config.norm_alignment), text_dim, config.text_norm, config.gwc_clamp,
+                                    config.norm_eps, getattr(config, "scale_value", "auto"))
 
     def forward(self, image_features):
         hidden = self.linear_1(image_features)

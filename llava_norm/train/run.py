@@ -24,6 +24,7 @@ from transformers import TrainingArguments, set_seed
 from transformers.utils import SAFE_WEIGHTS_NAME
 
 from llava_norm.config import RunConfig, effective_grad_accum, lora_vision_mode, to_yaml
+from llava_norm.config_schema import NORM_ARMS
 from llava_norm.data.collate import collate
 from llava_norm.data.conversation import conversation_tokenizer
 from llava_norm.data.dataset import SupervisedDataset, count_by_cause
@@ -37,6 +38,7 @@ from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY
 from llava_norm.train.trainer import LlavaNormTrainer
 
 log = logging.getLogger(__name__)
+CALIBRATION_IMAGES = 16  # model.scale_value auto: the images c is measured on
 
 
 def load_projector(model, path: str | Path) -> None:
@@ -49,6 +51,40 @@ def load_projector(model, path: str | Path) -> None:
         raise ValueError(f"{path}: projector keys {sorted(got)} do not match this model's {sorted(expected)} "
                          "(same norm_alignment arm and projector_type as stage 1?)")
     projector.load_state_dict(got)
+
+
+def needs_calibration(config: RunConfig) -> bool:
+    """A scaling arm with ``scale_value: auto`` measures c at the start of stage 1; stage 2 takes
+    it from stage 1's projector file."""
+    m = config.model
+    return NORM_ARMS[m.norm_alignment].scale_calibrated and m.scale_value == "auto" and config.train.stage == 1 \
+        and not m.pretrained_projector
+
+
+@torch.no_grad()
+def calibrate_scale(model, dataset, collate_fn, images: int = CALIBRATION_IMAGES) -> float:
+    """c = T / the mean norm of the projected visual tokens of the dataset's first ``images``
+    images (the same on every rank: same weights, same rows); sets the layer and returns c."""
+    rows, at = [], 0
+    while sum(len(r.pixel_values) for r in rows) < images and at < len(dataset):
+        row = dataset[at]
+        at += 1
+        if row.pixel_values is not None and len(row.pixel_values):
+            rows.append(row)
+    if not rows:
+        raise ValueError("model.scale_value auto: the training data has no image to calibrate c on")
+    pixels = collate_fn(rows)["pixel_values"][:images]
+    was_training = model.training
+    model.eval()
+    features = model.model.get_image_features(pixel_values=pixels)
+    features = features.pooler_output if hasattr(features, "pooler_output") else features
+    projector = model.model.multi_modal_projector
+    # get_image_features includes the scaling layer: divide its current factor back out.
+    tokens = torch.cat([f.reshape(-1, f.shape[-1]) for f in features]) / projector.norm.scale.detach()
+    value = model.config.text_norm / float(tokens.float().norm(dim=-1).mean())
+    projector.norm.set_value(value)
+    model.train(was_training)
+    return value
 
 
 def single_process_rendezvous() -> None:
@@ -171,8 +207,8 @@ def run_training(config: RunConfig) -> Path | None:
     bundle = build_model(ModelSpec(
         vision_tower=m.vision_tower, llm=m.llm, norm_alignment=m.norm_alignment, projector_type=m.projector_type,
         vision_feature_layer=m.vision_feature_layer, vision_feature_select_strategy=m.vision_feature_select_strategy,
-        gwc_clamp=m.gwc_clamp, attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code,
-        seed=t.seed,
+        gwc_clamp=m.gwc_clamp, scale_value=m.scale_value, attn_implementation=m.attn_implementation,
+        trust_remote_code=m.trust_remote_code, seed=t.seed,
     ))
     if m.pretrained_projector:
         load_projector(bundle.model, m.pretrained_projector)
@@ -185,6 +221,11 @@ def run_training(config: RunConfig) -> Path | None:
                                 config.data.image_aspect, config.data.on_bad_sample, config.data.length_estimate,
                                 system_prompt=config.data.system_prompt)
     pad_id = bundle.tokenizer.pad_token_id
+    if needs_calibration(config):
+        value = calibrate_scale(bundle.model, dataset, lambda examples: collate(examples, pad_id, "right"))
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"[llava-norm] model.scale_value auto: c = T / mean norm of the projected visual tokens of "
+                  f"{CALIBRATION_IMAGES} training images = {value:.6g} (stored with the checkpoint)")
     trainer = LlavaNormTrainer(
         model=bundle.model, args=training_arguments(config), train_dataset=dataset,
         data_collator=lambda examples: collate(examples, pad_id, "right"),
