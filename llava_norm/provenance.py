@@ -109,12 +109,19 @@ def fingerprint(path: str | Path) -> str:
     raise FileNotFoundError(f"cannot fingerprint {path}: no such file or folder")
 
 
+def source_packages() -> list[Path]:
+    """This project's packages: ``llava_norm`` and any sibling ``llava_norm*`` package installed
+    with it (the pattern pyproject.toml packages), so a plugin's code counts like the core's."""
+    return sorted(p for p in PACKAGE.parent.glob(f"{PACKAGE.name}*") if (p / "__init__.py").is_file())
+
+
 def source_digest() -> str:
-    """SHA-256 of the package's Python source: the code that ran, git or not."""
+    """SHA-256 of the project's Python source: the code that ran, git or not."""
     digest = hashlib.sha256()
-    for file in sorted(PACKAGE.rglob("*.py")):
-        digest.update(f"{file.relative_to(PACKAGE).as_posix()}\n".encode())
-        digest.update(file.read_bytes())
+    for package in source_packages():
+        for file in sorted(package.rglob("*.py")):
+            digest.update(f"{file.relative_to(PACKAGE.parent).as_posix()}\n".encode())
+            digest.update(file.read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -134,7 +141,7 @@ def environment() -> dict:
     top = _git("rev-parse", "--show-toplevel")
     ours = top is not None and Path(top).resolve() == PACKAGE.parent
     commit = _git("rev-parse", "HEAD") if ours else None
-    status = _git("status", "--porcelain", "--", "llava_norm") if commit else None
+    status = _git("status", "--porcelain", "--", *(p.name for p in source_packages())) if commit else None
     versions = {}
     for name in LIBRARIES:
         try:

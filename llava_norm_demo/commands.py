@@ -43,7 +43,7 @@ def _demo(args) -> None:
     # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm_demo.driver import run_demo
 
-    run_demo(args.root, args.profile)
+    run_demo(args.root, args.profile, args.code_counts)
 
 
 def register(sub) -> None:
@@ -72,4 +72,6 @@ def register(sub) -> None:
     p.add_argument("--root", default="runs", help="where the world, backbones and runs go (default: runs)")
     p.add_argument("--profile", default="full", choices=["full", "smoke"],
                    help="smoke: the same steps with a handful of training steps (what the test suite runs)")
+    p.add_argument("--code-counts", action="store_true",
+                   help="rerun steps recorded with another code version or library versions (default: note them)")
     p.set_defaults(func=_demo)

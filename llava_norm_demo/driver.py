@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from llava_norm_demo.report import ARMS, SEED, diagnostics_step, write_report
@@ -37,6 +38,11 @@ from llava_norm_demo.warmup.run import WarmupConfig
 
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (the affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class DemoProfile:
     name: str
@@ -51,7 +57,7 @@ class DemoProfile:
     # whose gradient all-reduce outweighs the tiny model's compute. The test suite keeps the
     # multi-process path (tests/test_training.py, tests/test_resume.py).
     processes: int = 1
-    threads: int = field(default_factory=lambda: min(4, len(os.sched_getaffinity(0))))
+    threads: int = field(default_factory=lambda: min(4, usable_cores()))
     analysis_images: int = 8
 
 
@@ -110,31 +116,32 @@ class DemoPaths:
         return self.run(arm, stage) / "model"
 
 
-def _world_step(paths: DemoPaths, profile: DemoProfile) -> Step:
+def _world_step(paths: DemoPaths, profile: DemoProfile, code_counts: bool) -> Step:
     def expected() -> Record:
         return make_record("world", {"build_world": dict(profile.world)}, {}, seed=SEED)
 
     return recorded_step("synthetic world", paths.world, expected,
-                         lambda: build_world(paths.world, seed=SEED, **profile.world))
+                         lambda: build_world(paths.world, seed=SEED, **profile.world), code_counts)
 
 
-def _backbones_step(paths: DemoPaths) -> Step:
+def _backbones_step(paths: DemoPaths, code_counts: bool) -> Step:
     """Tiny backbones whose tokenizers are trained on this world's text: rebuilt when the world
     or the sizes change."""
     def expected() -> Record:
         return make_record("backbones", {"sizes": asdict(TinySizes())}, {"world": paths.world / MANIFEST}, seed=SEED)
 
     return recorded_step("tiny backbones", paths.backbones, expected,
-                         lambda: make_tiny(paths.backbones, seed=SEED, corpus=world_tokenizer_corpus(paths.world)))
+                         lambda: make_tiny(paths.backbones, seed=SEED, corpus=world_tokenizer_corpus(paths.world)),
+                         code_counts)
 
 
-def _warmup_step(paths: DemoPaths, profile: DemoProfile) -> Step:
+def _warmup_step(paths: DemoPaths, profile: DemoProfile, code_counts: bool) -> Step:
     def expected() -> Record:
         return make_record("warm-up", asdict(profile.warmup.with_seed()),
                            {"backbones": paths.backbones, "world": paths.world / MANIFEST}, seed=profile.warmup.seed)
 
     return recorded_step("backbone warm-up", paths.warm, expected,
-                         lambda: warm_up(paths.backbones, paths.world, paths.warm, profile.warmup))
+                         lambda: warm_up(paths.backbones, paths.world, paths.warm, profile.warmup), code_counts)
 
 
 def pipeline_config(paths: DemoPaths, profile: DemoProfile) -> PipelineConfig:
@@ -154,28 +161,46 @@ def pipeline_config(paths: DemoPaths, profile: DemoProfile) -> PipelineConfig:
     )
 
 
-def plan_demo(paths: DemoPaths, profile: DemoProfile) -> list[Step]:
-    config = pipeline_config(paths, profile)
-    steps = [_world_step(paths, profile), _backbones_step(paths), _warmup_step(paths, profile)]
+def plan_demo(paths: DemoPaths, profile: DemoProfile, code_counts: bool = False) -> list[Step]:
+    config = replace(pipeline_config(paths, profile), code_counts=code_counts)
+    steps = [_world_step(paths, profile, code_counts), _backbones_step(paths, code_counts),
+             _warmup_step(paths, profile, code_counts)]
     for arm in config.arms:
         steps += arm_steps(config, arm)
-    return steps + [diagnostics_step(paths, profile)]
+    return steps + [diagnostics_step(paths, profile, code_counts)]
 
 
-def run_demo(root: str | Path = REPO / "runs", profile: str = "full") -> Path:
-    """Run (or resume) the demo under ``root``; returns the path of REPORT.md."""
+def machine_facts(threads: int) -> dict:
+    """What a computed step ran on: float kernels differ by CPU and thread count, and so do the
+    last bits of everything it computed."""
+    import torch
+
+    info = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
+             if line.startswith("model name")] if info.is_file() else []
+    return {"cpu": names[0] if names else platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "cpu_kernels": torch.backends.cpu.get_cpu_capability(), "threads": threads,
+            "warmup_threads": torch.get_num_threads()}
+
+
+def run_demo(root: str | Path = REPO / "runs", profile: str = "full", code_counts: bool = False) -> Path:
+    """Run (or resume) the demo under ``root``; returns the path of REPORT.md. ``code_counts``:
+    a step recorded with another code or library version reruns (default: it is noted)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one progress bar for the demo, not one per weight file
     paths = DemoPaths(Path(root).resolve())
     paths.demo.mkdir(parents=True, exist_ok=True)
+    chosen = PROFILES[profile]
     start = time.perf_counter()
-    record = run_steps(plan_demo(paths, PROFILES[profile]), desc=f"demo ({profile})")
+    record = run_steps(plan_demo(paths, chosen, code_counts), desc=f"demo ({profile})")
+    facts = machine_facts(chosen.threads)
     timings = {"profile": profile, "total_s": time.perf_counter() - start,
-               "steps": [{"step": name, "status": status, "seconds": round(seconds, 1)}
+               "steps": [{"step": name, "status": status, "seconds": round(seconds, 1),
+                          **({"machine": facts} if status == "done" else {})}
                          for name, status, seconds in record]}
     (paths.demo / "timings.json").write_text(json.dumps(timings, indent=1) + "\n")
 
-    report = write_report(paths, PROFILES[profile], timings)
+    report = write_report(paths, chosen, timings)
     print(f"\nreport: {report}")
     return report

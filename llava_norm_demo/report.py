@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
 import platform
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +68,7 @@ def _mmlu_continuation(paths, out: Path, limit: int | None) -> None:
                                   benchmarks=requests, run_name=arm, prompt=PromptSettings(), limit=limit))
 
 
-def diagnostics_step(paths, profile) -> Step:
+def diagnostics_step(paths, profile, code_counts: bool = False) -> Step:
     """Reused, like every other step, only when its provenance record matches: the models and
     runs it reads, the world and the warmed backbones by fingerprint, and its settings."""
     out = paths.demo / "diagnostics"
@@ -82,6 +82,7 @@ def diagnostics_step(paths, profile) -> Step:
         return make_record("diagnostics", settings, inputs, seed=SEED)
 
     def run() -> None:
+        shutil.rmtree(out, ignore_errors=True)  # its inputs changed: nothing in it (predictions included) holds
         stages = {INIT_LABEL: _fresh_aligned_build(paths, out / f"{ALIGNED}_init"), **models}
         run_suite(SuiteInputs(
             runs={arm: paths.run(arm, 2) for arm in ARMS},
@@ -92,7 +93,7 @@ def diagnostics_step(paths, profile) -> Step:
         ), out, title="Diagnostics", report_path=out / DIAGNOSTICS_MD)
         _mmlu_continuation(paths, out, profile.eval_limit)
 
-    return recorded_step("diagnostics", out, expected, run)
+    return recorded_step("diagnostics", out, expected, run, code_counts)
 
 
 
@@ -115,22 +116,38 @@ def _losses(points: list[tuple[int, float]]) -> str:
     return f"{points[0][1]:.3f} → {points[-1][1]:.3f} ({points[-1][0]} steps)" if points else "-"
 
 
-def machine(threads: int) -> list[str]:
-    """Where the numbers came from: float kernels differ by CPU and thread count, so the last
-    digits of every number do too (the verdicts do not; README)."""
+def machine(fresh: dict) -> list[str]:
+    """Where the numbers came from, per step as it was computed (a reused step keeps the
+    machine that computed it): float kernels differ by CPU and thread count, so the last digits
+    of every number do too (the verdicts do not; README)."""
     import deepspeed
     import torch
     import transformers
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else \
-        platform.processor()
-    return [f"- CPU: {cpu}, {os.cpu_count()} cores; torch's kernel level {torch.backends.cpu.get_cpu_capability()}"
-            f" (`ATEN_CPU_CAPABILITY` {os.environ.get('ATEN_CPU_CAPABILITY', 'unset')}).",
-            f"- Threads: {threads} per training and evaluation process, {torch.get_num_threads()} in the warm-up.",
-            f"- Versions: Python {platform.python_version()}, torch {torch.__version__}, transformers "
-            f"{transformers.__version__}, deepspeed {deepspeed.__version__}, numpy {np.__version__}; "
-            f"{platform.platform()}."]
+    seen: dict[str, list[str]] = {}
+    for step in fresh["steps"]:
+        facts = step.get("machine")
+        if facts:
+            key = (f"{facts['cpu']}, {facts['cores']} cores; torch's kernel level {facts['cpu_kernels']}; "
+                   f"{facts['threads']} threads per training and evaluation process, {facts['warmup_threads']} "
+                   "in the warm-up")
+            seen.setdefault(key, []).append(step["step"])
+    lines = [f"- {key}." for key in seen] if len(seen) == 1 else \
+        [f"- **Mixed machines**: {key}: {', '.join(steps)}." for key, steps in seen.items()]
+    return lines + [f"- Versions (this report): Python {platform.python_version()}, torch {torch.__version__}, "
+                    f"transformers {transformers.__version__}, deepspeed {deepspeed.__version__}, numpy "
+                    f"{np.__version__}; {platform.platform()}. Each step's own record is its `provenance.json`."]
+
+
+def merged_timings(demo: Path, timings: dict) -> dict:
+    """Each step's last computed time and machine: a step reused now keeps the entry of the run
+    that computed it (``timings_fresh.json``)."""
+    previous = {s["step"]: s for s in (_load(demo / "timings_fresh.json") or {"steps": []})["steps"]}
+    steps = [s if s["status"] == "done" or s["step"] not in previous else previous[s["step"]]
+             for s in timings["steps"]]
+    fresh = {"profile": timings["profile"], "total_s": sum(s["seconds"] for s in steps), "steps": steps}
+    (demo / "timings_fresh.json").write_text(json.dumps(fresh, indent=1) + "\n")
+    return fresh
 
 
 @dataclass(frozen=True)
@@ -176,11 +193,12 @@ def _cells(*cells: str) -> str:
 def _summary(claims: list[Claim], marks: Benchmarks) -> list[str]:
     held = sum(c.held for c in claims)
     lines = ["## Summary", "",
-             f"**The mechanism: {held} of {len(claims)} claims held.** Each is a number from this run against a "
-             "threshold far from where the last bits of a float kernel move it.", "",
-             "| claim | paper | measured | threshold | verdict |", "|---|---|---|---|---|",
-             *[_cells(c.text, c.where, c.measured, c.threshold,
-                      f"{'**held**' if c.held else '**NOT held**'}, {c.margin}") for c in claims], ""]
+             f"**The mechanism: {held} of {len(claims)} claims held** ({sum(c.by_construction for c in claims)} of "
+             "them hold by how the arms are built and check the code; the others are properties of the trained "
+             "models). Each is a number against a threshold far from where the last bits of a float kernel move it.",
+             "", "| claim | paper | kind | measured | threshold | verdict |", "|---|---|---|---|---|---|",
+             *[_cells(c.text, c.where, "by construction" if c.by_construction else "trained", c.measured,
+                      c.threshold, f"{'**held**' if c.held else '**NOT held**'}, {c.margin}") for c in claims], ""]
     for arm in ARMS:
         groups: dict[str, list[str]] = {}
         for name, by in marks.scores.items():
@@ -193,12 +211,13 @@ def _summary(claims: list[Claim], marks: Benchmarks) -> list[str]:
         groups.setdefault(d.verdict, []).append(marks.labels[name])
     lines += [f"- **`{ALIGNED}` against `{BASELINE}`** (paired bootstrap over items, one training seed per arm): "
               + "; ".join(f"{verdict} on {len(names)} ({', '.join(names)})" for verdict, names in
-                          sorted(groups.items())) + ". One seed cannot tell an arm effect from seed noise; "
-              "`llava-norm` sweeps seeds for that.", ""]
+                          sorted(groups.items())) + ". Higher or lower means outside item noise only: one "
+              "training seed per arm cannot tell an arm effect from training-run noise, which here is as large "
+              "(README, \"What the tiny demo shows\").", ""]
     return lines
 
 
-def _write_verdicts(path: Path, claims: list[Claim], marks: Benchmarks) -> None:
+def _write_verdicts(path: Path, claims: list[Claim], marks: Benchmarks, fresh: dict) -> None:
     """Every verdict of the report in one JSON file, so two runs (two machines, two thread
     settings) can be compared verdict by verdict."""
     verdicts = {
@@ -207,6 +226,7 @@ def _write_verdicts(path: Path, claims: list[Claim], marks: Benchmarks) -> None:
                                           "margin_points": s.margin} for arm, s in by.items()}
                              for name, by in marks.scores.items()},
         "deltas": {name: {"verdict": d.verdict, "delta": d.format()} for name, d in marks.deltas.items()},
+        "machines": {s["step"]: s.get("machine") for s in fresh["steps"]},  # as each step was computed
         "environment": environment(),
     }
     path.write_text(json.dumps(verdicts, indent=1) + "\n")
@@ -214,10 +234,7 @@ def _write_verdicts(path: Path, claims: list[Claim], marks: Benchmarks) -> None:
 
 def write_report(paths, profile, timings: dict) -> Path:
     demo, diag = paths.demo, paths.demo / "diagnostics"
-    fresh = _load(demo / "timings_fresh.json")
-    if any(s["status"] == "done" and s["step"] != "diagnostics" for s in timings["steps"]) or fresh is None:
-        fresh = timings
-        (demo / "timings_fresh.json").write_text(json.dumps(timings, indent=1) + "\n")
+    fresh = merged_timings(demo, timings)
     warm = _load(paths.warm / WARMUP_REPORT) or {"backbones": {}}
     claims = mechanism_claims(diag, BASELINE, ALIGNED, INIT_LABEL)
     marks = benchmarks(paths)
@@ -233,7 +250,8 @@ def write_report(paths, profile, timings: dict) -> Path:
     lines = [
         "# llava-norm demo report", "",
         f"Profile `{profile.name}`, seed {SEED}: arms `{BASELINE}` and `{ALIGNED}`, one training run each, written "
-        f"{datetime.datetime.now():%Y-%m-%d %H:%M}. Everything below was measured by this run.", "",
+        f"{datetime.datetime.now():%Y-%m-%d %H:%M}. Everything below was measured by the steps it lists under "
+        "Time, each on the machine listed under Machine.", "",
         *_summary(claims, marks),
         "## Figures", "",
         "### Norms at the interface", "", "![interface norms](diagnostics/interface_norms.png)", "",
@@ -241,10 +259,12 @@ def write_report(paths, profile, timings: dict) -> Path:
         "### Arm deltas with 95% intervals", "", "![forest plot](forest.png)", "",
         "### Training curves", "", "![training curves](training.png)", "",
         "## Mini benchmarks", "",
-        "Headline in percent, with a 95% bootstrap interval over items (MMBench: over questions). Against "
+        "Headline in percent, with a 95% bootstrap interval over items (MMBench: over questions); the intervals "
+        "leave out training-run variation, which at this scale is as large. Against "
         "guessing: an exact test of the items right (p < 0.01: above chance; p < 0.05: borderline); the margin "
         "is the 95% Wilson low end of the share right minus guessing's. POPE's F1 is no count of items right, so "
-        "its test counts its answers right (accuracy, chance 50%).", "",
+        "its test counts its answers right (accuracy, chance 50%). Above chance means beating uniform guessing, "
+        "not seeing the image. Free-form answers (OCRBench) have no guess to beat and are not tested.", "",
         f"| benchmark | chance | {' | '.join(f'`{arm}`' for arm in ARMS)} |", "|---|---|" + "---|" * len(ARMS),
         *[f"| {marks.labels[n]} | {marks.scores[n][BASELINE].chance_level:.1f} | "
           + " | ".join(f"{marks.scores[n][arm].interval.format()}: {marks.scores[n][arm].describe()}" for arm in ARMS)
@@ -255,11 +275,11 @@ def write_report(paths, profile, timings: dict) -> Path:
         "| benchmark | delta [95% interval], p | verdict |", "|---|---|---|",
         *[f"| {marks.labels[n]} | {marks.deltas[n].format()} | {marks.deltas[n].verdict} |" for n in names],
         *_continuation(paths, marks),
-        "", "## Machine", "", *machine(profile.threads), "",
+        "", "## Machine", "", *machine(fresh), "",
         "## Time", "",
-        f"Last run that computed anything: {fresh['total_s'] / 60:.1f} min wall.", "",
-        "| step | status | seconds |", "|---|---|---|",
-        *[f"| {s['step']} | {s['status']} | {s['seconds']} |" for s in fresh["steps"]], "",
+        f"Each step's last computation: {fresh['total_s'] / 60:.1f} min in all.", "",
+        "| step | seconds |", "|---|---|",
+        *[f"| {s['step']} | {s['seconds']} |" for s in fresh["steps"]], "",
         "## Training", "",
         "| backbone warm-up | held-out loss before → after |", "|---|---|",
         *[f"| {name} | {e['before']['loss']:.3f} → {e['after']['loss']:.3f} |"
@@ -267,7 +287,7 @@ def write_report(paths, profile, timings: dict) -> Path:
         "", "| arm | stage 1 loss | stage 2 loss |", "|---|---|---|",
         *[f"| {arm} | {_losses(curves['stage 1'][arm])} | {_losses(curves['stage 2'][arm])} |" for arm in ARMS], "",
     ]
-    _write_verdicts(demo / VERDICTS, claims, marks)
+    _write_verdicts(demo / VERDICTS, claims, marks, fresh)
     body = (diag / DIAGNOSTICS_MD).read_text().splitlines()  # written by the diagnostics step
     # nest its headings one level; its links are relative to diagnostics/, REPORT.md's to demo/
     lines += ["#" + line if line.startswith("#") else re.sub(r"\]\((?!https?:)", "](diagnostics/", line)

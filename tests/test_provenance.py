@@ -112,3 +112,19 @@ def test_training_record_separates_settings_inputs_and_operational_keys(tmp_path
     rows = json.loads(data.read_text())
     data.write_text(json.dumps(rows[:-1]))
     assert [d.split(" (")[0] for d in differences(reference, record())] == ["input data.mixture.0.path changed"]
+
+
+def test_the_code_version_covers_the_projects_sibling_packages():
+    """The demo's guest wing is code that makes results too: a change to it changes the recorded
+    source digest, like a change to the core."""
+    from llava_norm.provenance import PACKAGE, source_digest, source_packages
+
+    assert {p.name for p in source_packages()} >= {"llava_norm", "llava_norm_demo"}
+    before = source_digest()
+    probe = PACKAGE.parent / "llava_norm_demo" / "_digest_probe.py"
+    try:
+        probe.write_text("X = 1\n")
+        assert source_digest() != before
+    finally:
+        probe.unlink()
+    assert source_digest() == before
