@@ -96,7 +96,6 @@ def diagnostics_step(paths, profile, code_counts: bool = False) -> Step:
     return recorded_step("diagnostics", out, expected, run, code_counts)
 
 
-
 def _curves(paths) -> dict[str, dict[str, list[tuple[int, float]]]]:
     curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for stage in (1, 2):
