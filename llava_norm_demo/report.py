@@ -168,6 +168,12 @@ def benchmarks(paths) -> Benchmarks:
                       {name: delta(by[BASELINE], by[ALIGNED]) for name, by in units.items()})
 
 
+def _yes_share(units: Units) -> str:
+    """POPE: how often the model says "yes" (column 1 of its unit rows), without which its F1
+    cannot be read: always answering "yes" scores 66.7."""
+    return f"; says yes to {100 * units.rows[:, 1].mean():.0f}%" if units.benchmark == "pope" else ""
+
+
 def _continuation(paths, marks: Benchmarks) -> list[str]:
     """MMLU's answer texts against its letters, for the same questions and models."""
     files = {arm: paths.demo / "diagnostics" / CONTINUATION / arm / "mmlu.json" for arm in ARMS}
@@ -266,7 +272,8 @@ def write_report(paths, profile, timings: dict) -> Path:
         "not seeing the image. Free-form answers (OCRBench) have no guess to beat and are not tested.", "",
         f"| benchmark | chance | {' | '.join(f'`{arm}`' for arm in ARMS)} |", "|---|---|" + "---|" * len(ARMS),
         *[f"| {marks.labels[n]} | {marks.scores[n][BASELINE].chance_level:.1f} | "
-          + " | ".join(f"{marks.scores[n][arm].interval.format()}: {marks.scores[n][arm].describe()}" for arm in ARMS)
+          + " | ".join(f"{marks.scores[n][arm].interval.format()}: {marks.scores[n][arm].describe()}"
+                       f"{_yes_share(marks.units[n][arm])}" for arm in ARMS)
           + " |" for n in names],
         "", f"## Arm deltas: `{ALIGNED}` − `{BASELINE}`", "",
         "Paired bootstrap over the same items, one training seed per arm: an interval that covers 0 is no "

@@ -49,6 +49,7 @@ def test_smoke_demo_writes_the_report_then_reuses_every_step(tmp_path):
     assert len(rows) == 9 and all(re.search(r"\d+\.\d \[\d+\.\d, \d+\.\d\]", r) for r in rows)
     # free-form answers have no guess to beat: no verdict against guessing is claimed
     assert "not tested against guessing" in next(r for r in rows if r.startswith("| OCRBench"))
+    assert next(r for r in rows if r.startswith("| POPE")).count("says yes to") == 2  # F1 is unreadable without it
     deltas = report[report.index("\n## Arm deltas"):]
     assert sum(v in deltas for v in ("no detectable difference", "| higher |", "| lower |")) >= 1
     machine = report[report.index("\n## Machine"):report.index("\n## Time")]
