@@ -149,10 +149,10 @@ def environment() -> dict:
         except metadata.PackageNotFoundError:
             versions[name] = None
     return {"commit": commit, "dirty": bool(status) if commit else None, "source": source_digest(),
-            "libraries": versions, "cpu_kernels": _cpu_kernels()}
+            "libraries": versions, "cpu_kernels": cpu_kernels()}
 
 
-def _cpu_kernels() -> str:
+def cpu_kernels() -> str:
     """The float-kernel level torch dispatches to on this CPU (AVX512, AVX2, ...): CPU results
     differ in their last bits from one level to another, so a run carries it like a version."""
     import torch  # lazy: only the record needs it, and this layer is otherwise torch-free

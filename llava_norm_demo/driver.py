@@ -27,7 +27,7 @@ from pathlib import Path
 from llava_norm_demo.report import ARMS, SEED, diagnostics_step, write_report
 from llava_norm_demo.tiny import TinySizes, make_tiny
 from llava_norm.pipeline import REPO, PipelineConfig, Step, arm_steps, recorded_step, run_steps
-from llava_norm.provenance import Record, make_record
+from llava_norm.provenance import Record, cpu_kernels, make_record
 from llava_norm_demo.synth import build_world
 from llava_norm_demo.synth.benchmarks import FOLDER as BENCHMARK_FOLDER
 from llava_norm_demo.synth.build import CORPUS_PATHS, IMAGE_FOLDER, MANIFEST
@@ -179,7 +179,7 @@ def machine_facts(threads: int) -> dict:
     names = [line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
              if line.startswith("model name")] if info.is_file() else []
     return {"cpu": names[0] if names else platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "cpu_kernels": torch.backends.cpu.get_cpu_capability(), "threads": threads,
+            "cpu_kernels": cpu_kernels(), "threads": threads,
             "warmup_threads": torch.get_num_threads()}
 
 

@@ -33,7 +33,7 @@ from llava_norm.provenance import Record, environment, make_record
 from llava_norm.stats import Delta
 from llava_norm.train.rundir import SUMMARY as TRAIN_SUMMARY
 from llava_norm_demo.synth.build import CORPUS_PATHS, MANIFEST
-from llava_norm_demo.verdicts import Claim, Score, delta, mechanism_claims, score
+from llava_norm_demo.verdicts import Claim, Score, delta, load_json, mechanism_claims, score
 from llava_norm_demo.warmup.run import REPORT as WARMUP_REPORT
 
 BASELINE, ALIGNED = "none", "ln_textnorm_gwc"  # the demo's arms: no alignment; text-norm + GWC
@@ -51,7 +51,6 @@ def _fresh_aligned_build(paths, out_dir: Path) -> Path:
     """The text-norm + GWC arm as stage 1 starts it (warmed backbones, new projector and norm
     layer, seeded), saved so the interface analysis can read it like any checkpoint."""
     import torch
-
 
     torch.manual_seed(SEED)  # rebuilt every time (a second): the warmed backbones may have changed
     build_model(ModelSpec(str(paths.warm / "siglip"), str(paths.warm / "llama"), norm_alignment=ALIGNED)).save(out_dir)
@@ -100,29 +99,21 @@ def _curves(paths) -> dict[str, dict[str, list[tuple[int, float]]]]:
     curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for stage in (1, 2):
         for arm in ARMS:
-            summary = _load(paths.run(arm, stage) / TRAIN_SUMMARY) or {}
+            summary = load_json(paths.run(arm, stage) / TRAIN_SUMMARY) or {}
             history = summary.get("log_history", [])
             curves.setdefault(f"stage {stage}", {})[arm] = [(e["step"], e["loss"]) for e in history
                                                             if "loss" in e and "step" in e]
     return curves
 
 
-def _load(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def _losses(points: list[tuple[int, float]]) -> str:
     return f"{points[0][1]:.3f} → {points[-1][1]:.3f} ({points[-1][0]} steps)" if points else "-"
 
 
-def machine(fresh: dict) -> list[str]:
+def machine(fresh: dict, env: dict) -> list[str]:
     """Where the numbers came from, per step as it was computed (a reused step keeps the
     machine that computed it): float kernels differ by CPU and thread count, so the last digits
-    of every number do too (the verdicts do not; README)."""
-    import deepspeed
-    import torch
-    import transformers
-
+    of every number do too (the verdicts do not; README). ``env``: this report's ``environment()``."""
     seen: dict[str, list[str]] = {}
     for step in fresh["steps"]:
         facts = step.get("machine")
@@ -133,15 +124,16 @@ def machine(fresh: dict) -> list[str]:
             seen.setdefault(key, []).append(step["step"])
     lines = [f"- {key}." for key in seen] if len(seen) == 1 else \
         [f"- **Mixed machines**: {key}: {', '.join(steps)}." for key, steps in seen.items()]
-    return lines + [f"- Versions (this report): Python {platform.python_version()}, torch {torch.__version__}, "
-                    f"transformers {transformers.__version__}, deepspeed {deepspeed.__version__}, numpy "
+    libraries = env["libraries"]
+    return lines + [f"- Versions (this report): Python {platform.python_version()}, torch {libraries['torch']}, "
+                    f"transformers {libraries['transformers']}, deepspeed {libraries['deepspeed']}, numpy "
                     f"{np.__version__}; {platform.platform()}. Each step's own record is its `provenance.json`."]
 
 
 def merged_timings(demo: Path, timings: dict) -> dict:
     """Each step's last computed time and machine: a step reused now keeps the entry of the run
     that computed it (``timings_fresh.json``)."""
-    previous = {s["step"]: s for s in (_load(demo / "timings_fresh.json") or {"steps": []})["steps"]}
+    previous = {s["step"]: s for s in (load_json(demo / "timings_fresh.json") or {"steps": []})["steps"]}
     steps = [s if s["status"] == "done" or s["step"] not in previous else previous[s["step"]]
              for s in timings["steps"]]
     fresh = {"profile": timings["profile"], "total_s": sum(s["seconds"] for s in steps), "steps": steps}
@@ -195,6 +187,14 @@ def _cells(*cells: str) -> str:
     return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
 
+def _by_verdict(verdicts: dict[str, str]) -> str:
+    """``"above chance on 2 (AI2D, HellaSwag); ..."`` from label -> verdict."""
+    groups: dict[str, list[str]] = {}
+    for label, verdict in verdicts.items():
+        groups.setdefault(verdict, []).append(label)
+    return "; ".join(f"{verdict} on {len(labels)} ({', '.join(labels)})" for verdict, labels in sorted(groups.items()))
+
+
 def _summary(claims: list[Claim], marks: Benchmarks) -> list[str]:
     held = sum(c.held for c in claims)
     lines = ["## Summary", "",
@@ -205,24 +205,16 @@ def _summary(claims: list[Claim], marks: Benchmarks) -> list[str]:
              *[_cells(c.text, c.where, "by construction" if c.by_construction else "trained", c.measured,
                       c.threshold, f"{'**held**' if c.held else '**NOT held**'}, {c.margin}") for c in claims], ""]
     for arm in ARMS:
-        groups: dict[str, list[str]] = {}
-        for name, by in marks.scores.items():
-            groups.setdefault(by[arm].above, []).append(marks.labels[name])
         lines.append(f"- **`{arm}` against guessing** (9 mini benchmarks, one training seed): "
-                     + "; ".join(f"{verdict} on {len(names)} ({', '.join(names)})" for verdict, names in
-                                 sorted(groups.items())) + ".")
-    groups = {}
-    for name, d in marks.deltas.items():
-        groups.setdefault(d.verdict, []).append(marks.labels[name])
+                     + _by_verdict({marks.labels[n]: by[arm].above for n, by in marks.scores.items()}) + ".")
     lines += [f"- **`{ALIGNED}` against `{BASELINE}`** (paired bootstrap over items, one training seed per arm): "
-              + "; ".join(f"{verdict} on {len(names)} ({', '.join(names)})" for verdict, names in
-                          sorted(groups.items())) + ". Higher or lower means outside item noise only: one "
-              "training seed per arm cannot tell an arm effect from training-run noise, which here is as large "
-              "(README, \"What the tiny demo shows\").", ""]
+              + _by_verdict({marks.labels[n]: d.verdict for n, d in marks.deltas.items()})
+              + ". Higher or lower means outside item noise only: one training seed per arm cannot tell an arm "
+              "effect from training-run noise, which here is as large (README, \"What the tiny demo shows\").", ""]
     return lines
 
 
-def _write_verdicts(path: Path, claims: list[Claim], marks: Benchmarks, fresh: dict) -> None:
+def _write_verdicts(path: Path, claims: list[Claim], marks: Benchmarks, fresh: dict, env: dict) -> None:
     """Every verdict of the report in one JSON file, so two runs (two machines, two thread
     settings) can be compared verdict by verdict."""
     verdicts = {
@@ -232,15 +224,15 @@ def _write_verdicts(path: Path, claims: list[Claim], marks: Benchmarks, fresh: d
                              for name, by in marks.scores.items()},
         "deltas": {name: {"verdict": d.verdict, "delta": d.format()} for name, d in marks.deltas.items()},
         "machines": {s["step"]: s.get("machine") for s in fresh["steps"]},  # as each step was computed
-        "environment": environment(),
+        "environment": env,
     }
     path.write_text(json.dumps(verdicts, indent=1) + "\n")
 
 
 def write_report(paths, profile, timings: dict) -> Path:
     demo, diag = paths.demo, paths.demo / "diagnostics"
-    fresh = merged_timings(demo, timings)
-    warm = _load(paths.warm / WARMUP_REPORT) or {"backbones": {}}
+    fresh, env = merged_timings(demo, timings), environment()
+    warm = load_json(paths.warm / WARMUP_REPORT) or {"backbones": {}}
     claims = mechanism_claims(diag, BASELINE, ALIGNED, INIT_LABEL)
     marks = benchmarks(paths)
     names = list(marks.deltas)
@@ -281,7 +273,7 @@ def write_report(paths, profile, timings: dict) -> Path:
         "| benchmark | delta [95% interval], p | verdict |", "|---|---|---|",
         *[f"| {marks.labels[n]} | {marks.deltas[n].format()} | {marks.deltas[n].verdict} |" for n in names],
         *_continuation(paths, marks),
-        "", "## Machine", "", *machine(fresh), "",
+        "", "## Machine", "", *machine(fresh, env), "",
         "## Time", "",
         f"Each step's last computation: {fresh['total_s'] / 60:.1f} min in all.", "",
         "| step | seconds |", "|---|---|",
@@ -293,7 +285,7 @@ def write_report(paths, profile, timings: dict) -> Path:
         "", "| arm | stage 1 loss | stage 2 loss |", "|---|---|---|",
         *[f"| {arm} | {_losses(curves['stage 1'][arm])} | {_losses(curves['stage 2'][arm])} |" for arm in ARMS], "",
     ]
-    _write_verdicts(demo / VERDICTS, claims, marks, fresh)
+    _write_verdicts(demo / VERDICTS, claims, marks, fresh, env)
     body = (diag / DIAGNOSTICS_MD).read_text().splitlines()  # written by the diagnostics step
     # nest its headings one level; its links are relative to diagnostics/, REPORT.md's to demo/
     lines += ["#" + line if line.startswith("#") else re.sub(r"\]\((?!https?:)", "](diagnostics/", line)

@@ -33,7 +33,8 @@ class Claim:
     by_construction: bool = False  # holds by how the arm is built: it checks the code, not training
 
 
-def _load(path: Path) -> dict | None:
+def load_json(path: Path) -> dict | None:
+    """A JSON file the demo wrote, or None where it does not exist (yet)."""
     return json.loads(path.read_text()) if path.is_file() else None
 
 
@@ -57,28 +58,27 @@ def _claim(text: str, where: str, value: float, threshold: float, unit: str, mea
 def mechanism_claims(diag: Path, baseline: str, aligned: str, init_label: str) -> list[Claim]:
     """The mechanism, from the diagnostics' JSON files (missing files give no claim)."""
     claims = []
-    interface = _load(diag / "interface_norms.json")
+    interface = load_json(diag / "interface_norms.json")
     if interface:
         rows = {r["label"]: r for r in interface["rows"]}
         init, base, gwc = rows.get(init_label), rows.get(f"{baseline} stage 1"), rows.get(f"{aligned} stage 1")
+        base_ratio = base["projector_output"]["mean"] / base["text_norm_T"] if base else None
         if base:
-            ratio = base["projector_output"]["mean"] / base["text_norm_T"]
             claims.append(_claim("Without alignment, visual tokens enter the LLM far above the text norm T",
-                                 "Tables 1-2", ratio, 2, "× T", f"{ratio:.1f}× T after stage 1"))
+                                 "Tables 1-2", base_ratio, 2, "× T", f"{base_ratio:.1f}× T after stage 1"))
         if init:
             error = abs(init["norm_output"]["mean"] / init["text_norm_T"] - 1)
             claims.append(_claim("The text-norm init puts visual tokens at norm T", "Sec. 4 (init)", error, 0.01,
                                  "", f"|norm / T - 1| = {error:.1e} at initialisation", above=False,
                                  by_construction=True))
         if base and gwc:
-            base_ratio = base["projector_output"]["mean"] / base["text_norm_T"]
             gwc_ratio = gwc["norm_output"]["mean"] / gwc["text_norm_T"]
             factor = base_ratio / gwc_ratio
             claims.append(_claim("The norm layer keeps visual tokens within a small factor of T, far closer "
                                  "than without it",
                                  "Tables 1-2", factor, 2, "×",
                                  f"{gwc_ratio:.2f}× T with it, {base_ratio:.1f}× T without (after stage 1)"))
-    layers = _load(diag / "layers.json")
+    layers = load_json(diag / "layers.json")
     if layers:
         cos = {c["label"]: {g: sum(c[g]["cosine"]) / len(c[g]["cosine"]) for g in ("image", "text") if c[g]["cosine"]}
                for c in layers["curves"]}
@@ -92,7 +92,7 @@ def mechanism_claims(diag: Path, baseline: str, aligned: str, init_label: str) -
             claims.append(_claim("With the norm layer, image tokens are updated more", "Fig. 4", gap, 0.05, "",
                                  f"image cosine {cos[aligned]['image']:.2f} with it, {cos[baseline]['image']:.2f} "
                                  "without (final models)"))
-    flow = _load(diag / "gradient_flow.json")
+    flow = load_json(diag / "gradient_flow.json")
     check = (flow or {}).get("gwc_check") or {}
     observed = check.get("observed_ratio", {}).get("projector_linears")
     predicted = check.get("predicted_ratio_mean_abs_g")
@@ -101,7 +101,7 @@ def mechanism_claims(diag: Path, baseline: str, aligned: str, init_label: str) -
         claims.append(_claim("Without GWC the projector's gradient shrinks by mean|g| (what GWC compensates)",
                              "Eq. (GWC)", error, 1e-3, "", f"ratio {observed:.4g}, mean|g| {predicted:.4g} "
                              f"(relative error {error:.1e})", above=False, by_construction=True))
-    gains = _load(diag / "gain_stats.json")
+    gains = load_json(diag / "gain_stats.json")
     first = next((r for r in (gains or {}).get("rows", []) if r.get("gain_abs_mean") is not None), None)
     if first:
         growth = first["gain_abs_mean"] / first["text_norm_init_abs_mean"] - 1
@@ -117,9 +117,17 @@ class Score:
 
     interval: Interval  # headline in percent, 95% bootstrap interval over units
     chance: ChanceVerdict  # exact test of the units right against guessing
-    chance_level: float  # percent of units guessing gets right
-    above: str  # "above chance" | "borderline" | "not above chance"
-    margin: float  # points: the Wilson 95% low end of the share right minus chance
+    above: str  # "above chance" | "borderline" | "not above chance" | UNTESTED
+
+    @property
+    def chance_level(self) -> float:
+        """Percent of units guessing gets right."""
+        return 100 * self.chance.chance
+
+    @property
+    def margin(self) -> float:
+        """Points: the Wilson 95% low end of the share right minus chance."""
+        return 100 * self.chance.margin
 
     def describe(self) -> str:
         if self.above == UNTESTED:
@@ -134,7 +142,7 @@ def score(units: Units, seed: int = 0) -> Score:
     # Free-form answers have no uniform guess to beat (a fixed reply can still match items whose
     # answer it names), so no verdict is claimed against guessing.
     verdict = UNTESTED if not units.chances.any() else test.verdict
-    return Score(interval, test, 100 * test.chance, verdict, 100 * test.margin)
+    return Score(interval, test, verdict)
 
 
 def delta(base: Units, other: Units, seed: int = 0) -> Delta:

@@ -69,6 +69,7 @@ def measure_gradients(bundle, batch: dict) -> dict:
         loss.backward()
     finally:
         handle.remove()
+    own = list(projector.norm.parameters()) if projector.norm is not None else []
     norms = {
         "projector_output": float(captured["grad"].norm()),
         "projector_linear_1": _grad_norm(projector.linear_1.parameters()),
@@ -76,8 +77,7 @@ def measure_gradients(bundle, batch: dict) -> dict:
         "projector_linears": _grad_norm([p for n, p in projector.named_parameters() if not n.startswith("norm.")]),
         "vision_tower": _grad_norm(model.model.vision_tower.parameters()),
         # the alignment layer's own parameters: a gain (norm arms), a scalar (scale_learned), or none
-        "norm_gain": _grad_norm(list(projector.norm.parameters())) if projector.norm is not None
-        and any(True for _ in projector.norm.parameters()) else None,
+        "norm_gain": _grad_norm(own) if own else None,
         "language_model": _grad_norm(model.model.language_model.parameters()),
     }
     stats = projector.norm.gain_statistics() if projector.norm is not None else None
