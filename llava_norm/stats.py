@@ -155,8 +155,12 @@ def seed_paired_bootstrap(pairs, statistic: Statistic, *, level: float = 0.95, r
 
     Hierarchical bootstrap: draw seeds with replacement, then units within each drawn seed
     (paired within the seed); the delta is the mean over drawn seeds. With one seed this is the
-    paired bootstrap. With 2-3 seeds the seed level can only show the spread those seeds happen
-    to have, so the interval is a floor on the real uncertainty, not a generous bound."""
+    paired bootstrap. With 2-3 seeds a bootstrap of the seed level can only show the spread
+    those seeds happen to have, and under-covers where seeds differ more than items do (a 95%
+    interval held the truth 77% of the time with 3 seeds in tests/test_stats.py's setting). So
+    with several seeds the interval is widened to hold Student's t interval of the per-seed
+    deltas (df = seeds - 1), and the p-value is the larger of the two: nominal when either
+    level dominates, conservative in between."""
     pairs = [(_as_rows(a), _as_rows(b)) for a, b in pairs]
     if not pairs:
         raise ValueError("no seeds given")
@@ -173,8 +177,34 @@ def seed_paired_bootstrap(pairs, statistic: Statistic, *, level: float = 0.95, r
     # identical arms give p = 1.
     side = min(int(np.sum(deltas <= 0)), int(np.sum(deltas >= 0)))
     p_value = min(1.0, 2 * (side + 1) / (resamples + 1))
-    estimate = float(np.mean([statistic(b) - statistic(a) for a, b in pairs]))
+    per_seed = np.array([statistic(b) - statistic(a) for a, b in pairs])
+    estimate = float(per_seed.mean())
+    if len(pairs) > 1:
+        t_interval = mean_over_seeds(per_seed, level)
+        low, high = min(low, t_interval.low), max(high, t_interval.high)
+        spread = float(per_seed.std(ddof=1))
+        t_p = t_two_sided_p(estimate / (spread / math.sqrt(len(pairs))), len(pairs) - 1) if spread > 0 else float(
+            estimate == 0)
+        p_value = max(p_value, t_p)
     return Delta(estimate, float(low), float(high), p_value, level, n, len(pairs))
+
+
+def _t_central(theta: float, nu: int) -> float:
+    """P(|T| <= sqrt(nu) tan(theta)) for Student's t with integer ``nu``: a series in cos^2."""
+    even = nu % 2 == 0
+    c2, s = math.cos(theta) ** 2, math.sin(theta)
+    term = total = 1.0 if even else math.cos(theta) if nu > 1 else 0.0
+    for j in range(1, nu // 2):
+        term *= c2 * (2 * j - even) / (2 * j + 1 - even)
+        total += term
+    return s * total if even else 2 / math.pi * (theta + s * total)
+
+
+def t_two_sided_p(t: float, df: int) -> float:
+    """Two-sided p-value of a t statistic with integer ``df``: P(|T| >= |t|)."""
+    if df != int(df) or df < 1:
+        raise ValueError(f"df must be a positive integer, got {df}")
+    return max(0.0, 1.0 - _t_central(math.atan(abs(t) / math.sqrt(df)), int(df)))
 
 
 def t_quantile(prob: float, df: float) -> float:
@@ -198,20 +228,10 @@ def t_quantile(prob: float, df: float) -> float:
         return (z + z * (z2 + 1) / (4 * nu) + z * ((5 * z2 + 16) * z2 + 3) / (96 * nu**2)
                 + z * (((3 * z2 + 19) * z2 + 17) * z2 - 15) / (384 * nu**3))
 
-    even = nu % 2 == 0
-
-    def two_sided(theta: float) -> float:  # P(|T| <= sqrt(nu) tan(theta)): a series in cos^2
-        c2, s = math.cos(theta) ** 2, math.sin(theta)
-        term = total = 1.0 if even else math.cos(theta) if nu > 1 else 0.0
-        for j in range(1, nu // 2):
-            term *= c2 * (2 * j - even) / (2 * j + 1 - even)
-            total += term
-        return s * total if even else 2 / math.pi * (theta + s * total)
-
     target, lo, hi = 2 * prob - 1, 0.0, math.pi / 2
     for _ in range(80):  # the CDF rises monotonically in theta; 80 halvings reach float precision
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if two_sided(mid) < target else (lo, mid)
+        lo, hi = (mid, hi) if _t_central(mid, nu) < target else (lo, mid)
     return math.sqrt(nu) * math.tan((lo + hi) / 2)
 
 
