@@ -1,11 +1,12 @@
 """Tiny, randomly initialised backbones that follow the real ones' formats (``llava-norm make-tiny``).
 
-Owns: locally trained byte-level BPE tokenizers with the real Llama-3.2-Instruct and
-Qwen2.5-Instruct special tokens, pre-tokenizer regexes and chat-template text formats; tiny
-SigLIP and CLIP dual encoders (their vision towers are what LLaVA uses, the text towers let
-the demo warm them up contrastively); tiny Llama and Qwen2 causal LMs. Everything is saved in
-Hugging Face format so the rest of the project loads it through ``from_pretrained``, exactly
-as it loads hub ids on a cluster.
+Owns: locally trained byte-level BPE tokenizers with the real Llama-3.2-Instruct, Qwen2.5-Instruct
+and Qwen3 special and added tokens, pre-tokenizer regexes and chat templates (Qwen3's is the real
+one, thinking tags included); tiny SigLIP and CLIP dual encoders (their vision towers are what
+LLaVA uses, the text towers let the demo warm them up contrastively); tiny Llama, Qwen2 and Qwen3
+causal LMs. Everything is saved in Hugging Face format so the rest of the project loads it
+through ``from_pretrained``, exactly as it loads hub ids on a cluster. The demo's pipeline runs on
+the Llama; the Qwen2 and Qwen3 LMs let the tests run those configs' code paths.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
     SiglipConfig,
     SiglipImageProcessorPil,
     SiglipModel,
@@ -53,6 +56,9 @@ QWEN25_SPECIAL = [
 # Added but not special in Qwen2.5 (they are plain added tokens there).
 QWEN25_ADDED = ["<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
                 "<|repo_name|>", "<|file_sep|>"]
+# Qwen3 keeps Qwen2.5's special and added tokens and adds these four plain added tokens; the chat
+# template writes <think>/</think>, so each must be one token, as in the real vocabulary.
+QWEN3_ADDED = QWEN25_ADDED + ["<tool_response>", "</tool_response>", "<think>", "</think>"]
 
 
 @dataclass(frozen=True)
@@ -137,15 +143,24 @@ def make_llama3_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedToken
     )
 
 
-def make_qwen25_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+def _qwen_tokenizer(corpus: list[str], vocab_size: int, added: list[str], template: str) -> PreTrainedTokenizerFast:
+    """Qwen2.5 and Qwen3 share the split regex, special tokens, eos, pad and the lack of a bos."""
     tok = train_bpe_tokenizer(corpus, QWEN2_SPLIT, vocab_size)
     tok.add_special_tokens(QWEN25_SPECIAL)
-    tok.add_tokens(QWEN25_ADDED)
+    tok.add_tokens(added)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        additional_special_tokens=QWEN25_SPECIAL[1:], chat_template=_template("qwen2_5_instruct.jinja"),
+        additional_special_tokens=QWEN25_SPECIAL[1:], chat_template=_template(template),
         model_max_length=131072, clean_up_tokenization_spaces=False, errors="replace",
     )
+
+
+def make_qwen25_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    return _qwen_tokenizer(corpus, vocab_size, QWEN25_ADDED, "qwen2_5_instruct.jinja")
+
+
+def make_qwen3_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    return _qwen_tokenizer(corpus, vocab_size, QWEN3_ADDED, "qwen3.jinja")
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -179,6 +194,24 @@ def make_tiny_qwen2(tokenizer, sizes: TinySizes) -> Qwen2ForCausalLM:
     return model
 
 
+def make_tiny_qwen3(tokenizer, sizes: TinySizes) -> Qwen3ForCausalLM:
+    """Qwen3-8B style: untied embeddings, no qkv bias, per-head q/k RMSNorm, vocab padded past the
+    tokenizer with zero rows. head_dim is a key of its own in Qwen3 (128 in every size), not
+    hidden / heads; the tiny one differs from hidden / heads (32 against 24) so code that derives
+    it from the hidden size fails here."""
+    config = Qwen3Config(
+        vocab_size=_round_up(len(tokenizer) + 1, 64), **sizes.text.config(), head_dim=32,
+        max_position_embeddings=sizes.max_positions, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=[tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")],
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+    model = Qwen3ForCausalLM(config)
+    with torch.no_grad():  # as make_tiny_qwen2: zero padding rows, which T must ignore
+        model.get_input_embeddings().weight[len(tokenizer):] = 0
+    return model
+
+
 def _vision_kwargs(sizes: TinySizes) -> dict:
     return dict(**sizes.vision.config(), image_size=sizes.image_size, patch_size=sizes.patch_size)
 
@@ -204,12 +237,19 @@ def make_tiny_clip(sizes: TinySizes, tokenizer) -> tuple[CLIPModel, CLIPImagePro
     return CLIPModel(config), processor
 
 
-TINY_BACKBONES = ("siglip", "clip", "llama", "qwen2")
+TINY_BACKBONES = ("siglip", "clip", "llama", "qwen2", "qwen3")
+
+
+def _save_lm(model, tokenizer, path: Path) -> None:
+    model.generation_config = GenerationConfig(
+        bos_token_id=model.config.bos_token_id, eos_token_id=model.config.eos_token_id, do_sample=False)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
 
 
 def make_tiny(out_dir: str | Path, seed: int = 0, sizes: TinySizes = TinySizes(),
               corpus: list[str] | None = None) -> dict[str, Path]:
-    """Write the four tiny backbones under ``out_dir/{siglip,clip,llama,qwen2}``; returns their paths."""
+    """Write the tiny backbones under ``out_dir/<name>`` for each name in TINY_BACKBONES; returns their paths."""
     out = Path(out_dir)
     corpus = corpus if corpus is not None else builtin_corpus(seed)
     paths = {name: out / name for name in TINY_BACKBONES}
@@ -220,11 +260,7 @@ def make_tiny(out_dir: str | Path, seed: int = 0, sizes: TinySizes = TinySizes()
     for name, make_lm in (("llama", make_tiny_llama), ("qwen2", make_tiny_qwen2)):
         torch.manual_seed(seed)
         tokenizer = tokenizers[name]
-        model = make_lm(tokenizer, sizes)
-        model.generation_config = GenerationConfig(
-            bos_token_id=model.config.bos_token_id, eos_token_id=model.config.eos_token_id, do_sample=False)
-        model.save_pretrained(paths[name])
-        tokenizer.save_pretrained(paths[name])
+        _save_lm(make_lm(tokenizer, sizes), tokenizer, paths[name])
     # The dual encoders' text towers reuse the Llama-format tokenizer (the demo's contrastive warm-up).
     for name, make_tower in (("siglip", make_tiny_siglip), ("clip", make_tiny_clip)):
         torch.manual_seed(seed)
@@ -232,4 +268,8 @@ def make_tiny(out_dir: str | Path, seed: int = 0, sizes: TinySizes = TinySizes()
         model.save_pretrained(paths[name])
         processor.save_pretrained(paths[name])
         tokenizers["llama"].save_pretrained(paths[name])
+    # Last and seeded on its own, so adding it left the other backbones' bytes as they were.
+    torch.manual_seed(seed)
+    qwen3_tokenizer = make_qwen3_tokenizer(corpus, sizes.tokenizer_vocab)
+    _save_lm(make_tiny_qwen3(qwen3_tokenizer, sizes), qwen3_tokenizer, paths["qwen3"])
     return paths
