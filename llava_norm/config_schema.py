@@ -49,6 +49,7 @@ class DataSource:
 
 # Llama-3's chat template otherwise stamps today's date into every system header, so the same
 # sample would tokenise differently from day to day; this is the date the template falls back to.
+# Templates ignore the keys they do not read, so one default serves every backbone.
 TEMPLATE_KWARGS = {"date_string": "26 Jul 2024"}
 
 
@@ -56,7 +57,9 @@ TEMPLATE_KWARGS = {"date_string": "26 Jul 2024"}
 class DataConfig:
     mixture: list[DataSource] = field(default_factory=list)
     prompt_format: str = "chat"  # plain (stage 1) | chat (the tokenizer's own chat template)
-    template_kwargs: dict[str, str] = field(default_factory=lambda: dict(TEMPLATE_KWARGS))
+    # Values keep their YAML type: Qwen3's template tests `enable_thinking is false`, which a
+    # str-typed dict would fail silently (false would arrive as the string "False").
+    template_kwargs: dict[str, Any] = field(default_factory=lambda: dict(TEMPLATE_KWARGS))
     system_prompt: Optional[str] = None
     image_aspect: str = "resize"  # resize | pad (LLaVA-1.5 pad-to-square)
     max_length: int = 2048

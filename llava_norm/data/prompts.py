@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
@@ -41,7 +42,7 @@ IMAGE_PREFIX = f"{IMAGE_PLACEHOLDER}\n"
 @dataclass
 class PromptSettings:
     prompt_format: str = _TRAINING.prompt_format
-    template_kwargs: dict[str, str] = field(default_factory=lambda: dict(DataConfig().template_kwargs))
+    template_kwargs: dict[str, Any] = field(default_factory=lambda: dict(DataConfig().template_kwargs))
     system_prompt: str | None = _TRAINING.system_prompt
     image_aspect: str = _TRAINING.image_aspect
 
