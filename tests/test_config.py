@@ -8,22 +8,28 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from llava_norm.config import CHOICES, RANGES, SCHEDULERS, ConfigError, effective_grad_accum, load_config
-from llava_norm.config_schema import NORM_ARMS
+from llava_norm.config import CHOICES, RANGES, SCHEDULERS, ConfigError, effective_grad_accum, load_config, to_yaml
+from llava_norm.config_schema import NORM_ARMS, TEMPLATE_KWARGS
+from llava_norm.data.prompts import PromptSettings, training_prompt_settings
+from llava_norm.layout import CONFIG_FILE
 from tinydata import write_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 ARMS = list(NORM_ARMS)  # every arm has a config for every backbone
+BACKBONES = ["llama3.2-3b", "qwen2.5-7b", "qwen3-8b", "clip336-llama3.2-3b", "tiny"]
+SIGLIP = "google/siglip-so400m-patch14-384"
+CLIP336 = "openai/clip-vit-large-patch14-336"
 
 
-@pytest.mark.parametrize("backbone", ["llama3.2-3b", "qwen2.5-7b", "tiny"])
+@pytest.mark.parametrize("backbone", BACKBONES)
 @pytest.mark.parametrize("arm", ARMS)
 def test_every_cell_has_both_stages(backbone, arm):
     s1 = load_config(CONFIGS / backbone / arm / "stage1.yaml", check_paths=False)
@@ -37,7 +43,31 @@ def test_every_cell_has_both_stages(backbone, arm):
         assert (s2.optim.lr, s2.optim.lr_vision_tower, s2.train.per_device_batch_size, s2.train.grad_accum,
                 s2.train.global_batch_size) == (1e-5, 2e-6, 1, 4, 128)
         assert s1.optim.warmup_ratio == s2.optim.warmup_ratio == 0.03 and s1.train.seed == 42
-        assert s1.model.vision_tower == "google/siglip-so400m-patch14-384"
+        assert s1.model == replace(s2.model, pretrained_projector=None)  # same backbones in both stages
+    if backbone.startswith("clip336"):
+        # LLaVA-1.5's tower: penultimate layer, CLS dropped ("default"); the LLM of the llama3.2-3b cell.
+        assert (s1.model.vision_tower, s1.model.vision_feature_layer, s1.model.vision_feature_select_strategy) == (
+            CLIP336, -2, "default")
+        assert s1.model.llm == load_config(CONFIGS / "llama3.2-3b" / arm / "stage1.yaml", check_paths=False).model.llm
+    elif backbone != "tiny":
+        assert s1.model.vision_tower == SIGLIP
+
+
+def test_qwen3_thinking_off_survives_as_a_bool(tmp_path):
+    """YAML `enable_thinking: false` must reach the template as False: Qwen3's template tests
+    `enable_thinking is false`, which the string "False" fails without a word."""
+    config = load_config(CONFIGS / "qwen3-8b/none/stage2.yaml", check_paths=False)
+    assert config.model.llm == "Qwen/Qwen3-8B"
+    assert config.data.template_kwargs == {**TEMPLATE_KWARGS, "enable_thinking": False}
+    assert config.data.template_kwargs["enable_thinking"] is False
+    # As evaluation reads it back: the run's config.yaml, then PromptSettings.
+    (tmp_path / CONFIG_FILE).write_text(to_yaml(config))
+    settings = training_prompt_settings(tmp_path / "model")
+    assert settings.template_kwargs["enable_thinking"] is False
+    assert PromptSettings.from_data(config.data.__dict__).template_kwargs["enable_thinking"] is False
+    override = load_config(CONFIGS / "llama3.2-3b/none/stage2.yaml", ["data.template_kwargs.enable_thinking=false"],
+                           check_paths=False)
+    assert override.data.template_kwargs["enable_thinking"] is False
 
 
 def test_global_batch_derives_accumulation(monkeypatch):

@@ -173,7 +173,7 @@ def test_lora_config_errors_name_the_key(overrides, message):
         load_config(path, overrides, check_paths=False)
 
 
-@pytest.mark.parametrize("backbone", ["llama3.2-3b", "qwen2.5-7b", "tiny"])
+@pytest.mark.parametrize("backbone", ["llama3.2-3b", "qwen2.5-7b", "qwen3-8b", "clip336-llama3.2-3b", "tiny"])
 def test_shipped_lora_configs(backbone):
     config = load_config(REPO / f"configs/{backbone}/ln_textnorm_gwc/stage2_lora.yaml", check_paths=False)
     stage2 = load_config(REPO / f"configs/{backbone}/ln_textnorm_gwc/stage2.yaml", check_paths=False)
