@@ -3,13 +3,22 @@
 import random
 
 import pytest
+import torch
+from PIL import Image
+from transformers import AutoImageProcessor
 
 from llava_norm.data.conversation import IGNORE_INDEX, ChatTemplateFormat, ConversationTokenizer, PlainFormat, truncate
+from llava_norm.data.prompts import Prompt, PromptEncoder
 from llava_norm.model.builder import load_tokenizer
 
 WORDS = ["red", "circle", "square", "the", "is", "where", "how many", "A.", "(B)", "yes", "no", "12", "word",
          "\n", "  ", "Answer:", "ÿ", "top left", "option"]
 TEMPLATE_KWARGS = {"date_string": "26 Jul 2024"}
+# What configs/_base/qwen3-8b.yaml passes: thinking off (the generation prompt then holds the empty
+# think block that training samples carry before their last answer).
+QWEN3_KWARGS = {**TEMPLATE_KWARGS, "enable_thinking": False}
+KWARGS = {"llama": TEMPLATE_KWARGS, "qwen2": TEMPLATE_KWARGS, "qwen3": QWEN3_KWARGS}
+THINK = "<think>\n\n</think>\n\n"
 
 
 def _text(rng):
@@ -31,12 +40,16 @@ def _conversation(rng, with_image):
     return messages
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
-def chat(request, tiny_dir):
-    tokenizer = load_tokenizer(str(tiny_dir / request.param))
+def _chat(tiny_dir, llm):
+    tokenizer = load_tokenizer(str(tiny_dir / llm))
     image_id = tokenizer.convert_tokens_to_ids("<image>")
-    fmt = ChatTemplateFormat(tokenizer, TEMPLATE_KWARGS)
+    fmt = ChatTemplateFormat(tokenizer, KWARGS[llm])
     return tokenizer, ConversationTokenizer(tokenizer, fmt, image_id, tokens_per_image=5)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def chat(request, tiny_dir):
+    return _chat(tiny_dir, request.param)
 
 
 def test_chat_masking_property(chat):
@@ -46,7 +59,7 @@ def test_chat_masking_property(chat):
     for case in range(150):
         messages = _conversation(rng, with_image=case % 2 == 0)
         text = encoder.render_text(messages)
-        assert text == tokenizer.apply_chat_template(messages, tokenize=False, **TEMPLATE_KWARGS)
+        assert text == tokenizer.apply_chat_template(messages, tokenize=False, **encoder.format.template_kwargs)
         encoded = encoder.encode(messages)
         # Same ids as tokenising the whole rendered text, once images are expanded.
         whole = tokenizer.encode(text, add_special_tokens=False)
@@ -67,12 +80,12 @@ def test_generation_prompt_matches_template(chat):
     tokenizer, encoder = chat
     messages = [{"role": "user", "content": "<image>\nWhat is this?"}]
     assert encoder.render_text(messages, add_generation_prompt=True) == tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, **TEMPLATE_KWARGS)
+        messages, tokenize=False, add_generation_prompt=True, **encoder.format.template_kwargs)
     assert all(label == IGNORE_INDEX for label in encoder.encode(messages, add_generation_prompt=True).labels)
 
 
 def test_plain_format_supervises_caption_and_separator(tiny_dir):
-    for llm in ("llama", "qwen2"):
+    for llm in ("llama", "qwen2", "qwen3"):
         tokenizer = load_tokenizer(str(tiny_dir / llm))
         image_id = tokenizer.convert_tokens_to_ids("<image>")
         encoder = ConversationTokenizer(tokenizer, PlainFormat(tokenizer), image_id, tokens_per_image=4)
@@ -98,3 +111,70 @@ def test_truncation_keeps_whole_turns_or_skips(chat):
     assert cut.input_ids == encoded.input_ids[:first_end] and cut.labels == encoded.labels[:first_end]
     assert truncate(encoded, first_end - 1) is None
     assert truncate(encoded, len(encoded.input_ids)) is encoded
+
+
+def _supervised(encoded) -> list[int]:
+    return [t for t, label in zip(encoded.input_ids, encoded.labels) if label != IGNORE_INDEX]
+
+
+def _find(ids: list[int], part: list[int]) -> list[int]:
+    return [i for i in range(len(ids) - len(part) + 1) if ids[i:i + len(part)] == part]
+
+
+def test_qwen3_thinking_tags_are_single_plain_added_tokens(tiny_dir):
+    tokenizer = load_tokenizer(str(tiny_dir / "qwen3"))
+    for tag in ("<think>", "</think>", "<tool_response>", "</tool_response>"):
+        ids = tokenizer.encode(tag, add_special_tokens=False)
+        assert tokenizer.convert_ids_to_tokens(ids) == [tag]
+        assert tag not in tokenizer.all_special_tokens  # added, not special, as in Qwen3's vocabulary
+    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == (None, "<|im_end|>", "<|endoftext|>")
+
+
+QWEN3_CONVERSATIONS = {
+    "single": [{"role": "user", "content": "<image>\nWhat colour is the circle?"},
+               {"role": "assistant", "content": "The circle is red."}],
+    "multi": [{"role": "system", "content": "Answer briefly."},
+              {"role": "user", "content": "<image>\nHow many squares?"}, {"role": "assistant", "content": "Two."},
+              {"role": "user", "content": "Where is the star?"}, {"role": "assistant", "content": "Top left."},
+              {"role": "user", "content": "And the circle?"}, {"role": "assistant", "content": "In the middle."}],
+}
+
+
+@pytest.mark.parametrize("name", QWEN3_CONVERSATIONS)
+def test_qwen3_think_block_is_unsupervised_template_text_before_the_last_answer(tiny_dir, name):
+    messages = QWEN3_CONVERSATIONS[name]
+    tokenizer, encoder = _chat(tiny_dir, "qwen3")
+    text = encoder.render_text(messages)
+    assert text == tokenizer.apply_chat_template(messages, tokenize=False, **QWEN3_KWARGS)
+    # Only the last assistant turn carries the (empty) block; earlier ones are rendered without it.
+    assert text.count("<think>") == 1 and text.endswith(f"<|im_start|>assistant\n{THINK}{messages[-1]['content']}"
+                                                        "<|im_end|>\n")
+    encoded = encoder.encode(messages)
+    block = tokenizer.encode(THINK, add_special_tokens=False)
+    (start,) = _find(encoded.input_ids, block)
+    end = start + len(block)
+    assert set(encoded.labels[start:end]) == {IGNORE_INDEX}
+    assert encoded.labels[end] != IGNORE_INDEX  # the answer starts right after the block
+    eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    answers = [m["content"] for m in messages if m["role"] == "assistant"]
+    assert _supervised(encoded) == [t for a in answers for t in tokenizer.encode(a, add_special_tokens=False) + [eot]]
+
+
+@pytest.mark.parametrize("name", QWEN3_CONVERSATIONS)
+def test_qwen3_eval_prompt_is_the_training_prefix(tiny_dir, name):
+    """What the model is asked (thinking off) is token for token the training sample with the same
+    turns, up to where the supervised answer starts: the think block is in both."""
+    *turns, answer = QWEN3_CONVERSATIONS[name]
+    tokenizer, encoder = _chat(tiny_dir, "qwen3")
+    prompts = PromptEncoder(encoder, AutoImageProcessor.from_pretrained(tiny_dir / "siglip"))
+    image = Image.new("RGB", (40, 30), (200, 20, 20))
+    asked = prompts.example(turns, [image], add_generation_prompt=True)
+    trained = prompts.example([*turns, answer], [image])
+    n = len(asked.input_ids)
+    assert trained.input_ids[:n] == asked.input_ids
+    assert trained.labels[n - 1] == IGNORE_INDEX and trained.labels[n] != IGNORE_INDEX
+    assert tokenizer.decode(asked.input_ids).endswith(f"<|im_start|>assistant\n{THINK}")
+    torch.testing.assert_close(asked.pixel_values, trained.pixel_values)
+    if name == "single":  # the Prompt path evaluation uses
+        prompt = Prompt("What colour is the circle?", image)
+        assert prompts.prompt_example(prompt).input_ids == asked.input_ids

@@ -12,7 +12,9 @@ from llava_norm.inference import Predictor, Prompt
 from llava_norm.model.builder import ModelSpec, build_model, load_bundle
 from llava_norm.model.norm_align import text_embedding_norm
 
-PAIRS = [("siglip", "llama"), ("clip", "qwen2")]
+# Each tower with each LLM family at least once: ("clip", "llama") is the clip336-llama3.2-3b cell,
+# ("siglip", "qwen3") the qwen3-8b one.
+PAIRS = [("siglip", "llama"), ("clip", "qwen2"), ("siglip", "qwen3"), ("clip", "llama")]
 
 
 def _bundle(tiny_dir, vision, llm, arm="none", seed=0):
@@ -104,3 +106,59 @@ def test_save_and_reload_through_auto_class(tiny_dir, tmp_path, vision, llm):
         torch.testing.assert_close(reloaded(**inputs).logits, bundle.model.eval()(**inputs).logits, rtol=0, atol=0)
     torch.testing.assert_close(reloaded.norm_layer.weight, bundle.model.norm_layer.weight)
     assert load_bundle(tmp_path).tokenizer.convert_tokens_to_ids("<image>") == reloaded.config.image_token_id
+
+
+@pytest.mark.parametrize("llm", ["qwen2", "qwen3"])
+def test_text_norm_ignores_the_zero_padding_rows(tiny_dir, llm):
+    """Qwen pads its vocabulary past the tokenizer with zero rows; T is the mean norm of the real rows."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    weight = AutoModelForCausalLM.from_pretrained(tiny_dir / llm).get_input_embeddings().weight.detach()
+    real = len(AutoTokenizer.from_pretrained(tiny_dir / llm))
+    assert weight.shape[0] > real and torch.all(weight[real:] == 0)  # the padding rows the check is about
+    T = _bundle(tiny_dir, "siglip", llm, arm="ln_textnorm").model.config.text_norm
+    assert T == pytest.approx(weight[:real].norm(dim=-1).mean().item(), rel=1e-6)
+    assert T > weight.norm(dim=-1).mean().item() * 1.01
+
+
+def test_clip_tower_drops_its_cls_token(tiny_dir):
+    """LLaVA-1.5 with CLIP: the builder sees the CLS token and picks "default", which drops it."""
+    model = _bundle(tiny_dir, "clip", "llama").model
+    config = model.config
+    patches = (config.vision_config.image_size // config.vision_config.patch_size) ** 2
+    assert (config.vision_feature_select_strategy, config.vision_feature_layer) == ("default", -2)
+    assert config.image_seq_length == patches
+    features = model.model.get_image_features(_inputs(model)["pixel_values"]).pooler_output[0]
+    assert features.shape[0] == patches
+
+
+def test_qwen3_stage2_step_learns_only_the_answer(tiny_dir):
+    """A stage-2 sample through the real Qwen3 template (thinking off): the loss is the mean
+    cross-entropy over the answer tokens and <|im_end|> only, and it reaches projector and LLM."""
+    from llava_norm.data.collate import collate
+    from llava_norm.data.conversation import IGNORE_INDEX
+    from llava_norm.data.prompts import PromptEncoder, PromptSettings
+
+    bundle = _bundle(tiny_dir, "siglip", "qwen3", arm="ln_textnorm_gwc")
+    settings = PromptSettings(template_kwargs={"date_string": "26 Jul 2024", "enable_thinking": False})
+    encoder = PromptEncoder.for_bundle(bundle, settings)
+    image = Image.new("RGB", (40, 30), (200, 20, 20))
+    answer = "The circle is red."
+    example = encoder.example([{"role": "user", "content": "<image>\nWhat colour is the circle?"},
+                               {"role": "assistant", "content": answer}], [image])
+    batch = collate([example], bundle.tokenizer.pad_token_id)
+    supervised = batch["labels"][0][batch["labels"][0] != IGNORE_INDEX].tolist()
+    tokenizer = bundle.tokenizer
+    assert supervised == tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids(
+        "<|im_end|>")]
+    model = bundle.model.train()
+    out = model(**batch)
+    logits, labels = out.logits[0, :-1], batch["labels"][0, 1:]
+    keep = labels != IGNORE_INDEX
+    expected = torch.nn.functional.cross_entropy(logits[keep].float(), labels[keep])
+    torch.testing.assert_close(out.loss, expected)
+    out.loss.backward()
+    projector = model.model.multi_modal_projector
+    for name, param in [("projector", projector.linear_1.weight), ("norm", model.norm_layer.weight),
+                        ("LLM", model.model.language_model.layers[0].self_attn.q_norm.weight)]:
+        assert param.grad is not None and param.grad.abs().sum() > 0, name
