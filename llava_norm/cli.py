@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 
 def _train(args) -> None:
@@ -98,32 +99,101 @@ def _eval(args) -> None:
 
 def _table(args) -> None:
     # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.evaluation.table import write_table
+    from llava_norm.analysis.ablation import split_name, write_ablation
+    from llava_norm.evaluation.arguments import benchmark_options
+    from llava_norm.evaluation.table import read_run, write_table
 
     try:
-        md, csv_path = write_table(args.eval_dirs, args.out, baseline=args.baseline)
+        names = {read_run(d)[0]: d for d in args.eval_dirs}
+        baseline = args.baseline or next(iter(names))
+        arm = split_name(baseline)[0]
+        first_run = baseline if baseline in names else next((n for n in names if split_name(n)[0] == arm), baseline)
+        md, csv_path = write_table(args.eval_dirs, args.out, baseline=first_run)
+        stats = write_ablation({n: Path(d) for n, d in names.items()}, args.out, baseline=arm,
+                               options=benchmark_options(args.option))
     except (ValueError, FileNotFoundError) as error:
         sys.exit(f"table: {error}")
-    print(md.read_text())
-    print(f"written: {md} and {csv_path}")
+    print(stats.read_text())
+    print(f"written: {stats} (and its .csv, _forest.png); per run: {md} and {csv_path}")
+
+
+def _chain_config(args, arms: list[str], **grid):
+    # lazy: start-up; a subcommand loads only the stages it runs
+    from llava_norm.pipeline import PipelineConfig
+
+    return PipelineConfig(arms=arms, runs_dir=args.runs, data_root=args.data_root, benchmarks=args.benchmarks,
+                          stage1_overrides=args.stage1, stage2_overrides=args.stage2, eval_args=args.eval_arg,
+                          table=args.table, stream=args.stream, code_counts=args.code_counts,
+                          reuse_stale=args.reuse_stale, **grid)
+
+
+def _run_chain(config, command: str, dry_run: bool) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
+    from llava_norm.config import ConfigError
+    from llava_norm.pipeline import plan, run_steps
+
+    try:
+        steps, marks = plan(config)
+        for name, status, seconds in run_steps(steps, reuse_stale=config.reuse_stale, marks=marks, dry_run=dry_run):
+            print(f"{name:40s} {status:9s} {seconds:7.1f} s")
+    except (RuntimeError, FileNotFoundError, ValueError, ConfigError) as error:
+        sys.exit(f"{command}: {error}")
 
 
 def _pipeline(args) -> None:
-    # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.config import ConfigError
-    from llava_norm.pipeline import PipelineConfig, plan, run_steps
+    _run_chain(_chain_config(args, args.arms), "pipeline", args.dry_run)
 
-    config = PipelineConfig(arms=args.arms, runs_dir=args.runs, data_root=args.data_root, benchmarks=args.benchmarks,
-                            stage1_overrides=args.stage1, stage2_overrides=args.stage2, eval_args=args.eval_arg,
-                            table=args.table, stream=args.stream, code_counts=args.code_counts,
-                            reuse_stale=args.reuse_stale)
+
+def _sweep_argv(args) -> list[str]:
+    """The sweep's own words with absolute paths, for the Slurm tasks to repeat."""
+    def absolute(path: str) -> str:
+        return str(Path(path).resolve())
+
+    argv = [absolute(args.backbone), "--arms", args.arms, "--baseline", args.baseline, "--seeds", args.seeds,
+            "--runs", absolute(args.runs), "--data-root", absolute(args.data_root), "--benchmarks", args.benchmarks]
+    argv += [f"--stage1={o}" for o in args.stage1] + [f"--stage2={o}" for o in args.stage2]
+    argv += [f"--eval-arg={a}" for a in args.eval_arg]
+    argv += ["--table", absolute(args.table)] if args.table else []
+    return argv + [flag for flag, on in (("--code-counts", args.code_counts), ("--reuse-stale", args.reuse_stale))
+                   if on]
+
+
+def _sweep(args) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
+    from llava_norm.sweep import SlurmSettings, arm_dirs, parse_seeds, write_slurm
+
     try:
-        steps, marks = plan(config)
-        for name, status, seconds in run_steps(steps, reuse_stale=config.reuse_stale, marks=marks,
-                                               dry_run=args.dry_run):
-            print(f"{name:40s} {status:9s} {seconds:7.1f} s")
-    except (RuntimeError, FileNotFoundError, ValueError, ConfigError) as error:
-        sys.exit(f"pipeline: {error}")
+        config = _chain_config(args, arm_dirs(args.backbone, args.arms, args.baseline), seeds=parse_seeds(args.seeds),
+                               task=args.task, table_only=args.table_only)
+        if args.slurm:
+            settings = SlurmSettings(args.slurm_gpus, time=args.slurm_time, extra=args.slurm_arg)
+            for path in write_slurm(config, _sweep_argv(args), args.slurm, settings):
+                print(f"written: {path}")
+            return
+    except (FileNotFoundError, ValueError) as error:
+        sys.exit(f"sweep: {error}")
+    _run_chain(config, "sweep", args.dry_run)
+
+
+def _add_chain_arguments(p: argparse.ArgumentParser, runs: str) -> None:
+    """What the pipeline and the sweep share: where runs go, the overrides, evaluation, reuse."""
+    # lazy: start-up; a subcommand loads only the stages it runs
+    from llava_norm.evaluation.arguments import DEFAULT_DATA_ROOT
+
+    p.add_argument("--runs", default=runs, help="runs go to RUNS/<arm>[/seed<k>]/{stage1,stage2,eval}")
+    p.add_argument("--data-root", default=os.environ.get("EVAL_DATA", DEFAULT_DATA_ROOT), help="benchmark data root")
+    p.add_argument("--benchmarks", default="all")
+    p.add_argument("--stage1", action="append", default=[], metavar="KEY=VALUE", help="override for every stage 1")
+    p.add_argument("--stage2", action="append", default=[], metavar="KEY=VALUE", help="override for every stage 2")
+    p.add_argument("--eval-arg", action="append", default=[], help="extra argument for llava-norm eval")
+    p.add_argument("--table", help="results prefix (default RUNS/results): writes .md, .csv, _stats.md/.csv, "
+                                   "_forest.png")
+    p.add_argument("--stream", action="store_true", help="show training/eval output instead of logging to files")
+    p.add_argument("--code-counts", action="store_true",
+                   help="rerun steps recorded with another code version or library versions (default: note them)")
+    p.add_argument("--reuse-stale", action="store_true",
+                   help="keep finished steps whose record no longer matches; the table marks their rows")
+    p.add_argument("--dry-run", action="store_true", help="say which steps would run and why; run none")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_train)
 
     # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.evaluation.arguments import DEFAULT_DATA_ROOT, add_eval_arguments
+    from llava_norm.evaluation.arguments import add_eval_arguments
 
     p = add_eval_arguments(sub.add_parser(
         "eval", help="evaluate a checkpoint on benchmarks (data-parallel under torchrun, resumable)"))
@@ -147,26 +217,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("table", help="results table (Markdown + CSV) from eval output directories")
     p.add_argument("eval_dirs", nargs="+")
-    p.add_argument("--baseline", help="run name the deltas are against (default: the first)")
-    p.add_argument("--out", default="results/table", help="output prefix: writes PREFIX.md and PREFIX.csv")
+    p.add_argument("--baseline", help="arm (or run name) the deltas are against (default: the first run's arm)")
+    p.add_argument("--out", default="results/table",
+                   help="output prefix: PREFIX_stats.md/.csv (arms over seeds), PREFIX_forest.png, PREFIX.md/.csv (per run)")
+    p.add_argument("--option", action="append", default=[], metavar="NAME.KEY=VALUE",
+                   help="a benchmark option the runs were evaluated with, as given to llava-norm eval")
     p.set_defaults(func=_table)
 
     p = sub.add_parser("pipeline", help="stage 1 -> stage 2 -> eval -> table for arm config dirs (reuses a step only if its provenance matches)")
     p.add_argument("arms", nargs="+", help="config dirs with stage1.yaml + stage2.yaml; the first is the baseline")
-    p.add_argument("--runs", default="runs/pipeline", help="runs go to RUNS/<arm>/{stage1,stage2,eval}")
-    p.add_argument("--data-root", default=os.environ.get("EVAL_DATA", DEFAULT_DATA_ROOT), help="benchmark data root")
-    p.add_argument("--benchmarks", default="all")
-    p.add_argument("--stage1", action="append", default=[], metavar="KEY=VALUE", help="override for every stage 1")
-    p.add_argument("--stage2", action="append", default=[], metavar="KEY=VALUE", help="override for every stage 2")
-    p.add_argument("--eval-arg", action="append", default=[], help="extra argument for llava-norm eval")
-    p.add_argument("--table", help="results prefix (default RUNS/results): writes .md and .csv")
-    p.add_argument("--stream", action="store_true", help="show training/eval output instead of logging to files")
-    p.add_argument("--code-counts", action="store_true",
-                   help="rerun steps recorded with another code version or library versions (default: note them)")
-    p.add_argument("--reuse-stale", action="store_true",
-                   help="keep finished steps whose record no longer matches; the table marks their rows")
-    p.add_argument("--dry-run", action="store_true", help="say which steps would run and why; run none")
+    _add_chain_arguments(p, "runs/pipeline")
     p.set_defaults(func=_pipeline)
+
+    p = sub.add_parser("sweep", help="arms x seeds of one backbone through the pipeline, here or as a Slurm array; "
+                                     "the table carries intervals over seeds")
+    p.add_argument("backbone", help="a directory of arm config dirs, e.g. configs/llama3.2-3b")
+    p.add_argument("--arms", default="all", help="all (every arm with a directory there) or a,b,c")
+    p.add_argument("--baseline", default="none", help="the arm the deltas are against (default none)")
+    p.add_argument("--seeds", default="0,1,2", help="training seeds: 0,1,2 or 0-2 (default 0,1,2)")
+    _add_chain_arguments(p, "runs/sweep")
+    p.add_argument("--task", type=int, help="run only chain N of the grid (arm-major), no table: one array task")
+    p.add_argument("--table-only", action="store_true", help="tabulate the finished evaluations; run nothing")
+    p.add_argument("--slurm", metavar="DIR", help="write DIR/sweep.sbatch (an array, one task per chain), "
+                                                  "DIR/table.sbatch and DIR/submit.sh instead of running")
+    p.add_argument("--slurm-gpus", type=int, default=1, help="GPUs (processes) per array task (default 1)")
+    p.add_argument("--slurm-time", default="24:00:00", help="time limit per array task")
+    p.add_argument("--slurm-arg", action="append", default=[], metavar="FLAG",
+                   help="extra #SBATCH line, e.g. --slurm-arg=--partition=gpu")
+    p.set_defaults(func=_sweep)
 
     p = sub.add_parser("merge-lora", help="fold a LoRA run's adapter into a plain model dir (safetensors)")
     p.add_argument("in_dir", help="a LoRA run's model/ dir (or its output_dir)")

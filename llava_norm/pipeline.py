@@ -1,4 +1,4 @@
-"""``scripts/pipeline.sh``: stage 1 -> stage 2 -> evaluation -> results table, per arm.
+"""``scripts/pipeline.sh``: stage 1 -> stage 2 -> evaluation -> results table, per arm and seed.
 
 Owns the chain and its reuse rule: a step is reused only when its provenance record
 (``llava_norm.provenance``) matches the record of what it would compute now, and its outputs
@@ -8,7 +8,11 @@ resumed, not restarted. The code version is recorded and reported but only count
 ``code_counts``; ``reuse_stale`` keeps a stale step on purpose, and the table marks its row.
 Each launch's output goes to a log file beside its results; one progress bar covers the chain.
 Training and evaluation run through the launch scripts, so the pipeline uses exactly the
-multi-process paths users launch by hand. ``make demo`` builds on ``Step`` and ``run_steps``.
+multi-process paths users launch by hand. ``make demo`` builds on ``Step`` and ``run_steps``;
+``llava-norm sweep`` (``llava_norm.sweep``) on ``seeds``, ``task`` and ``table_only``. With
+seeds, each arm trains once per seed (``train.seed``) into ``<runs>/<arm>/seed<k>/`` and is
+named ``<arm>@seed<k>``; the table then carries the statistics over seeds
+(``analysis.ablation``).
 """
 
 from __future__ import annotations
@@ -24,13 +28,21 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from llava_norm.analysis.ablation import run_name, write_ablation
 from llava_norm.config import load_config
 from llava_norm.evaluation.arguments import DEFAULT_DATA_ROOT, parse_eval_args
 from llava_norm.evaluation.runner import benchmark_settings, settings_differences
-from llava_norm.evaluation.table import write_table
+from llava_norm.evaluation.table import EVAL_SUMMARY, write_table
 from llava_norm.layout import PROJECTOR_FILE
-from llava_norm.provenance import (Record, differences, environment, environment_differences, fingerprint, read_record,
-                                   write_record)
+from llava_norm.provenance import (
+    Record,
+    differences,
+    environment,
+    environment_differences,
+    fingerprint,
+    read_record,
+    write_record,
+)
 from llava_norm.train.record import training_record
 from llava_norm.train.rundir import SUMMARY, complete_checkpoints
 
@@ -74,10 +86,39 @@ class PipelineConfig:
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the launches (GPUS_PER_NODE, ...)
     code_counts: bool = False  # a different code version or library makes a step stale
     reuse_stale: bool = False  # keep finished but stale steps (their rows are marked in the table)
+    seeds: list[int] = field(default_factory=list)  # empty: each arm once, with its config's train.seed
+    task: int | None = None  # only the chain of this run (index into ``runs``), no table: one array task
+    table_only: bool = False  # tabulate the evaluations that exist; decide and run nothing
 
 
 def arm_name(config_dir: str | Path) -> str:
     return Path(config_dir).resolve().name
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One chain of the grid: an arm's config directory trained with one seed (None: the config's)."""
+
+    config_dir: str
+    seed: int | None = None
+
+    @property
+    def arm(self) -> str:
+        return arm_name(self.config_dir)
+
+    @property
+    def name(self) -> str:
+        return run_name(self.arm, self.seed)
+
+
+def runs(config: PipelineConfig) -> list[RunSpec]:
+    """Every (arm, seed) chain, arm-major, the baseline arm first."""
+    names = [arm_name(a) for a in config.arms]
+    if len(set(names)) != len(names):
+        raise ValueError(f"arm directories must have distinct names, got {names}")
+    if len(set(config.seeds)) != len(config.seeds):
+        raise ValueError(f"seeds must be distinct, got {config.seeds}")
+    return [RunSpec(arm, seed) for arm in config.arms for seed in (config.seeds or [None])]
 
 
 def launch(command: list[str], log: Path | None, env: dict | None = None) -> None:
@@ -193,13 +234,14 @@ def eval_decision(argv: list[str], out: Path, code_counts: bool) -> Decision:
 
 @dataclass(frozen=True)
 class ArmDirs:
-    """Where one arm's steps write: ``<runs>/<arm>/{stage1,stage2,eval}``, logs beside them."""
+    """Where one run's steps write: ``<runs>/<arm>[/seed<k>]/{stage1,stage2,eval}``, logs beside them."""
 
     root: Path
 
     @classmethod
-    def of(cls, runs_dir: str | Path, arm: str) -> ArmDirs:
-        return cls(Path(runs_dir).resolve() / arm)
+    def of(cls, runs_dir: str | Path, arm: str, seed: int | None = None) -> ArmDirs:
+        root = Path(runs_dir).resolve() / arm
+        return cls(root if seed is None else root / f"seed{seed}")
 
     @property
     def stage1(self) -> Path:
@@ -214,16 +256,17 @@ class ArmDirs:
         return self.root / "eval"
 
 
-def eval_argv(config: PipelineConfig, dirs: ArmDirs, arm: str) -> list[str]:
-    """The ``llava-norm eval`` words for one arm: what is launched and what its reuse is judged by."""
-    return [str(dirs.stage2 / "model"), "--benchmarks", config.benchmarks, "--out", str(dirs.eval), "--name", arm,
+def eval_argv(config: PipelineConfig, dirs: ArmDirs, name: str) -> list[str]:
+    """The ``llava-norm eval`` words for one run: what is launched and what its reuse is judged by."""
+    return [str(dirs.stage2 / "model"), "--benchmarks", config.benchmarks, "--out", str(dirs.eval), "--name", name,
             "--data-root", str(Path(config.data_root).resolve()), *config.eval_args]
 
 
-def arm_steps(config: PipelineConfig, config_dir: str) -> list[Step]:
-    arm = arm_name(config_dir)
+def arm_steps(config: PipelineConfig, config_dir: str, seed: int | None = None) -> list[Step]:
+    """Stage 1, stage 2 and evaluation of one arm with one seed (None: the config's own)."""
+    arm = run_name(arm_name(config_dir), seed)  # the chain's name: its steps, log lines and table row
     cfg = Path(config_dir).resolve()
-    dirs = ArmDirs.of(config.runs_dir, arm)
+    dirs = ArmDirs.of(config.runs_dir, arm_name(config_dir), seed)
     runs, stage1, stage2, eval_dir = dirs.root, dirs.stage1, dirs.stage2, dirs.eval
     logs = None if config.stream else runs
     world = launch_world_size(config.env)
@@ -232,9 +275,10 @@ def arm_steps(config: PipelineConfig, config_dir: str) -> list[Step]:
             raise FileNotFoundError(f"{cfg}: no {stage}.yaml (an arm directory needs stage1.yaml and stage2.yaml)")
 
     def overrides(stage: int) -> list[str]:
+        seeded = [] if seed is None else [f"train.seed={seed}"]
         if stage == 1:
-            return list(config.stage1_overrides)
-        return [f"model.pretrained_projector={stage1 / PROJECTOR_FILE}", *config.stage2_overrides]
+            return [*config.stage1_overrides, *seeded]
+        return [f"model.pretrained_projector={stage1 / PROJECTOR_FILE}", *config.stage2_overrides, *seeded]
 
     def train_step(stage: int) -> Step:
         out = stage1 if stage == 1 else stage2
@@ -269,27 +313,39 @@ def arm_steps(config: PipelineConfig, config_dir: str) -> list[Step]:
 
 def table_step(config: PipelineConfig, marks: dict[str, list[str]]) -> Step:
     def run() -> None:
-        arms = {arm_name(a): ArmDirs.of(config.runs_dir, arm_name(a)) for a in config.arms}
-        first = next(iter(arms.values()))
+        dirs = {spec.name: ArmDirs.of(config.runs_dir, spec.arm, spec.seed) for spec in runs(config)}
+        if config.table_only:  # whatever runs exist (a sweep's array tasks may not all have finished)
+            dirs = {name: d for name, d in dirs.items() if (d.eval / EVAL_SUMMARY).is_file()}
+            if not dirs:
+                raise FileNotFoundError(f"no finished evaluation under {Path(config.runs_dir).resolve()}")
+        first_name, first = next(iter(dirs.items()))
         # Where the checkpoints and the benchmark files are now, which the evaluations' own
         # records (the paths at evaluation time) cannot know after a move.
-        requests = parse_eval_args(eval_argv(config, first, arm_name(config.arms[0]))).benchmarks
-        md, _ = write_table([d.eval for d in arms.values()], config.table or Path(config.runs_dir) / "results",
-                            baseline=arm_name(config.arms[0]), marks=marks, benchmarks=[r.name for r in requests],
-                            checkpoints={arm: d.stage2 / "model" for arm, d in arms.items()},
+        requests = parse_eval_args(eval_argv(config, first, first_name)).benchmarks
+        prefix = Path(config.table or Path(config.runs_dir) / "results")
+        md, _ = write_table([d.eval for d in dirs.values()], prefix, baseline=first_name, marks=marks,
+                            benchmarks=[r.name for r in requests],
+                            checkpoints={name: d.stage2 / "model" for name, d in dirs.items()},
                             data={r.name: Path(r.path) for r in requests})
-        tqdm.write(md.read_text())
+        stats = write_ablation({name: d.eval for name, d in dirs.items()}, prefix, baseline=arm_name(config.arms[0]),
+                               benchmarks=[r.name for r in requests], options={r.name: r.options for r in requests})
+        tqdm.write(stats.read_text())
+        tqdm.write(f"per-run table: {md}")
 
     return Step("results table", lambda: False, run)
 
 
 def plan(config: PipelineConfig) -> tuple[list[Step], dict[str, list[str]]]:
-    """The steps, and the marks ``run_steps`` fills in for the table (per arm: stale reuse, code)."""
-    names = [arm_name(a) for a in config.arms]
-    if len(set(names)) != len(names):
-        raise ValueError(f"arm directories must have distinct names, got {names}")
-    marks: dict[str, list[str]] = {name: [] for name in names}
-    steps = [step for arm in config.arms for step in arm_steps(config, arm)]
+    """The steps, and the marks ``run_steps`` fills in for the table (per run: stale reuse, code)."""
+    grid = runs(config)
+    marks: dict[str, list[str]] = {spec.name: [] for spec in grid}
+    if config.table_only:
+        return [table_step(config, marks)], marks
+    if config.task is not None:
+        if not 0 <= config.task < len(grid):
+            raise ValueError(f"task {config.task} is not in 0..{len(grid) - 1} ({len(grid)} runs: arms x seeds)")
+        return arm_steps(config, grid[config.task].config_dir, grid[config.task].seed), marks
+    steps = [step for spec in grid for step in arm_steps(config, spec.config_dir, spec.seed)]
     return steps + [table_step(config, marks)], marks
 
 

@@ -152,18 +152,41 @@ def attention_figure(image, maps: list[dict], phrase: str):
     return fig
 
 
-def forest_figure(rows: list[tuple[str, float, float, float]], title: str, xlabel: str):
-    """Deltas with intervals, one row each: ``(label, estimate, low, high)``. A row whose
-    interval covers 0 is grey: no detectable difference."""
-    fig, ax = plt.subplots(figsize=(7, 0.42 * len(rows) + 1.4))
+def _forest_panel(ax, rows: list[tuple[str, float, float, float]], fontsize: int = 10) -> None:
+    """Deltas with intervals on ``ax``, first row on top; grey where the interval covers 0."""
     y = np.arange(len(rows))[::-1]
     for yi, (_, estimate, low, high) in zip(y, rows):
         colour = "tab:gray" if low <= 0 <= high else "tab:green" if estimate > 0 else "tab:red"
         ax.errorbar(estimate, yi, xerr=[[estimate - low], [high - estimate]], fmt="o", color=colour, capsize=4)
     ax.axvline(0, color="black", lw=0.8)
-    ax.set_yticks(y, [label for label, *_ in rows])
+    ax.set_yticks(y, [label for label, *_ in rows], fontsize=fontsize)
+
+
+def forest_figure(rows: list[tuple[str, float, float, float]], title: str, xlabel: str):
+    """Deltas with intervals, one row each: ``(label, estimate, low, high)``. A row whose
+    interval covers 0 is grey: no detectable difference."""
+    fig, ax = plt.subplots(figsize=(7, 0.42 * len(rows) + 1.4))
+    _forest_panel(ax, rows)
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def forest_grid(panels: dict[str, list[tuple[str, float, float, float]]], title: str):
+    """One forest panel per benchmark (``panels[benchmark]`` rows as in ``forest_figure``),
+    sharing the arm order, in a grid of up to three columns."""
+    cols = min(3, len(panels))
+    n_rows = -(-len(panels) // cols)
+    height = 0.32 * max(len(rows) for rows in panels.values()) + 1.0
+    fig, axes = plt.subplots(n_rows, cols, figsize=(4.2 * cols, height * n_rows + 0.6), squeeze=False)
+    for ax, (benchmark, rows) in zip(axes.flat, panels.items()):
+        _forest_panel(ax, rows, fontsize=8)
+        ax.set_title(benchmark, fontsize=9)
+        ax.tick_params(axis="x", labelsize=8)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -53,14 +53,20 @@ def key_values(pairs: list[str], flag: str) -> dict[str, str]:
     return out
 
 
-def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
-    """Raises ValueError / FileNotFoundError naming the bad argument or missing data."""
+def benchmark_options(pairs: list[str]) -> dict[str, dict]:
+    """``--option`` values (``BENCHMARK.OPTION=VALUE``) -> ``{benchmark: {option: value}}``."""
     options: dict[str, dict] = {}
-    for key, value in key_values(args.option, "--option").items():
+    for key, value in key_values(pairs, "--option").items():
         bench, sep, name = key.partition(".")
         if not sep:
             raise ValueError(f"--option {key}={value}: expected BENCHMARK.OPTION=VALUE, e.g. mmlu.num_fewshot=5")
         options.setdefault(bench, {})[name] = yaml.safe_load(value)
+    return options
+
+
+def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
+    """Raises ValueError / FileNotFoundError naming the bad argument or missing data."""
+    options = benchmark_options(args.option)
     requests = resolve_benchmarks(args.benchmarks.split(","), args.data_root, key_values(args.data, "--data"), options)
     prompt = training_prompt_settings(args.checkpoint)
     if args.prompt_format:

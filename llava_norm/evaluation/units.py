@@ -49,12 +49,13 @@ def units_of(bench: Benchmark, items: list[Item], predictions: dict) -> Units:
                  recorded)
 
 
-def read_units(result_path: str | Path, options: dict | None = None) -> Units:
+def read_units(result_path: str | Path, options: dict | None = None, data: str | Path | None = None) -> Units:
     """The units behind one ``<benchmark>.json`` written by ``llava-norm eval``.
 
     The benchmark is rebuilt with ``options`` and must be the variant the result records; its
-    data file must still have the recorded fingerprint; and the stored predictions must give
-    the recorded headline. Any mismatch is an error naming the file."""
+    data file (the recorded path, or ``data`` where it has moved) must have the recorded
+    fingerprint; and the stored predictions must give the recorded headline. Any mismatch is
+    an error naming the file."""
     path = Path(result_path)
     result = json.loads(path.read_text())
     settings = result["settings"]
@@ -62,7 +63,7 @@ def read_units(result_path: str | Path, options: dict | None = None) -> Units:
     if bench.settings() != settings["benchmark"]:
         raise ValueError(f"{path}: recorded with other benchmark options ({settings['benchmark']}); "
                          "pass the options it was run with")
-    data = Path(settings["data_path"])
+    data = Path(data or settings["data_path"])
     if not data.exists() or fingerprint(data) != settings["data_fingerprint"]:
         raise ValueError(f"{path}: its benchmark data {data} is gone or changed since it was scored")
     predictions = PredictionStore(path.parent, bench.name).read_all().predictions

@@ -1,0 +1,209 @@
+"""Results over arms and training seeds: what tells a real effect from seed and item noise.
+
+Owns grouping evaluated runs into arms and seeds (a run named ``<arm>@seed<k>``, as
+``llava-norm sweep`` names them; any other name is an arm evaluated once) and the statistics
+table built from them:
+
+- per arm and benchmark, the mean over seeds with a 95% interval (Student's t over the seeds;
+  with one seed, a bootstrap over the benchmark's units, labelled so);
+- per arm and benchmark, the delta against the baseline arm, paired by unit within each seed
+  and then across the seeds both arms have, with a 95% interval and a p-value
+  (``stats.seed_paired_bootstrap``); an interval that covers 0 reads "no detectable difference";
+- how many seeds and units stand behind every cell.
+
+It writes ``<prefix>_stats.md``, ``<prefix>_stats.csv`` (one row per cell) and
+``<prefix>_forest.png`` (the deltas with their intervals). Every number is recomputed from
+the evaluations' stored predictions (``evaluation.units``), so an interval is always of the
+number the table prints.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+from llava_norm.evaluation.benchmarks import BENCHMARKS
+from llava_norm.evaluation.table import headline, read_run
+from llava_norm.evaluation.units import Units, read_units
+from llava_norm.stats import (
+    Delta,
+    Interval,
+    bootstrap_interval,
+    mean_over_seeds,
+    seed_paired_bootstrap,
+)
+
+SEED_MARK = "@seed"
+LEVEL = 0.95
+RESAMPLES = 2000
+
+
+def run_name(arm: str, seed: int | None) -> str:
+    """The name of one arm's run with one seed (None: the arm's only run)."""
+    return arm if seed is None else f"{arm}{SEED_MARK}{seed}"
+
+
+def split_name(name: str) -> tuple[str, int | None]:
+    """``"ln_textnorm@seed2"`` -> ``("ln_textnorm", 2)``; a name without a seed is its own arm."""
+    arm, mark, seed = name.rpartition(SEED_MARK)
+    return (arm, int(seed)) if mark and arm and seed.isdigit() else (name, None)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One arm on one benchmark: its score, and its delta against the baseline (None for the baseline)."""
+
+    arm: str
+    benchmark: str
+    seeds: tuple[int | None, ...]  # the seeds behind the score
+    n_units: int
+    score: Interval  # percent
+    score_method: str
+    delta: Delta | None = None  # percent
+    delta_seeds: tuple[int | None, ...] = ()  # the seeds both arms have: what the delta pairs
+    note: str = ""
+
+
+def _seed_label(seeds) -> str:
+    return ",".join("-" if s is None else str(s) for s in seeds)
+
+
+def _aligned(base: Units, other: Units, where: str) -> Units:
+    """``other``'s rows in ``base``'s unit order; the two must score the same units."""
+    if set(base.ids) != set(other.ids):
+        raise ValueError(f"{where}: the runs scored different units ({len(base.ids)} vs {len(other.ids)}); "
+                         "evaluate them with the same benchmark files and --limit")
+    position = {uid: i for i, uid in enumerate(other.ids)}
+    order = [position[uid] for uid in base.ids]
+    return Units(other.benchmark, base.ids, other.rows[order], other.statistic, other.correct[order],
+                 other.chances[order], other.headline)
+
+
+def _score(units: dict[int | None, Units]) -> tuple[Interval, str]:
+    if len(units) > 1:
+        return mean_over_seeds([u.headline for u in units.values()], LEVEL), f"Student t over {len(units)} seeds"
+    (only,) = units.values()
+    return (bootstrap_interval(only.rows, only.statistic, level=LEVEL, resamples=RESAMPLES),
+            "bootstrap over units (one seed)")
+
+
+def ablation_cells(runs: dict[str, Path], baseline: str, benchmarks: list[str] | None = None,
+                   options: dict[str, dict] | None = None, data: dict[str, Path] | None = None) -> list[Cell]:
+    """The cells of the statistics table for evaluated runs ``{run name: eval dir}``.
+
+    ``baseline`` is an arm name; ``options`` the benchmark options the runs were evaluated
+    with; ``data`` where each benchmark's files are now, if they moved since."""
+    grouped: dict[str, dict[int | None, Path]] = {}
+    for name, eval_dir in runs.items():
+        arm, seed = split_name(name)
+        grouped.setdefault(arm, {})[seed] = Path(eval_dir)
+    if baseline not in grouped:
+        raise ValueError(f"baseline arm {baseline!r} not among the runs' arms {sorted(grouped)}")
+    found = {name: set(read_run(d, benchmarks)[1]) for name, d in runs.items()}
+    columns = [b for b in BENCHMARKS if all(b in names for names in found.values())]
+    if not columns:
+        raise ValueError("no benchmark was evaluated for every run")
+    arms = [baseline] + [a for a in grouped if a != baseline]
+    cells = []
+    for benchmark in columns:
+        units = {arm: {seed: read_units(d / f"{benchmark}.json", (options or {}).get(benchmark),
+                                        (data or {}).get(benchmark))
+                       for seed, d in sorted(grouped[arm].items(), key=lambda kv: -1 if kv[0] is None else kv[0])}
+                 for arm in arms}
+        base = units[baseline]
+        for arm in arms:
+            mine = {seed: _aligned(next(iter(base.values())), u, f"{benchmark}: {arm}") for seed, u in units[arm].items()}
+            score, method = _score(mine)
+            cell = Cell(arm, benchmark, tuple(mine), len(next(iter(mine.values())).ids), score, method)
+            if arm != baseline:
+                shared = [s for s in mine if s in base]
+                if shared:
+                    pairs = [(base[s].rows, _aligned(base[s], mine[s], benchmark).rows) for s in shared]
+                    delta = seed_paired_bootstrap(pairs, base[shared[0]].statistic, level=LEVEL, resamples=RESAMPLES)
+                    cell = Cell(**{**cell.__dict__, "delta": delta, "delta_seeds": tuple(shared)})
+                else:
+                    cell = Cell(**{**cell.__dict__, "note": f"no seed in common with {baseline}: no delta"})
+            cells.append(cell)
+    return cells
+
+
+def _delta_text(delta: Delta) -> str:
+    p = "p<0.001" if delta.p_value < 0.001 else f"p={delta.p_value:.3f}"
+    core = f"{delta.estimate:+.2f} [{delta.low:+.2f}, {delta.high:+.2f}], {p}"
+    return f"{core}, no detectable difference" if delta.covers_zero else core
+
+
+def to_markdown(cells: list[Cell], baseline: str) -> str:
+    columns = list(dict.fromkeys(c.benchmark for c in cells))
+    arms = list(dict.fromkeys(c.arm for c in cells))
+    at = {(c.arm, c.benchmark): c for c in cells}
+    label = {b: f"{b} (units: {at[(baseline, b)].n_units})" for b in columns}
+    methods = sorted({c.score_method for c in cells})
+    lines = [
+        "## Arms over training seeds", "",
+        f"Percentages. **Scores**: the mean over training seeds [{LEVEL:.0%} interval]: "
+        + "; ".join(methods) + ". **Deltas** against `" + baseline + "`: paired by unit within each seed, then "
+        "across the seeds both arms have; a bootstrap interval widened to hold Student's t over the per-seed "
+        "deltas where there are several seeds, and its p-value (`llava_norm.stats.seed_paired_bootstrap`). "
+        "An interval that covers 0 reads *no detectable difference*.", "",
+        "### Scores", "",
+        "| arm | seeds | " + " | ".join(label[b] for b in columns) + " |",
+        "|---|---|" + "---|" * len(columns),
+    ]
+    for arm in arms:
+        seeds = _seed_label(at[(arm, columns[0])].seeds)
+        lines.append(f"| {arm} | {seeds} | " + " | ".join(at[(arm, b)].score.format(digits=2) for b in columns) + " |")
+    lines += ["", f"### Deltas against `{baseline}`", "",
+              "| arm | seeds paired | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+    notes = []
+    for arm in arms[1:]:
+        row = [at[(arm, b)] for b in columns]
+        seeds = _seed_label(row[0].delta_seeds) if row[0].delta else "none"
+        lines.append(f"| {arm} | {seeds} | " + " | ".join(_delta_text(c.delta) if c.delta else "no delta"
+                                                            for c in row) + " |")
+        notes += [f"- {arm}, {c.benchmark}: {c.note}" for c in row if c.note]
+    held = [c for c in cells if c.delta and not c.delta.covers_zero]
+    lines += ["", f"{len(held)} of {sum(1 for c in cells if c.delta)} deltas have an interval that excludes 0."]
+    legend = [f"- **{b}**: {headline(b).legend}." for b in columns]
+    return "\n".join(lines + notes + ["", *legend]) + "\n"
+
+
+def to_csv(cells: list[Cell]) -> str:
+    fields = ["arm", "benchmark", "seeds", "n_seeds", "n_units", "score", "score_low", "score_high", "score_method",
+              "delta", "delta_low", "delta_high", "p_value", "delta_seeds", "verdict", "note"]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for c in cells:
+        row = {"arm": c.arm, "benchmark": c.benchmark, "seeds": _seed_label(c.seeds), "n_seeds": len(c.seeds),
+               "n_units": c.n_units, "score": round(c.score.estimate, 4), "score_low": round(c.score.low, 4),
+               "score_high": round(c.score.high, 4), "score_method": c.score_method, "note": c.note}
+        if c.delta:
+            row.update(delta=round(c.delta.estimate, 4), delta_low=round(c.delta.low, 4),
+                       delta_high=round(c.delta.high, 4), p_value=round(c.delta.p_value, 6),
+                       delta_seeds=_seed_label(c.delta_seeds), verdict=c.delta.verdict)
+        writer.writerow(row)
+    return buffer.getvalue()
+
+
+def write_ablation(runs: dict[str, Path], prefix: str | Path, baseline: str, benchmarks: list[str] | None = None,
+                   options: dict[str, dict] | None = None, data: dict[str, Path] | None = None) -> Path:
+    """Write ``<prefix>_stats.md``, ``<prefix>_stats.csv`` and ``<prefix>_forest.png``; returns the Markdown path."""
+    # lazy: matplotlib loads only where a figure is drawn
+    from llava_norm.analysis.plots import forest_grid
+
+    cells = ablation_cells(runs, baseline, benchmarks, options, data)
+    md, csv_path, png = (Path(f"{prefix}_stats.md"), Path(f"{prefix}_stats.csv"), Path(f"{prefix}_forest.png"))
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text(to_markdown(cells, baseline))
+    csv_path.write_text(to_csv(cells))
+    panels: dict[str, list[tuple[str, float, float, float]]] = {}
+    for c in cells:
+        if c.delta:
+            panels.setdefault(c.benchmark, []).append((c.arm, c.delta.estimate, c.delta.low, c.delta.high))
+    if panels:
+        fig = forest_grid(panels, f"arm minus {baseline}, points (95% interval); grey: covers 0")
+        fig.savefig(png, dpi=110)
+    return md

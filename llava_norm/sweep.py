@@ -1,0 +1,101 @@
+"""``llava-norm sweep``: every arm x every seed of one backbone, in sequence here or as a Slurm array.
+
+Owns expanding a backbone's config directory (``configs/<backbone>/<arm>/stage{1,2}.yaml``), the
+requested arms and the seeds into the pipeline's grid (``pipeline.runs``), and writing the Slurm
+files for it: an array job with one task per (arm, seed) chain, a table job that runs after
+the array however its tasks ended, and ``submit.sh`` that submits both. A task is this same
+command with ``--task $SLURM_ARRAY_TASK_ID``, so a requeued, resubmitted or rerun task resumes
+or reuses its steps by their provenance records, exactly as a local rerun does.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llava_norm.config_schema import NORM_ARMS
+from llava_norm.pipeline import REPO, PipelineConfig, runs
+
+# Array tasks may share a node: each task rendezvouses on its own port (single-process
+# DeepSpeed binds one too), starting from the launch scripts' default.
+BASE_PORT = 29500
+
+
+def arm_dirs(backbone: str | Path, arms: str = "all", baseline: str = "none") -> list[str]:
+    """The arm config directories of ``backbone``, the baseline first. ``arms``: ``all`` (every
+    arm in ``NORM_ARMS`` that has a directory there) or a comma-separated list of directory names."""
+    root = Path(backbone)
+    if not root.is_dir():
+        raise FileNotFoundError(f"backbone config directory not found: {root}")
+    names = [a for a in NORM_ARMS if (root / a).is_dir()] if arms == "all" else [a for a in arms.split(",") if a]
+    missing = [a for a in names if not (root / a / "stage1.yaml").is_file() or not (root / a / "stage2.yaml").is_file()]
+    if missing:
+        raise FileNotFoundError(f"{root}: no stage1.yaml + stage2.yaml for arm(s) {missing}")
+    if baseline not in names:
+        raise ValueError(f"baseline arm {baseline!r} is not among the arms {names}")
+    return [str(root / name) for name in [baseline, *[n for n in names if n != baseline]]]
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0,1,2"`` or ``"0-2"`` -> ``[0, 1, 2]``."""
+    try:
+        if "-" in text.strip("-"):
+            low, high = text.split("-", 1)
+            return list(range(int(low), int(high) + 1))
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds {text!r}: expected a list like 0,1,2 or a range like 0-2") from None
+
+
+@dataclass
+class SlurmSettings:
+    gpus: int = 1  # per task: one node, this many processes
+    cpus_per_gpu: int = 8
+    time: str = "24:00:00"
+    extra: list[str] = field(default_factory=list)  # more #SBATCH lines, e.g. "--partition=gpu"
+
+
+def write_slurm(config: PipelineConfig, argv: list[str], out_dir: str | Path, slurm: SlurmSettings) -> list[Path]:
+    """Write ``sweep.sbatch`` (the array), ``table.sbatch`` and ``submit.sh`` under ``out_dir``.
+
+    ``argv``: the sweep's own arguments with absolute paths and no Slurm or task flags; each
+    task runs them with ``--task``, the table job with ``--table-only``."""
+    out = Path(out_dir).resolve()
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    grid = runs(config)
+    listing = "\n".join(f"#   {i}: {spec.name}" for i, spec in enumerate(grid))
+    command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "llava_norm.cli", "sweep", *argv])
+    extra = "".join(f"#SBATCH {line}\n" for line in slurm.extra)
+    header = "#!/usr/bin/env bash\n# Written by `llava-norm sweep --slurm`; submit with submit.sh.\n"
+    array = (
+        f"{header}# {len(grid)} tasks, one (arm, seed) chain each:\n{listing}\n"
+        f"#SBATCH --job-name=llava-norm-sweep\n#SBATCH --array=0-{len(grid) - 1}\n#SBATCH --nodes=1\n"
+        f"#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node={slurm.gpus}\n"
+        f"#SBATCH --cpus-per-task={slurm.cpus_per_gpu * slurm.gpus}\n#SBATCH --time={slurm.time}\n"
+        f"#SBATCH --requeue\n#SBATCH --output={logs}/task_%a.out\n{extra}"
+        f"set -euo pipefail\ncd {shlex.quote(str(REPO))}\n"
+        f"export GPUS_PER_NODE={slurm.gpus} MASTER_PORT=$(({BASE_PORT} + SLURM_ARRAY_TASK_ID % 20000))\n"
+        f'exec {command} --task "$SLURM_ARRAY_TASK_ID"\n'
+    )
+    table = (
+        f"{header}# The statistics table of whatever tasks finished.\n#SBATCH --job-name=llava-norm-table\n"
+        f"#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=4\n#SBATCH --time=01:00:00\n"
+        f"#SBATCH --output={logs}/table.out\n{extra}"
+        f"set -euo pipefail\ncd {shlex.quote(str(REPO))}\nexec {command} --table-only\n"
+    )
+    submit = (
+        "#!/usr/bin/env bash\n# Submit the sweep's array, then its table once every task has ended.\n"
+        'set -euo pipefail\ncd "$(dirname "$0")"\narray=$(sbatch --parsable sweep.sbatch)\n'
+        'array=${array%%;*}  # --parsable prints "id" or "id;cluster"\n'
+        'echo "array job $array"\nsbatch --dependency=afterany:"$array" table.sbatch\n'
+    )
+    paths = []
+    for name, text in (("sweep.sbatch", array), ("table.sbatch", table), ("submit.sh", submit)):
+        path = out / name
+        path.write_text(text)
+        path.chmod(0o755)
+        paths.append(path)
+    return paths

@@ -1,0 +1,153 @@
+"""``llava-norm sweep`` on tiny configs: 2 arms x 2 seeds written as Slurm files and run through
+them (each array task is the generated script with ``SLURM_ARRAY_TASK_ID`` set, as Slurm runs
+it), then the table job; the statistics it prints are recomputed here from the per-run table.
+Two training steps leave the tiny models' scores close; tests/test_ablation.py checks the
+statistics on models that differ.
+"""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from launch import REPO, env
+from safetensors.torch import load_file
+from tinydata import write_dataset
+
+from llava_norm.provenance import read_record
+from llava_norm.stats import mean_over_seeds
+from llava_norm.sweep import parse_seeds
+from llava_norm_demo.synth import build_world
+
+ARMS = "none,scale_to_t"
+SEEDS = (0, 1)
+BENCHMARKS = "pope,ai2d,mmlu"  # mmlu: scored by log-likelihood, so untrained models score above 0
+NAMES = ["none@seed0", "none@seed1", "scale_to_t@seed0", "scale_to_t@seed1"]
+
+
+def _cli(*args: str, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llava_norm.cli", *args], cwd=REPO, env={**env(), **(extra_env or {})},
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, tiny_dir):
+    root = tmp_path_factory.mktemp("sweep")
+    world = root / "world"
+    build_world(world, seed=5, n_pretrain=10, n_instruct=10, n_text=20, n_bench=4, bench_sizes={"pope": 2})
+    data, images = write_dataset(root / "data", n=8, text_only_every=4)
+    common = [f"model.vision_tower={tiny_dir}/siglip", f"model.llm={tiny_dir}/llama",
+              f"data.mixture=[{{path: {data}, image_folder: {images}}}]", "train.max_steps=2",
+              "train.deepspeed=null", "train.per_device_batch_size=2", "train.save_steps=2"]
+    runs, slurm = root / "runs", root / "slurm"
+    args = [str(REPO / "configs/tiny"), "--arms", ARMS, "--seeds", ",".join(map(str, SEEDS)), "--runs", str(runs),
+            "--data-root", str(world / "benchmarks"), "--benchmarks", BENCHMARKS,
+            "--eval-arg=--limit=4", "--eval-arg=--max-new-tokens-cap=4",
+            *[f"--stage1={o}" for o in common], *[f"--stage2={o}" for o in common]]
+    written = _cli("sweep", *args, "--slurm", str(slurm), "--slurm-arg=--partition=gpu")
+    assert written.returncode == 0, written.stderr
+    tasks = []
+    for task in range(len(NAMES)):
+        done = subprocess.run(["bash", str(slurm / "sweep.sbatch")], env={**env(), "SLURM_ARRAY_TASK_ID": str(task)},
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        tasks.append(done.stdout)
+    table = subprocess.run(["bash", str(slurm / "table.sbatch")], env=env(), capture_output=True, text=True,
+                           timeout=600)
+    assert table.returncode == 0, table.stdout[-3000:] + table.stderr[-3000:]
+    return SimpleNamespace(root=root, runs=runs, slurm=slurm, args=args, tasks=tasks, table=table)
+
+
+def test_slurm_files_name_every_chain_and_a_port_per_task(sweep):
+    array = (sweep.slurm / "sweep.sbatch").read_text()
+    assert "#SBATCH --array=0-3" in array and "#SBATCH --partition=gpu" in array and "#SBATCH --requeue" in array
+    listed = [line.split(": ", 1)[1] for line in array.splitlines() if line.startswith("#   ")]
+    assert listed == NAMES  # arm-major, the baseline first: what --task N selects
+    assert 'MASTER_PORT=$((29500 + SLURM_ARRAY_TASK_ID % 20000))' in array and '--task "$SLURM_ARRAY_TASK_ID"' in array
+    assert "--table-only" in (sweep.slurm / "table.sbatch").read_text()
+
+
+def test_submit_chains_the_table_after_the_array(sweep, tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    log = tmp_path / "sbatch.log"
+    (fake / "sbatch").write_text(f'#!/usr/bin/env bash\necho "$@" >> {log}\necho "4242;cluster"\n')
+    (fake / "sbatch").chmod(0o755)
+    done = subprocess.run(["bash", str(sweep.slurm / "submit.sh")], env={**env(), "PATH": f"{fake}:{os.environ['PATH']}"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert log.read_text().splitlines() == ["--parsable sweep.sbatch", "--dependency=afterany:4242 table.sbatch"]
+
+
+def test_each_task_trains_its_own_seed(sweep):
+    for name in NAMES:
+        arm, seed = name.split("@seed")
+        run = sweep.runs / arm / f"seed{seed}"
+        for stage in ("stage1", "stage2"):
+            record = read_record(run / stage)
+            assert record.complete and record.seed == int(seed)
+        assert (run / "eval" / "summary.json").is_file()
+        assert json.loads((run / "eval" / "summary.json").read_text())["run_name"] == name
+    # The seed reaches the weights: the two seeds' projectors differ, the same seed's would not.
+    one, two = (load_file(sweep.runs / "none" / f"seed{s}" / "stage1" / "projector.safetensors") for s in SEEDS)
+    assert any(not np.array_equal(one[k].numpy(), two[k].numpy()) for k in one)
+
+
+def test_a_rerun_task_launches_nothing(sweep):
+    again = subprocess.run(["bash", str(sweep.slurm / "sweep.sbatch")], env={**env(), "SLURM_ARRAY_TASK_ID": "2"},
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    statuses = [line.rsplit(None, 3)[1] for line in again.stdout.splitlines() if line.startswith("scale_to_t@seed0")]
+    assert statuses == ["reused"] * 3
+
+
+def test_the_table_is_the_mean_over_seeds_and_the_paired_delta(sweep):
+    per_run = {row["run"]: row for row in csv.DictReader((sweep.runs / "results.csv").open())}
+    assert sorted(per_run) == sorted(NAMES)
+    cells = {(r["arm"], r["benchmark"]): r for r in csv.DictReader((sweep.runs / "results_stats.csv").open())}
+    assert sorted(cells) == sorted((a, b) for a in ARMS.split(",") for b in BENCHMARKS.split(","))
+    for (arm, bench), cell in cells.items():
+        per_seed = [float(per_run[f"{arm}@seed{s}"][bench]) for s in SEEDS]
+        expected = mean_over_seeds(per_seed)
+        assert float(cell["score"]) == pytest.approx(expected.estimate, abs=1e-3)
+        assert float(cell["score_low"]) == pytest.approx(expected.low, abs=1e-3)
+        assert (cell["n_seeds"], cell["score_method"]) == ("2", "Student t over 2 seeds")
+        if arm == "none":
+            assert cell["delta"] == ""
+            continue
+        base = [float(per_run[f"none@seed{s}"][bench]) for s in SEEDS]
+        assert float(cell["delta"]) == pytest.approx(np.mean(np.subtract(per_seed, base)), abs=1e-3)
+        assert cell["delta_seeds"] == "0,1" and float(cell["delta_low"]) <= float(cell["delta"]) <= float(
+            cell["delta_high"])
+        covers = float(cell["delta_low"]) <= 0 <= float(cell["delta_high"])
+        assert cell["verdict"] == ("no detectable difference" if covers else "higher" if float(cell["delta"]) > 0
+                                   else "lower")
+    assert (sweep.runs / "results_forest.png").stat().st_size > 0
+    assert "## Arms over training seeds" in sweep.table.stdout
+
+
+def test_the_table_command_takes_whatever_runs_exist(sweep, tmp_path):
+    dirs = [sweep.runs / "none/seed0/eval", sweep.runs / "none/seed1/eval", sweep.runs / "scale_to_t/seed1/eval"]
+    done = _cli("table", *map(str, dirs), "--baseline", "none", "--out", str(tmp_path / "t"))
+    assert done.returncode == 0, done.stderr
+    cells = {(r["arm"], r["benchmark"]): r for r in csv.DictReader((tmp_path / "t_stats.csv").open())}
+    one = cells[("scale_to_t", "ai2d")]
+    assert (one["n_seeds"], one["score_method"], one["delta_seeds"]) == ("1", "bootstrap over units (one seed)", "1")
+    assert "| scale_to_t | 1 |" in (tmp_path / "t_stats.md").read_text()
+
+
+def test_bad_grids_are_refused_before_anything_runs(sweep):
+    out_of_range = _cli("sweep", *sweep.args, "--task", "4")
+    assert out_of_range.returncode != 0 and "task 4 is not in 0..3" in out_of_range.stderr
+    no_arm = _cli("sweep", *sweep.args[:1], "--arms", "none,nonexistent")
+    assert no_arm.returncode != 0 and "nonexistent" in no_arm.stderr
+    no_baseline = _cli("sweep", *sweep.args[:1], "--arms", "scale_to_t")
+    assert no_baseline.returncode != 0 and "baseline arm 'none'" in no_baseline.stderr
+    assert parse_seeds("0-2") == [0, 1, 2] and parse_seeds("3,5") == [3, 5]
+    with pytest.raises(ValueError, match="--seeds"):
+        parse_seeds("a,b")
