@@ -1,0 +1,108 @@
+"""The statistics table (``analysis.ablation``) on real evaluations of models that differ by seed
+and by arm: each cell is the statistic of the units the stored predictions give, the delta pairs
+seed k of an arm with seed k of the baseline, and missing seeds shrink what is paired."""
+
+import numpy as np
+import pytest
+import torch
+
+from llava_norm.analysis.ablation import ablation_cells, split_name, to_markdown, write_ablation
+from llava_norm.evaluation.arguments import parse_eval_args
+from llava_norm.evaluation.runner import run_evaluation
+from llava_norm.evaluation.units import read_units
+from llava_norm.model.builder import ModelSpec, build_model
+from llava_norm.stats import mean_over_seeds, seed_paired_bootstrap
+from llava_norm_demo.synth import build_world
+
+BENCHMARKS = ("mmlu", "hellaswag")  # scored by log-likelihood: untrained models land near chance, not at 0
+ARMS = {"base": 0.0, "noisy": 0.5}  # extra noise the arm puts into the LLM
+SEEDS = (0, 1, 2)
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("ablation")
+    build_world(root / "world", seed=3, n_pretrain=4, n_instruct=4, n_text=10, n_bench=12)
+    found = {}
+    for arm, extra in ARMS.items():
+        for seed in SEEDS:
+            bundle = build_model(ModelSpec(f"{tiny_dir}/siglip", f"{tiny_dir}/llama", seed=seed))
+            # Each seed its own random LLM (the tiny one is untrained anyway): its own predictions.
+            generator = torch.Generator().manual_seed(seed)
+            with torch.no_grad():
+                for weight in bundle.model.model.language_model.parameters():
+                    weight.add_(torch.randn(weight.shape, generator=generator) * (1.0 + extra) * weight.std())
+            name = f"{arm}@seed{seed}"
+            bundle.save(root / name / "model")
+            run_evaluation(parse_eval_args([str(root / name / "model"), "--benchmarks", ",".join(BENCHMARKS),
+                                            "--data-root", str(root / "world/benchmarks"), "--out",
+                                            str(root / name / "eval"), "--name", name]))
+            found[name] = root / name / "eval"
+    return found
+
+
+def _units(runs, name, bench):
+    return read_units(runs[name] / f"{bench}.json")
+
+
+def test_scores_are_the_mean_over_seeds_of_each_runs_headline(runs):
+    cells = {(c.arm, c.benchmark): c for c in ablation_cells(runs, "base")}
+    assert sorted(cells) == sorted((a, b) for a in ARMS for b in BENCHMARKS)
+    for (arm, bench), cell in cells.items():
+        headlines = [_units(runs, f"{arm}@seed{s}", bench).headline for s in SEEDS]
+        assert cell.score == mean_over_seeds(headlines)
+        assert cell.seeds == SEEDS and cell.n_units == len(_units(runs, f"{arm}@seed0", bench).ids)
+    assert any(c.score.low < c.score.high for c in cells.values()), "the seeds never disagree: nothing is tested"
+    assert any(c.score.estimate > 0 for c in cells.values())
+
+
+def test_the_delta_pairs_seed_k_with_seed_k(runs):
+    mattered = []
+    for cell in ablation_cells(runs, "base"):
+        if cell.arm == "base":
+            assert cell.delta is None
+            continue
+        pairs = [(_units(runs, f"base@seed{s}", cell.benchmark).rows, _units(runs, f"noisy@seed{s}", cell.benchmark).rows)
+                 for s in SEEDS]
+        expected = seed_paired_bootstrap(pairs, _units(runs, "base@seed0", cell.benchmark).statistic)
+        assert cell.delta == expected and cell.delta_seeds == SEEDS
+        per_seed = [_units(runs, f"noisy@seed{s}", cell.benchmark).headline
+                    - _units(runs, f"base@seed{s}", cell.benchmark).headline for s in SEEDS]
+        assert cell.delta.estimate == pytest.approx(np.mean(per_seed))
+        # Pairing the wrong seeds gives another delta where seeds differ: the pairing matters.
+        shifted = seed_paired_bootstrap([(a, pairs[(i + 1) % 3][1]) for i, (a, _) in enumerate(pairs)],
+                                        _units(runs, "base@seed0", cell.benchmark).statistic)
+        mattered.append(shifted != expected)
+    assert any(mattered), "no benchmark where the seeds' predictions differ: nothing is tested"
+
+
+def test_missing_seeds_pair_only_what_both_arms_have(runs, tmp_path):
+    partial = {k: v for k, v in runs.items() if k != "noisy@seed2"}
+    cells = {(c.arm, c.benchmark): c for c in ablation_cells(partial, "base")}
+    noisy = cells[("noisy", "mmlu")]
+    assert noisy.seeds == (0, 1) and noisy.delta_seeds == (0, 1) and noisy.delta.n_seeds == 2
+    assert cells[("base", "mmlu")].seeds == SEEDS
+    only_one = {k: v for k, v in runs.items() if k in ("base@seed0", "noisy@seed1")}
+    lonely = {(c.arm, c.benchmark): c for c in ablation_cells(only_one, "base")}[("noisy", "mmlu")]
+    assert lonely.delta is None and "no seed in common" in lonely.note
+    assert lonely.score_method == "bootstrap over units (one seed)"
+    md = write_ablation(partial, tmp_path / "t", "base")
+    assert md.read_text() == to_markdown(list(cells.values()), "base")
+    assert (tmp_path / "t_forest.png").stat().st_size > 0 and (tmp_path / "t_stats.csv").is_file()
+
+
+def test_markdown_says_no_detectable_difference_exactly_where_the_interval_covers_zero(runs):
+    cells = ablation_cells(runs, "base")
+    lines = {line.split(" | ")[0].strip("| "): line for line in to_markdown(cells, "base").splitlines()
+             if line.startswith("| noisy | 0,1,2 | ") and "[" in line and "p" in line}
+    row = lines["noisy"].split(" | ")[2:]
+    for text, cell in zip(row, [c for c in cells if c.arm == "noisy"], strict=True):
+        assert ("no detectable difference" in text) == cell.delta.covers_zero
+
+
+def test_run_names_split_into_arm_and_seed():
+    assert split_name("ln_textnorm@seed12") == ("ln_textnorm", 12)
+    assert split_name("ln_textnorm") == ("ln_textnorm", None)
+    assert split_name("odd@seedx") == ("odd@seedx", None)
+    with pytest.raises(ValueError, match="baseline arm 'missing'"):
+        ablation_cells({}, "missing")
