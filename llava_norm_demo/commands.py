@@ -1,4 +1,4 @@
-"""The guest wing's ``llava-norm`` subcommands: make-tiny, synth, warmup and demo.
+"""The guest wing's ``llava-norm`` subcommands: make-tiny, synth, warmup, demo and ablation.
 
 Owns their arguments only. ``register`` is the ``llava_norm.commands`` entry point, so the core
 command line lists these subcommands without importing this package by name.
@@ -46,6 +46,15 @@ def _demo(args) -> None:
     run_demo(args.root, args.profile, args.code_counts)
 
 
+def _ablation(args) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
+    from llava_norm.sweep import parse_seeds
+    from llava_norm_demo.ablation import run_ablation
+
+    arms = tuple(args.arms.split(",")) if args.arms != "all" else None
+    print(run_ablation(args.root, tuple(parse_seeds(args.seeds)), arms=arms, code_counts=args.code_counts).read_text())
+
+
 def register(sub) -> None:
     """Add the guest wing's subcommands to ``llava-norm``'s subparsers."""
     p = sub.add_parser("make-tiny", help="write tiny random SigLIP/CLIP/Llama/Qwen2 backbones (offline)")
@@ -75,3 +84,12 @@ def register(sub) -> None:
     p.add_argument("--code-counts", action="store_true",
                    help="rerun steps recorded with another code version or library versions (default: note them)")
     p.set_defaults(func=_demo)
+
+    p = sub.add_parser("ablation", help="the demo's world, every arm x 3 seeds, and the table with intervals: "
+                                        "writes ROOT/ablation/results_stats.md, .csv and results_forest.png")
+    p.add_argument("--root", default="runs", help="where the world, backbones and runs go (default: runs)")
+    p.add_argument("--seeds", default="0,1,2", help="training seeds (default 0,1,2)")
+    p.add_argument("--arms", default="all", help="all, or a,b,c (the baseline 'none' is always included)")
+    p.add_argument("--code-counts", action="store_true",
+                   help="rerun steps recorded with another code version or library versions (default: note them)")
+    p.set_defaults(func=_ablation)

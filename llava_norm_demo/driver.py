@@ -144,6 +144,12 @@ def _warmup_step(paths: DemoPaths, profile: DemoProfile, code_counts: bool) -> S
                          lambda: warm_up(paths.backbones, paths.world, paths.warm, profile.warmup), code_counts)
 
 
+def shared_steps(paths: DemoPaths, profile: DemoProfile, code_counts: bool = False) -> list[Step]:
+    """World, backbones and warm-up: the steps the demo and the ablation share (and reuse)."""
+    return [_world_step(paths, profile, code_counts), _backbones_step(paths, code_counts),
+            _warmup_step(paths, profile, code_counts)]
+
+
 def pipeline_config(paths: DemoPaths, profile: DemoProfile) -> PipelineConfig:
     backbones = [f"model.vision_tower={paths.warm / 'siglip'}", f"model.llm={paths.warm / 'llama'}"]
 
@@ -163,8 +169,7 @@ def pipeline_config(paths: DemoPaths, profile: DemoProfile) -> PipelineConfig:
 
 def plan_demo(paths: DemoPaths, profile: DemoProfile, code_counts: bool = False) -> list[Step]:
     config = replace(pipeline_config(paths, profile), code_counts=code_counts)
-    steps = [_world_step(paths, profile, code_counts), _backbones_step(paths, code_counts),
-             _warmup_step(paths, profile, code_counts)]
+    steps = shared_steps(paths, profile, code_counts)
     for arm in config.arms:
         steps += arm_steps(config, arm)
     return steps + [diagnostics_step(paths, profile, code_counts)]
