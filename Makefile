@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.installed
 TORCH   ?= torch==2.13.0
 
-.PHONY: install test demo clean
+.PHONY: install test demo ablation clean
 
 $(STAMP): requirements.txt requirements-plugin-test.txt pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -23,6 +23,10 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m llava_norm.cli demo
+
+# Every tiny arm x 3 seeds and the table with intervals (README, "Is it more than seed noise?").
+ablation: $(STAMP)
+	$(PY) -m llava_norm.cli ablation
 
 clean:
 	rm -rf .venv runs

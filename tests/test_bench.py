@@ -12,6 +12,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import gpu_step  # noqa: E402
+import recipe_time  # noqa: E402
 from _harness import random_llava  # noqa: E402
 from padding import padding_share  # noqa: E402
 
@@ -44,7 +45,8 @@ def test_flop_model_counts_the_model_weights():
 
 
 @pytest.mark.parametrize("make, tied, published", [(gpu_step.llama_3_2_3b, True, 3.21e9),
-                                                   (gpu_step.qwen2_5_7b, False, 7.62e9)])
+                                                   (gpu_step.qwen2_5_7b, False, 7.62e9),
+                                                   (recipe_time.qwen2_5_0_5b, True, 0.494e9)])
 def test_real_llm_configs_have_the_published_size(make, tied, published):
     text = make()
     embeddings = text.hidden_size * text.vocab_size * (1 if tied else 2)
@@ -58,3 +60,11 @@ def test_padding_share_counts_pad_over_all_slots():
     # batches [3, 1] and [2, 2] (the partial [5] is dropped): 2 pad tokens in 10 slots
     assert padding_share([0, 1, 2, 3, 4], lengths, 2) == pytest.approx(2 / 10)
     assert padding_share([1, 2, 3, 0], lengths, 1) == 0.0
+
+
+def test_recipe_shapes_are_the_published_models():
+    layers, params = gpu_step.vision_matmul_params(recipe_time.siglip_base_224(), -2)  # SigLIP-base tower: 86M
+    assert layers == 11 and params == pytest.approx(86e6 * 11 / 12, rel=0.05)
+    parts = recipe_time.chain_seconds(0.3)
+    assert parts["stage 2"] > parts["stage 1"] > 0 and recipe_time.chain_seconds(0.15)["stage 2"] == pytest.approx(
+        2 * parts["stage 2"])

@@ -1,5 +1,5 @@
-"""``llava-norm sweep`` on tiny configs: 2 arms x 2 seeds written as Slurm files and run through
-them (each array task is the generated script with ``SLURM_ARRAY_TASK_ID`` set, as Slurm runs
+"""``llava-norm sweep`` on the one-GPU recipe's configs (``configs/recipe-1gpu``) at tiny scale:
+2 arms x 2 seeds written as Slurm files and run through them (each array task is the generated script with ``SLURM_ARRAY_TASK_ID`` set, as Slurm runs
 it), then the table job; the statistics it prints are recomputed here from the per-run table.
 Two training steps leave the tiny models' scores close; tests/test_ablation.py checks the
 statistics on models that differ.
@@ -43,13 +43,17 @@ def sweep(tmp_path_factory, tiny_dir):
     data, images = write_dataset(root / "data", n=8, text_only_every=4)
     common = [f"model.vision_tower={tiny_dir}/siglip", f"model.llm={tiny_dir}/llama",
               f"data.mixture=[{{path: {data}, image_folder: {images}}}]", "train.max_steps=2",
-              "train.deepspeed=null", "train.per_device_batch_size=2", "train.save_steps=2"]
+              "train.deepspeed=null", "train.per_device_batch_size=2", "train.save_steps=2",
+              "train.global_batch_size=null"]
     runs, slurm = root / "runs", root / "slurm"
-    args = [str(REPO / "configs/tiny"), "--arms", ARMS, "--seeds", ",".join(map(str, SEEDS)), "--runs", str(runs),
+    args = [str(REPO / "configs/recipe-1gpu"), "--arms", ARMS, "--seeds", ",".join(map(str, SEEDS)), "--runs", str(runs),
             "--data-root", str(world / "benchmarks"), "--benchmarks", BENCHMARKS,
             "--eval-arg=--limit=4", "--eval-arg=--max-new-tokens-cap=4",
             *[f"--stage1={o}" for o in common], *[f"--stage2={o}" for o in common]]
-    written = _cli("sweep", *args, "--slurm", str(slurm), "--slurm-arg=--partition=gpu")
+    # Through the recipe's own script: its settings, with the tiny ones given after them winning.
+    written = subprocess.run(["bash", "scripts/recipe_1gpu.sh", *args[1:], "--slurm", str(slurm),
+                              "--slurm-arg=--partition=gpu"], cwd=REPO, env=env(), capture_output=True, text=True,
+                             timeout=600)
     assert written.returncode == 0, written.stderr
     tasks = []
     for task in range(len(NAMES)):
@@ -70,6 +74,7 @@ def test_slurm_files_name_every_chain_and_a_port_per_task(sweep):
     assert listed == NAMES  # arm-major, the baseline first: what --task N selects
     assert 'MASTER_PORT=$((29500 + SLURM_ARRAY_TASK_ID % 20000))' in array and '--task "$SLURM_ARRAY_TASK_ID"' in array
     assert "--table-only" in (sweep.slurm / "table.sbatch").read_text()
+    assert f"sweep {REPO / 'configs/recipe-1gpu'} " in array and "--eval-arg=--limit=500" in array
 
 
 def test_submit_chains_the_table_after_the_array(sweep, tmp_path):
@@ -139,6 +144,22 @@ def test_the_table_command_takes_whatever_runs_exist(sweep, tmp_path):
     one = cells[("scale_to_t", "ai2d")]
     assert (one["n_seeds"], one["score_method"], one["delta_seeds"]) == ("1", "bootstrap over units (one seed)", "1")
     assert "| scale_to_t | 1 |" in (tmp_path / "t_stats.md").read_text()
+
+
+def test_the_recipe_has_every_arm_on_its_slices():
+    from llava_norm.config import load_config
+    from llava_norm.config_schema import NORM_ARMS
+    from llava_norm.sweep import arm_dirs
+
+    dirs = arm_dirs(REPO / "configs/recipe-1gpu")
+    assert [Path(d).name for d in dirs] == list(NORM_ARMS)  # every arm, the baseline 'none' first
+    for d in dirs:
+        one, two = (load_config(Path(d) / f"stage{s}.yaml", check_paths=False) for s in (1, 2))
+        assert one.model.norm_alignment == two.model.norm_alignment == Path(d).name
+        assert (one.model.llm, one.model.vision_tower) == ("Qwen/Qwen2.5-0.5B-Instruct", "google/siglip-base-patch16-224")
+        assert [m.take for m in one.data.mixture] == ["first:50000"] and [m.take for m in two.data.mixture] == [
+            "first:40000"]
+        assert (one.train.global_batch_size, two.train.global_batch_size) == (256, 128)
 
 
 def test_bad_grids_are_refused_before_anything_runs(sweep):
