@@ -165,3 +165,27 @@ train: {{stage: 1, output_dir: {tmp_path}/s1, max_steps: 2, per_device_batch_siz
     run_training(load_config(config))
     assert "scale_value auto" not in capsys.readouterr().out
     assert load_bundle(tmp_path / "s2/model").model.norm_layer.scale.item() == pytest.approx(c)  # frozen, carried
+
+
+@pytest.mark.parametrize("arm", [a for a in NORM_ARMS if a != "none"])
+def test_every_arm_trains_and_logs_its_layer(tmp_path, tiny_dir, arm):
+    """A real stage-1 run of each arm with the layer's statistics logged every step (as the tiny
+    configs do): the logging must cope with whatever parameters the arm has (scale_to_t: none)."""
+    from tinydata import write_dataset
+
+    from llava_norm.train.run import run_training
+
+    data, images = write_dataset(tmp_path / "data", n=8)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"""
+model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama, norm_alignment: {arm}}}
+data: {{mixture: [{{path: {data}, image_folder: {images}}}], num_workers: 0, max_length: 256}}
+train: {{stage: 1, output_dir: {tmp_path}/s1, max_steps: 2, per_device_batch_size: 2, save_steps: 100,
+         logging_steps: 1, norm_stats_steps: 1}}
+""")
+    run_training(load_config(config))
+    logged = json.loads((tmp_path / "s1/train_summary.json").read_text())["log_history"]
+    keys = {k for entry in logged for k in entry if k.startswith("norm/")}
+    expected = {"layernorm": {"norm/gain_l2", "norm/gain_abs_mean", "norm/gain_abs_std", "norm/bias_abs_mean"},
+                "scale_to_t": set(), "scale_fixed": {"norm/scale"}, "scale_learned": {"norm/scale"}}
+    assert keys == expected.get(NORM_ARMS[arm].layer, expected["layernorm"])

@@ -143,7 +143,7 @@ class LlavaNormTrainer(Trainer):
             norm = self.model.norm_layer if hasattr(self.model, "norm_layer") else None
             step = self.state.global_step
             if norm is not None and self.norm_stats_steps > 0 and step % self.norm_stats_steps == 0:
-                with _gathered([norm.weight, norm.bias]):
+                with _gathered(list(norm.parameters())):  # whatever the arm has (scale_to_t: none)
                     logs.update({f"norm/{k}": v for k, v in norm.gain_statistics().items()})
         super().log(logs, start_time)
 
