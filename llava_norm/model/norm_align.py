@@ -145,10 +145,12 @@ class VisualScale(nn.Module):
         if mode == "to_t" and text_norm is None:
             raise ValueError("VisualScale(to_t) needs the text norm T")
         self.mode, self.text_norm, self.eps, self.init_value = mode, text_norm, eps, float(value)
+        # Shape (1,), not a 0-dim tensor: DeepSpeed's start-up broadcast views every parameter as
+        # bytes, which a 0-dim tensor cannot be.
         if mode == "learned":
-            self.scale = nn.Parameter(torch.tensor(self.init_value))
+            self.scale = nn.Parameter(torch.full((1,), self.init_value))
         elif mode == "fixed":
-            self.register_buffer("scale", torch.tensor(self.init_value))
+            self.register_buffer("scale", torch.full((1,), self.init_value))
 
     def reset_parameters(self) -> None:
         if self.mode != "to_t":
