@@ -106,3 +106,16 @@ def test_run_names_split_into_arm_and_seed():
     assert split_name("odd@seedx") == ("odd@seedx", None)
     with pytest.raises(ValueError, match="baseline arm 'missing'"):
         ablation_cells({}, "missing")
+
+
+def test_intervals_are_cut_to_what_a_score_can_be():
+    from llava_norm.analysis.ablation import _score
+    from llava_norm.evaluation.units import Units
+
+    def units(headline):
+        return Units("pope", ("a",), np.zeros((1, 1)), lambda rows: 0.0, np.zeros(1), np.zeros(1), headline)
+
+    score, method = _score({0: units(0.0), 1: units(0.0), 2: units(61.9)})  # t over 3 seeds reaches below 0
+    uncut = mean_over_seeds([0.0, 0.0, 61.9])
+    assert uncut.low < 0 and score.low == 0.0 and score.high == uncut.high and score.estimate == uncut.estimate
+    assert method == "Student t over 3 seeds"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from llava_norm.evaluation.benchmarks import BENCHMARKS
@@ -81,12 +81,19 @@ def _aligned(base: Units, other: Units, where: str) -> Units:
                  other.chances[order], other.headline)
 
 
+def _clipped(found, low: float, high: float):
+    """An interval cut to what the quantity can be (a score in [0, 100], a delta in [-100, 100]):
+    the cut one holds the truth whenever the uncut one does; t over 3 seeds can reach past both."""
+    return replace(found, low=min(max(found.low, low), high), high=max(min(found.high, high), low))
+
+
 def _score(units: dict[int | None, Units]) -> tuple[Interval, str]:
     if len(units) > 1:
-        return mean_over_seeds([u.headline for u in units.values()], LEVEL), f"Student t over {len(units)} seeds"
+        found = mean_over_seeds([u.headline for u in units.values()], LEVEL)
+        return _clipped(found, 0.0, 100.0), f"Student t over {len(units)} seeds"
     (only,) = units.values()
-    return (bootstrap_interval(only.rows, only.statistic, level=LEVEL, resamples=RESAMPLES),
-            "bootstrap over units (one seed)")
+    found = bootstrap_interval(only.rows, only.statistic, level=LEVEL, resamples=RESAMPLES)
+    return _clipped(found, 0.0, 100.0), "bootstrap over units (one seed)"
 
 
 def ablation_cells(runs: dict[str, Path], baseline: str, benchmarks: list[str] | None = None,
@@ -121,7 +128,8 @@ def ablation_cells(runs: dict[str, Path], baseline: str, benchmarks: list[str] |
                 shared = [s for s in mine if s in base]
                 if shared:
                     pairs = [(base[s].rows, _aligned(base[s], mine[s], benchmark).rows) for s in shared]
-                    delta = seed_paired_bootstrap(pairs, base[shared[0]].statistic, level=LEVEL, resamples=RESAMPLES)
+                    delta = _clipped(seed_paired_bootstrap(pairs, base[shared[0]].statistic, level=LEVEL,
+                                                           resamples=RESAMPLES), -100.0, 100.0)
                     cell = Cell(**{**cell.__dict__, "delta": delta, "delta_seeds": tuple(shared)})
                 else:
                     cell = Cell(**{**cell.__dict__, "note": f"no seed in common with {baseline}: no delta"})
@@ -143,7 +151,7 @@ def to_markdown(cells: list[Cell], baseline: str) -> str:
     methods = sorted({c.score_method for c in cells})
     lines = [
         "## Arms over training seeds", "",
-        f"Percentages. **Scores**: the mean over training seeds [{LEVEL:.0%} interval]: "
+        f"Percentages. **Scores**: the mean over training seeds [{LEVEL:.0%} interval, cut to 0-100]: "
         + "; ".join(methods) + ". **Deltas** against `" + baseline + "`: paired by unit within each seed, then "
         "across the seeds both arms have; a bootstrap interval widened to hold Student's t over the per-seed "
         "deltas where there are several seeds, and its p-value (`llava_norm.stats.seed_paired_bootstrap`). "
@@ -165,7 +173,10 @@ def to_markdown(cells: list[Cell], baseline: str) -> str:
                                                             for c in row) + " |")
         notes += [f"- {arm}, {c.benchmark}: {c.note}" for c in row if c.note]
     held = [c for c in cells if c.delta and not c.delta.covers_zero]
-    lines += ["", f"{len(held)} of {sum(1 for c in cells if c.delta)} deltas have an interval that excludes 0."]
+    tested = sum(1 for c in cells if c.delta)
+    lines += ["", f"{len(held)} of {tested} deltas have an interval that excludes 0. Each interval is at "
+              f"{LEVEL:.0%}: with no effect anywhere, about {tested * (1 - LEVEL):.1f} of {tested} would exclude 0 "
+              "by chance alone, so one such delta among many is not evidence of an effect."]
     legend = [f"- **{b}**: {headline(b).legend}." for b in columns]
     return "\n".join(lines + notes + ["", *legend]) + "\n"
 
