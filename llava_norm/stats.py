@@ -173,9 +173,11 @@ def seed_paired_bootstrap(pairs, statistic: Statistic, *, level: float = 0.95, r
     low, high = np.quantile(deltas, [(1 - level) / 2, (1 + level) / 2])
     # Two-sided bootstrap p-value: twice the smaller share of resampled deltas on either side of
     # 0, each share counted as (count + 1) / (resamples + 1) so a finite bootstrap never claims
-    # p = 0 (the floor is 2 / (resamples + 1)). A delta of exactly 0 counts on both sides, so
-    # identical arms give p = 1.
-    side = min(int(np.sum(deltas <= 0)), int(np.sum(deltas >= 0)))
+    # p = 0 (the floor is 2 / (resamples + 1)). A resampled delta of exactly 0 counts half on
+    # each side (mid-p), so identical arms give p = 1 but a delta that is 0 in most resamples
+    # of a few discrete units does not.
+    ties = int(np.sum(deltas == 0))
+    side = min(int(np.sum(deltas < 0)), int(np.sum(deltas > 0))) + ties / 2
     p_value = min(1.0, 2 * (side + 1) / (resamples + 1))
     per_seed = np.array([statistic(b) - statistic(a) for a, b in pairs])
     estimate = float(per_seed.mean())
@@ -205,6 +207,21 @@ def t_two_sided_p(t: float, df: int) -> float:
     if df != int(df) or df < 1:
         raise ValueError(f"df must be a positive integer, got {df}")
     return max(0.0, 1.0 - _t_central(math.atan(abs(t) / math.sqrt(df)), int(df)))
+
+
+def seeds_interval(rows_per_seed, statistic: Statistic, *, level: float = 0.95, resamples: int = 2000,
+                   seed: int = 0) -> Interval:
+    """One arm's score over training seeds: the mean of the per-seed scores, with the union of
+    Student's t interval over the seeds and a hierarchical bootstrap (seeds, then units within
+    each), so that neither the seeds' spread nor the units' is left out (identical seeds still
+    have item noise). One seed: the bootstrap over units alone."""
+    rows = [_as_rows(r) for r in rows_per_seed]
+    if len(rows) == 1:
+        return bootstrap_interval(rows[0], statistic, level=level, resamples=resamples, seed=seed)
+    draws = _resample([rows], statistic, resamples, seed)[0]
+    low, high = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
+    t = mean_over_seeds([statistic(r) for r in rows], level)
+    return Interval(t.estimate, min(float(low), t.low), max(float(high), t.high), level)
 
 
 def t_quantile(prob: float, df: float) -> float:

@@ -19,6 +19,7 @@ from llava_norm.stats import (
     mean_over_seeds,
     paired_bootstrap,
     seed_paired_bootstrap,
+    seeds_interval,
     t_quantile,
     t_two_sided_p,
     wilson_interval,
@@ -130,6 +131,25 @@ def test_seed_delta_covers_zero_at_nominal_rate_over_simulated_seeds(seed_sd, ba
     assert band[0] <= np.mean([d.covers_zero for d in deltas]) <= band[1]
     assert np.mean([d.p_value < 0.05 for d in deltas]) <= 0.08
     assert all((d.p_value < 0.05) != d.covers_zero for d in deltas if abs(d.p_value - 0.05) > 0.01)
+
+
+def test_seeds_interval_keeps_item_noise_and_seed_spread():
+    rng = np.random.default_rng(21)
+    same = (rng.random((200, 1)) < 0.5).astype(float)
+    identical = seeds_interval([same, same, same], mean_of(0))  # t alone would be zero-width
+    assert identical.low < identical.estimate < identical.high
+    spread = [(rng.random((200, 1)) < p).astype(float) for p in (0.3, 0.5, 0.7)]
+    joined, t = seeds_interval(spread, mean_of(0)), mean_over_seeds([r.mean() for r in spread])
+    assert joined.low <= t.low and joined.high >= t.high and joined.estimate == pytest.approx(t.estimate)
+
+
+def test_a_delta_that_is_mostly_tied_is_not_given_p_one():
+    # Two seeds give identical arms, the third differs on one unit of three: over half the
+    # resampled deltas are exactly 0, yet the estimate is not; counting ties on both sides gave p = 1.
+    same, other = np.zeros((3, 1)), np.array([[0.0], [0.0], [1.0]])
+    d = seed_paired_bootstrap([(same, same), (same, same), (same, other)], mean_of(0), resamples=999)
+    assert d.estimate > 0 and d.p_value < 0.9
+    assert seed_paired_bootstrap([(same, same)] * 3, mean_of(0)).p_value == 1.0
 
 
 def test_t_two_sided_p_known_values():

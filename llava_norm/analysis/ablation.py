@@ -27,13 +27,7 @@ from pathlib import Path
 from llava_norm.evaluation.benchmarks import BENCHMARKS
 from llava_norm.evaluation.table import headline, read_run
 from llava_norm.evaluation.units import Units, read_units
-from llava_norm.stats import (
-    Delta,
-    Interval,
-    bootstrap_interval,
-    mean_over_seeds,
-    seed_paired_bootstrap,
-)
+from llava_norm.stats import Delta, Interval, seed_paired_bootstrap, seeds_interval
 
 SEED_MARK = "@seed"
 LEVEL = 0.95
@@ -88,12 +82,11 @@ def _clipped(found, low: float, high: float):
 
 
 def _score(units: dict[int | None, Units]) -> tuple[Interval, str]:
-    if len(units) > 1:
-        found = mean_over_seeds([u.headline for u in units.values()], LEVEL)
-        return _clipped(found, 0.0, 100.0), f"Student t over {len(units)} seeds"
-    (only,) = units.values()
-    found = bootstrap_interval(only.rows, only.statistic, level=LEVEL, resamples=RESAMPLES)
-    return _clipped(found, 0.0, 100.0), "bootstrap over units (one seed)"
+    statistic = next(iter(units.values())).statistic
+    found = seeds_interval([u.rows for u in units.values()], statistic, level=LEVEL, resamples=RESAMPLES)
+    method = (f"Student t over {len(units)} seeds joined with a bootstrap over seeds and units" if len(units) > 1
+              else "bootstrap over units (one seed)")
+    return _clipped(found, 0.0, 100.0), method
 
 
 def ablation_cells(runs: dict[str, Path], baseline: str, benchmarks: list[str] | None = None,
