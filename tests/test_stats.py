@@ -144,11 +144,11 @@ def test_seeds_interval_keeps_item_noise_and_seed_spread():
 
 
 def test_a_delta_that_is_mostly_tied_is_not_given_p_one():
-    # Two seeds give identical arms, the third differs on one unit of three: over half the
-    # resampled deltas are exactly 0, yet the estimate is not; counting ties on both sides gave p = 1.
+    # Two seeds give identical arms, the third differs on one unit of three: nearly half the
+    # resampled deltas are exactly 0, yet the estimate is not; counting ties on both sides doubles them.
     same, other = np.zeros((3, 1)), np.array([[0.0], [0.0], [1.0]])
     d = seed_paired_bootstrap([(same, same), (same, same), (same, other)], mean_of(0), resamples=999)
-    assert d.estimate > 0 and d.p_value < 0.9
+    assert d.estimate > 0 and d.p_value < 0.8  # ties on both sides: about 0.89
     assert seed_paired_bootstrap([(same, same)] * 3, mean_of(0)).p_value == 1.0
 
 
