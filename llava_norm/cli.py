@@ -166,6 +166,8 @@ def _sweep(args) -> None:
         config = _chain_config(args, arm_dirs(args.backbone, args.arms, args.baseline), seeds=parse_seeds(args.seeds),
                                task=args.task, table_only=args.table_only)
         if args.slurm:
+            if args.task is not None or args.table_only:
+                raise ValueError("--slurm writes the whole grid's files; --task and --table-only are what they run")
             settings = SlurmSettings(args.slurm_gpus, time=args.slurm_time, extra=args.slurm_arg)
             for path in write_slurm(config, _sweep_argv(args), args.slurm, settings):
                 print(f"written: {path}")

@@ -311,6 +311,18 @@ def arm_steps(config: PipelineConfig, config_dir: str, seed: int | None = None) 
     return [train_step(1), train_step(2), evaluation]
 
 
+def _mark_unmatched(config: PipelineConfig, specs: list[RunSpec], marks: dict[str, list[str]]) -> None:
+    """For a table of runs it did not just run: every step is decided as a rerun would decide
+    it, and what would not be reused (or was made by another version) marks the run's row."""
+    for spec in specs:
+        for step in arm_steps(config, spec.config_dir, spec.seed):
+            decision = step.decide()
+            what = step.name.split(": ", 1)[-1]
+            if not decision.reuse:
+                marks[spec.name].append(f"{what} does not match a rerun: {'; '.join(decision.reasons)}")
+            marks[spec.name] += [f"{what} made by another version: {note}" for note in decision.notes]
+
+
 def table_step(config: PipelineConfig, marks: dict[str, list[str]]) -> Step:
     def run() -> None:
         dirs = {spec.name: ArmDirs.of(config.runs_dir, spec.arm, spec.seed) for spec in runs(config)}
@@ -318,6 +330,7 @@ def table_step(config: PipelineConfig, marks: dict[str, list[str]]) -> Step:
             dirs = {name: d for name, d in dirs.items() if (d.eval / EVAL_SUMMARY).is_file()}
             if not dirs:
                 raise FileNotFoundError(f"no finished evaluation under {Path(config.runs_dir).resolve()}")
+            _mark_unmatched(config, [spec for spec in runs(config) if spec.name in dirs], marks)
         first_name, first = next(iter(dirs.items()))
         # Where the checkpoints and the benchmark files are now, which the evaluations' own
         # records (the paths at evaluation time) cannot know after a move.
@@ -328,7 +341,8 @@ def table_step(config: PipelineConfig, marks: dict[str, list[str]]) -> Step:
                             checkpoints={name: d.stage2 / "model" for name, d in dirs.items()},
                             data={r.name: Path(r.path) for r in requests})
         stats = write_ablation({name: d.eval for name, d in dirs.items()}, prefix, baseline=arm_name(config.arms[0]),
-                               benchmarks=[r.name for r in requests], options={r.name: r.options for r in requests})
+                               benchmarks=[r.name for r in requests], options={r.name: r.options for r in requests},
+                               marks={name: found for name, found in marks.items() if name in dirs and found})
         tqdm.write(stats.read_text())
         tqdm.write(f"per-run table: {md}")
 

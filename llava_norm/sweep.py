@@ -10,6 +10,7 @@ or reuses its steps by their provenance records, exactly as a local rerun does.
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -18,9 +19,11 @@ from pathlib import Path
 from llava_norm.config_schema import NORM_ARMS
 from llava_norm.pipeline import REPO, PipelineConfig, runs
 
-# Array tasks may share a node: each task rendezvouses on its own port (single-process
-# DeepSpeed binds one too), starting from the launch scripts' default.
-BASE_PORT = 29500
+# Multi-GPU array tasks may share a node with each other and with other jobs: each takes a port
+# from its array job and task ids. A one-GPU task leaves MASTER_PORT unset, so its single
+# process picks a free port itself (``train.run``).
+BASE_PORT, PORT_RANGE = 20000, 40000
+DATA_VARIABLES = ("LLAVA_DATA", "EVAL_DATA")
 
 
 def arm_dirs(backbone: str | Path, arms: str = "all", baseline: str = "none") -> list[str]:
@@ -29,7 +32,11 @@ def arm_dirs(backbone: str | Path, arms: str = "all", baseline: str = "none") ->
     root = Path(backbone)
     if not root.is_dir():
         raise FileNotFoundError(f"backbone config directory not found: {root}")
+    if (root / "stage1.yaml").is_file():
+        raise ValueError(f"{root} is an arm directory; give the backbone directory above it ({root.parent})")
     names = [a for a in NORM_ARMS if (root / a).is_dir()] if arms == "all" else [a for a in arms.split(",") if a]
+    if not names:
+        raise FileNotFoundError(f"{root}: no arm directories ({', '.join(NORM_ARMS)})")
     missing = [a for a in names if not (root / a / "stage1.yaml").is_file() or not (root / a / "stage2.yaml").is_file()]
     if missing:
         raise FileNotFoundError(f"{root}: no stage1.yaml + stage2.yaml for arm(s) {missing}")
@@ -39,19 +46,23 @@ def arm_dirs(backbone: str | Path, arms: str = "all", baseline: str = "none") ->
 
 
 def parse_seeds(text: str) -> list[int]:
-    """``"0,1,2"`` or ``"0-2"`` -> ``[0, 1, 2]``."""
-    try:
-        if "-" in text.strip("-"):
-            low, high = text.split("-", 1)
-            return list(range(int(low), int(high) + 1))
-        return [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise ValueError(f"--seeds {text!r}: expected a list like 0,1,2 or a range like 0-2") from None
+    """``"0,1,2"`` or ``"0-2"`` -> ``[0, 1, 2]``: non-negative, at least one."""
+    problem = ValueError(f"--seeds {text!r}: expected non-negative seeds as a list like 0,1,2 or a range like 0-2")
+    parts = text.split("-")
+    if len(parts) == 2 and all(p.strip().isdigit() for p in parts):
+        seeds = list(range(int(parts[0]), int(parts[1]) + 1))
+    elif all(p.strip().isdigit() for p in text.split(",")):
+        seeds = [int(p) for p in text.split(",")]
+    else:
+        raise problem
+    if not seeds:
+        raise problem
+    return seeds
 
 
 @dataclass
 class SlurmSettings:
-    gpus: int = 1  # per task: one node, this many processes
+    gpus: int = 1  # per task: one node, this many processes (>= 1)
     cpus_per_gpu: int = 8
     time: str = "24:00:00"
     extra: list[str] = field(default_factory=list)  # more #SBATCH lines, e.g. "--partition=gpu"
@@ -62,6 +73,8 @@ def write_slurm(config: PipelineConfig, argv: list[str], out_dir: str | Path, sl
 
     ``argv``: the sweep's own arguments with absolute paths and no Slurm or task flags; each
     task runs them with ``--task``, the table job with ``--table-only``."""
+    if slurm.gpus < 1:
+        raise ValueError(f"--slurm-gpus must be at least 1, got {slurm.gpus}")
     out = Path(out_dir).resolve()
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -69,22 +82,28 @@ def write_slurm(config: PipelineConfig, argv: list[str], out_dir: str | Path, sl
     listing = "\n".join(f"#   {i}: {spec.name}" for i, spec in enumerate(grid))
     command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "llava_norm.cli", "sweep", *argv])
     extra = "".join(f"#SBATCH {line}\n" for line in slurm.extra)
+    # The data roots the configs and the evaluation read, as they are now, not on the node.
+    data_env = "".join(f"export {key}={shlex.quote(os.environ[key])}\n" for key in DATA_VARIABLES if key in os.environ)
+    port = (f"export MASTER_PORT=$(({BASE_PORT} + (SLURM_ARRAY_JOB_ID * 97 + SLURM_ARRAY_TASK_ID) % {PORT_RANGE}))\n"
+            if slurm.gpus > 1 else "")
     header = "#!/usr/bin/env bash\n# Written by `llava-norm sweep --slurm`; submit with submit.sh.\n"
     array = (
         f"{header}# {len(grid)} tasks, one (arm, seed) chain each:\n{listing}\n"
         f"#SBATCH --job-name=llava-norm-sweep\n#SBATCH --array=0-{len(grid) - 1}\n#SBATCH --nodes=1\n"
         f"#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node={slurm.gpus}\n"
         f"#SBATCH --cpus-per-task={slurm.cpus_per_gpu * slurm.gpus}\n#SBATCH --time={slurm.time}\n"
-        f"#SBATCH --requeue\n#SBATCH --output={logs}/task_%a.out\n{extra}"
-        f"set -euo pipefail\ncd {shlex.quote(str(REPO))}\n"
-        f"export GPUS_PER_NODE={slurm.gpus} MASTER_PORT=$(({BASE_PORT} + SLURM_ARRAY_TASK_ID % 20000))\n"
+        f"#SBATCH --requeue\n#SBATCH --output=\"{logs}/task_%a_job_%A.out\"\n{extra}"
+        f"set -euo pipefail\ncd {shlex.quote(str(REPO))}\n{data_env}"
+        f"export GPUS_PER_NODE={slurm.gpus}\n{port}"
         f'exec {command} --task "$SLURM_ARRAY_TASK_ID"\n'
     )
     table = (
         f"{header}# The statistics table of whatever tasks finished.\n#SBATCH --job-name=llava-norm-table\n"
         f"#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=4\n#SBATCH --time=01:00:00\n"
-        f"#SBATCH --output={logs}/table.out\n{extra}"
-        f"set -euo pipefail\ncd {shlex.quote(str(REPO))}\nexec {command} --table-only\n"
+        f"#SBATCH --output=\"{logs}/table_job_%j.out\"\n{extra}"
+        f"set -euo pipefail\ncd {shlex.quote(str(REPO))}\n{data_env}"
+        # The tasks' process count: what each run's record is checked against.
+        f"export GPUS_PER_NODE={slurm.gpus}\nexec {command} --table-only\n"
     )
     submit = (
         "#!/usr/bin/env bash\n# Submit the sweep's array, then its table once every task has ended.\n"

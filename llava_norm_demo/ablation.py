@@ -39,6 +39,9 @@ ABLATION = replace(FULL, name="ablation", stage1=("train.max_steps=100", "train.
 def ablation_arms(arms: tuple[str, ...] | None = None) -> list[str]:
     """The arm config directories of ``configs/tiny``: every arm (or ``arms``), the baseline first."""
     names = arms or tuple(NORM_ARMS)
+    unknown = [n for n in names if n not in NORM_ARMS]
+    if unknown:
+        raise ValueError(f"unknown arm(s) {unknown}; configs/tiny has {', '.join(NORM_ARMS)}")
     return [str(REPO / "configs" / "tiny" / name) for name in (BASELINE, *[n for n in names if n != BASELINE])]
 
 

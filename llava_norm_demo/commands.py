@@ -51,8 +51,12 @@ def _ablation(args) -> None:
     from llava_norm.sweep import parse_seeds
     from llava_norm_demo.ablation import run_ablation
 
-    arms = tuple(args.arms.split(",")) if args.arms != "all" else None
-    print(run_ablation(args.root, tuple(parse_seeds(args.seeds)), arms=arms, code_counts=args.code_counts).read_text())
+    try:
+        seeds = tuple(parse_seeds(args.seeds))
+        arms = tuple(args.arms.split(",")) if args.arms != "all" else None
+        print(run_ablation(args.root, seeds, arms=arms, code_counts=args.code_counts).read_text())
+    except (FileNotFoundError, ValueError, RuntimeError) as error:
+        raise SystemExit(f"ablation: {error}") from None
 
 
 def register(sub) -> None:

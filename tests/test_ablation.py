@@ -123,3 +123,15 @@ def test_intervals_are_cut_to_what_a_score_can_be():
     assert uncut.low < 0 and uncut.high > 100 and (score.low, score.high) == (0.0, 100.0)
     assert score.estimate == uncut.estimate
     assert method.startswith("Student t over 3 seeds")
+
+
+def test_a_benchmark_some_runs_lack_is_left_out_and_named(runs, tmp_path):
+    import shutil
+
+    partial = dict(runs)
+    copy = tmp_path / "noisy@seed2"
+    shutil.copytree(runs["noisy@seed2"], copy)
+    (copy / "hellaswag.json").unlink()
+    partial["noisy@seed2"] = copy
+    text = write_ablation(partial, tmp_path / "t", "base").read_text()
+    assert "- not in the table: hellaswag, which noisy@seed2 lack(s)" in text and "| hellaswag" not in text

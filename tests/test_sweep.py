@@ -41,8 +41,9 @@ def sweep(tmp_path_factory, tiny_dir):
     world = root / "world"
     build_world(world, seed=5, n_pretrain=10, n_instruct=10, n_text=20, n_bench=4, bench_sizes={"pope": 2})
     data, images = write_dataset(root / "data", n=8, text_only_every=4)
-    common = [f"model.vision_tower={tiny_dir}/siglip", f"model.llm={tiny_dir}/llama",
-              f"data.mixture=[{{path: {data}, image_folder: {images}}}]", "train.max_steps=2",
+    # The recipe's LLM family (Qwen2.5) and its data slicing (take), at tiny scale.
+    common = [f"model.vision_tower={tiny_dir}/siglip", f"model.llm={tiny_dir}/qwen2",
+              f"data.mixture=[{{path: {data}, image_folder: {images}, take: 'first:6'}}]", "train.max_steps=2",
               "train.deepspeed=null", "train.per_device_batch_size=2", "train.save_steps=2",
               "train.global_batch_size=null"]
     runs, slurm = root / "runs", root / "slurm"
@@ -72,9 +73,19 @@ def test_slurm_files_name_every_chain_and_a_port_per_task(sweep):
     assert "#SBATCH --array=0-3" in array and "#SBATCH --partition=gpu" in array and "#SBATCH --requeue" in array
     listed = [line.split(": ", 1)[1] for line in array.splitlines() if line.startswith("#   ")]
     assert listed == NAMES  # arm-major, the baseline first: what --task N selects
-    assert 'MASTER_PORT=$((29500 + SLURM_ARRAY_TASK_ID % 20000))' in array and '--task "$SLURM_ARRAY_TASK_ID"' in array
+    assert "MASTER_PORT" not in array  # one GPU per task: its single process picks a free port
+    assert '--task "$SLURM_ARRAY_TASK_ID"' in array and f'--output="{sweep.slurm}/logs/task_%a_job_%A.out"' in array
     assert "--table-only" in (sweep.slurm / "table.sbatch").read_text()
     assert f"sweep {REPO / 'configs/recipe-1gpu'} " in array and "--eval-arg=--limit=500" in array
+
+
+def test_multi_gpu_tasks_take_a_port_from_their_job_and_task(sweep, tmp_path):
+    done = _cli("sweep", *sweep.args, "--slurm", str(tmp_path), "--slurm-gpus", "2")
+    assert done.returncode == 0, done.stderr
+    array = (tmp_path / "sweep.sbatch").read_text()
+    assert "#SBATCH --gpus-per-node=2" in array and "export GPUS_PER_NODE=2" in array
+    assert "MASTER_PORT=$((20000 + (SLURM_ARRAY_JOB_ID * 97 + SLURM_ARRAY_TASK_ID) % 40000))" in array
+    assert "export GPUS_PER_NODE=2" in (tmp_path / "table.sbatch").read_text()  # records are checked at 2
 
 
 def test_submit_chains_the_table_after_the_array(sweep, tmp_path):
@@ -143,6 +154,7 @@ def test_the_table_command_takes_whatever_runs_exist(sweep, tmp_path):
     cells = {(r["arm"], r["benchmark"]): r for r in csv.DictReader((tmp_path / "t_stats.csv").open())}
     one = cells[("scale_to_t", "ai2d")]
     assert (one["n_seeds"], one["score_method"], one["delta_seeds"]) == ("1", "bootstrap over units (one seed)", "1")
+    assert "seed-to-seed spread not measured" in one["verdict"]
     assert "| scale_to_t | 1 |" in (tmp_path / "t_stats.md").read_text()
 
 
@@ -162,6 +174,19 @@ def test_the_recipe_has_every_arm_on_its_slices():
         assert (one.train.global_batch_size, two.train.global_batch_size) == (256, 128)
 
 
+def test_the_table_job_marks_runs_a_rerun_would_not_reuse(sweep, tmp_path):
+    clean = _cli("sweep", *sweep.args, "--table-only", "--table", str(tmp_path / "same"))
+    assert clean.returncode == 0, clean.stderr
+    assert "†" not in (tmp_path / "same_stats.md").read_text()
+    changed = _cli("sweep", *sweep.args, "--stage2=train.max_steps=3", "--table-only", "--table", str(tmp_path / "new"))
+    assert changed.returncode == 0, changed.stderr
+    text = (tmp_path / "new_stats.md").read_text()
+    assert "| none † |" in text and "| scale_to_t † |" in text
+    assert "- † none: none@seed0: stage 2 does not match a rerun: train.max_steps: 2 -> 3" in text
+    rows = list(csv.DictReader((tmp_path / "new_stats.csv").open()))
+    assert all("does not match a rerun" in r["note"] for r in rows)
+
+
 def test_bad_grids_are_refused_before_anything_runs(sweep):
     out_of_range = _cli("sweep", *sweep.args, "--task", "4")
     assert out_of_range.returncode != 0 and "task 4 is not in 0..3" in out_of_range.stderr
@@ -170,5 +195,10 @@ def test_bad_grids_are_refused_before_anything_runs(sweep):
     no_baseline = _cli("sweep", *sweep.args[:1], "--arms", "scale_to_t")
     assert no_baseline.returncode != 0 and "baseline arm 'none'" in no_baseline.stderr
     assert parse_seeds("0-2") == [0, 1, 2] and parse_seeds("3,5") == [3, 5]
-    with pytest.raises(ValueError, match="--seeds"):
-        parse_seeds("a,b")
+    for bad in ("a,b", "2-0", "", ",", "-1", "0,-1"):
+        with pytest.raises(ValueError, match="--seeds"):
+            parse_seeds(bad)
+    arm_dir = _cli("sweep", str(REPO / "configs/recipe-1gpu/none"), "--dry-run")
+    assert arm_dir.returncode != 0 and "is an arm directory" in arm_dir.stderr
+    both = _cli("sweep", *sweep.args, "--slurm", "/tmp/x", "--task", "1")
+    assert both.returncode != 0 and "--task and --table-only" in both.stderr

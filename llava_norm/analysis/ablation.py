@@ -89,6 +89,15 @@ def _score(units: dict[int | None, Units]) -> tuple[Interval, str]:
     return _clipped(found, 0.0, 100.0), method
 
 
+def missing_benchmarks(runs: dict[str, Path], benchmarks: list[str] | None = None) -> dict[str, list[str]]:
+    """Benchmarks some runs have and others lack: ``{benchmark: [runs without it]}``. The table
+    leaves them out (a column must compare every run) and says so."""
+    found = {name: set(read_run(d, benchmarks)[1]) for name, d in runs.items()}
+    every = set().union(*found.values()) if found else set()
+    return {b: [n for n, names in found.items() if b not in names] for b in BENCHMARKS
+            if b in every and not all(b in names for names in found.values())}
+
+
 def ablation_cells(runs: dict[str, Path], baseline: str, benchmarks: list[str] | None = None,
                    options: dict[str, dict] | None = None, data: dict[str, Path] | None = None) -> list[Cell]:
     """The cells of the statistics table for evaluated runs ``{run name: eval dir}``.
@@ -130,13 +139,26 @@ def ablation_cells(runs: dict[str, Path], baseline: str, benchmarks: list[str] |
     return cells
 
 
+ONE_SEED = "one seed: item noise only, seed-to-seed spread not measured"
+
+
 def _delta_text(delta: Delta) -> str:
     p = "p<0.001" if delta.p_value < 0.001 else f"p={delta.p_value:.3f}"
     core = f"{delta.estimate:+.2f} [{delta.low:+.2f}, {delta.high:+.2f}], {p}"
-    return f"{core}, no detectable difference" if delta.covers_zero else core
+    core = f"{core}, no detectable difference" if delta.covers_zero else core
+    return f"{core} ({ONE_SEED})" if delta.n_seeds == 1 else core
 
 
-def to_markdown(cells: list[Cell], baseline: str) -> str:
+def _marked(arm: str, marks: dict[str, list[str]]) -> list[str]:
+    """The marks of an arm's runs (stale steps kept, another code version), as ``run: mark``."""
+    return [f"{name}: {mark}" for name, found in marks.items() if split_name(name)[0] == arm for mark in found]
+
+
+def to_markdown(cells: list[Cell], baseline: str, marks: dict[str, list[str]] | None = None,
+                missing: dict[str, list[str]] | None = None) -> str:
+    """The table; ``marks`` (per run) put a † on an arm's rows, with the reasons under the table;
+    ``missing`` names the benchmarks left out because some runs lack them."""
+    marks = marks or {}
     columns = list(dict.fromkeys(c.benchmark for c in cells))
     arms = list(dict.fromkeys(c.arm for c in cells))
     at = {(c.arm, c.benchmark): c for c in cells}
@@ -153,16 +175,19 @@ def to_markdown(cells: list[Cell], baseline: str) -> str:
         "| arm | seeds | " + " | ".join(label[b] for b in columns) + " |",
         "|---|---|" + "---|" * len(columns),
     ]
+    def name(arm: str) -> str:
+        return f"{arm} †" if _marked(arm, marks) else arm
+
     for arm in arms:
         seeds = _seed_label(at[(arm, columns[0])].seeds)
-        lines.append(f"| {arm} | {seeds} | " + " | ".join(at[(arm, b)].score.format(digits=2) for b in columns) + " |")
+        lines.append(f"| {name(arm)} | {seeds} | " + " | ".join(at[(arm, b)].score.format(digits=2) for b in columns) + " |")
     lines += ["", f"### Deltas against `{baseline}`", "",
               "| arm | seeds paired | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
     notes = []
     for arm in arms[1:]:
         row = [at[(arm, b)] for b in columns]
         seeds = _seed_label(row[0].delta_seeds) if row[0].delta else "none"
-        lines.append(f"| {arm} | {seeds} | " + " | ".join(_delta_text(c.delta) if c.delta else "no delta"
+        lines.append(f"| {name(arm)} | {seeds} | " + " | ".join(_delta_text(c.delta) if c.delta else "no delta"
                                                             for c in row) + " |")
         notes += [f"- {arm}, {c.benchmark}: {c.note}" for c in row if c.note]
     held = [c for c in cells if c.delta and not c.delta.covers_zero]
@@ -170,11 +195,13 @@ def to_markdown(cells: list[Cell], baseline: str) -> str:
     lines += ["", f"{len(held)} of {tested} deltas have an interval that excludes 0. Each interval is at "
               f"{LEVEL:.0%}: with no effect anywhere, about {tested * (1 - LEVEL):.1f} of {tested} would exclude 0 "
               "by chance alone, so one such delta among many is not evidence of an effect."]
+    daggers = [f"- † {arm}: {m}" for arm in arms for m in _marked(arm, marks)]
+    left_out = [f"- not in the table: {b}, which {', '.join(names)} lack(s)" for b, names in (missing or {}).items()]
     legend = [f"- **{b}**: {headline(b).legend}." for b in columns]
-    return "\n".join(lines + notes + ["", *legend]) + "\n"
+    return "\n".join(lines + notes + daggers + left_out + ["", *legend]) + "\n"
 
 
-def to_csv(cells: list[Cell]) -> str:
+def to_csv(cells: list[Cell], marks: dict[str, list[str]] | None = None) -> str:
     fields = ["arm", "benchmark", "seeds", "n_seeds", "n_units", "score", "score_low", "score_high", "score_method",
               "delta", "delta_low", "delta_high", "p_value", "delta_seeds", "verdict", "note"]
     buffer = io.StringIO()
@@ -183,17 +210,20 @@ def to_csv(cells: list[Cell]) -> str:
     for c in cells:
         row = {"arm": c.arm, "benchmark": c.benchmark, "seeds": _seed_label(c.seeds), "n_seeds": len(c.seeds),
                "n_units": c.n_units, "score": round(c.score.estimate, 4), "score_low": round(c.score.low, 4),
-               "score_high": round(c.score.high, 4), "score_method": c.score_method, "note": c.note}
+               "score_high": round(c.score.high, 4), "score_method": c.score_method,
+               "note": "; ".join(filter(None, [c.note, *_marked(c.arm, marks or {})]))}
         if c.delta:
             row.update(delta=round(c.delta.estimate, 4), delta_low=round(c.delta.low, 4),
                        delta_high=round(c.delta.high, 4), p_value=round(c.delta.p_value, 6),
-                       delta_seeds=_seed_label(c.delta_seeds), verdict=c.delta.verdict)
+                       delta_seeds=_seed_label(c.delta_seeds),
+                       verdict=c.delta.verdict + (f" ({ONE_SEED})" if c.delta.n_seeds == 1 else ""))
         writer.writerow(row)
     return buffer.getvalue()
 
 
 def write_ablation(runs: dict[str, Path], prefix: str | Path, baseline: str, benchmarks: list[str] | None = None,
-                   options: dict[str, dict] | None = None, data: dict[str, Path] | None = None) -> Path:
+                   options: dict[str, dict] | None = None, data: dict[str, Path] | None = None,
+                   marks: dict[str, list[str]] | None = None) -> Path:
     """Write ``<prefix>_stats.md``, ``<prefix>_stats.csv`` and ``<prefix>_forest.png``; returns the Markdown path."""
     # lazy: matplotlib loads only where a figure is drawn
     from llava_norm.analysis.plots import forest_grid
@@ -201,8 +231,8 @@ def write_ablation(runs: dict[str, Path], prefix: str | Path, baseline: str, ben
     cells = ablation_cells(runs, baseline, benchmarks, options, data)
     md, csv_path, png = (Path(f"{prefix}_stats.md"), Path(f"{prefix}_stats.csv"), Path(f"{prefix}_forest.png"))
     md.parent.mkdir(parents=True, exist_ok=True)
-    md.write_text(to_markdown(cells, baseline))
-    csv_path.write_text(to_csv(cells))
+    md.write_text(to_markdown(cells, baseline, marks, missing_benchmarks(runs, benchmarks)))
+    csv_path.write_text(to_csv(cells, marks))
     panels: dict[str, list[tuple[str, float, float, float]]] = {}
     for c in cells:
         if c.delta:
