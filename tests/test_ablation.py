@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from llava_norm.analysis.ablation import ablation_cells, split_name, to_markdown, write_ablation
+from llava_norm.analysis.ablation import (
+    ablation_cells,
+    split_name,
+    to_markdown,
+    write_ablation,
+)
 from llava_norm.evaluation.arguments import parse_eval_args
 from llava_norm.evaluation.runner import run_evaluation
 from llava_norm.evaluation.units import read_units
