@@ -168,6 +168,11 @@ class NormArm:
         return self.layer != "none"
 
     @property
+    def normalises(self) -> bool:
+        """Whether the layer is a norm with a learned gain (LayerNorm or RMSNorm, Table 5's subject)."""
+        return self.layer in ("layernorm", "rmsnorm")
+
+    @property
     def has_tensors(self) -> bool:
         """Whether the layer holds tensors that stage 1 saves (scale_to_t has none)."""
         return self.layer not in ("none", "scale_to_t")

@@ -325,12 +325,13 @@ def _mark_unmatched(config: PipelineConfig, specs: list[RunSpec], marks: dict[st
 
 def table_step(config: PipelineConfig, marks: dict[str, list[str]]) -> Step:
     def run() -> None:
-        dirs = {spec.name: ArmDirs.of(config.runs_dir, spec.arm, spec.seed) for spec in runs(config)}
+        grid = runs(config)
+        dirs = {spec.name: ArmDirs.of(config.runs_dir, spec.arm, spec.seed) for spec in grid}
         if config.table_only:  # whatever runs exist (a sweep's array tasks may not all have finished)
             dirs = {name: d for name, d in dirs.items() if (d.eval / EVAL_SUMMARY).is_file()}
             if not dirs:
                 raise FileNotFoundError(f"no finished evaluation under {Path(config.runs_dir).resolve()}")
-            _mark_unmatched(config, [spec for spec in runs(config) if spec.name in dirs], marks)
+            _mark_unmatched(config, [spec for spec in grid if spec.name in dirs], marks)
         first_name, first = next(iter(dirs.items()))
         # Where the checkpoints and the benchmark files are now, which the evaluations' own
         # records (the paths at evaluation time) cannot know after a move.

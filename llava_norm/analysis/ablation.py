@@ -121,20 +121,24 @@ def ablation_cells(runs: dict[str, Path], baseline: str, benchmarks: list[str] |
                                         (data or {}).get(benchmark))
                        for seed, d in sorted(grouped[arm].items(), key=lambda kv: -1 if kv[0] is None else kv[0])}
                  for arm in arms}
+        # Every run's units in one order (the baseline's first run's), so rows pair by position.
+        reference = next(iter(units[baseline].values()))
+        units = {arm: {seed: _aligned(reference, u, f"{benchmark}: {arm}") for seed, u in found.items()}
+                 for arm, found in units.items()}
         base = units[baseline]
         for arm in arms:
-            mine = {seed: _aligned(next(iter(base.values())), u, f"{benchmark}: {arm}") for seed, u in units[arm].items()}
+            mine = units[arm]
             score, method = _score(mine)
-            cell = Cell(arm, benchmark, tuple(mine), len(next(iter(mine.values())).ids), score, method)
+            cell = Cell(arm, benchmark, tuple(mine), len(reference.ids), score, method)
             if arm != baseline:
                 shared = [s for s in mine if s in base]
                 if shared:
-                    pairs = [(base[s].rows, _aligned(base[s], mine[s], benchmark).rows) for s in shared]
-                    delta = _clipped(seed_paired_bootstrap(pairs, base[shared[0]].statistic, level=LEVEL,
+                    pairs = [(base[s].rows, mine[s].rows) for s in shared]
+                    delta = _clipped(seed_paired_bootstrap(pairs, reference.statistic, level=LEVEL,
                                                            resamples=RESAMPLES), -100.0, 100.0)
-                    cell = Cell(**{**cell.__dict__, "delta": delta, "delta_seeds": tuple(shared)})
+                    cell = replace(cell, delta=delta, delta_seeds=tuple(shared))
                 else:
-                    cell = Cell(**{**cell.__dict__, "note": f"no seed in common with {baseline}: no delta"})
+                    cell = replace(cell, note=f"no seed in common with {baseline}: no delta")
             cells.append(cell)
     return cells
 

@@ -38,7 +38,7 @@ def read_norm_layer(path: str | Path) -> GlobalWeightCompensatedLayerNorm | None
     path = Path(path)
     config = json.loads((path / "config.json").read_text())
     arm = get_arm(config.get("norm_alignment", "none"))
-    if arm.layer not in ("layernorm", "rmsnorm"):  # no gain: nothing for Table 5
+    if not arm.normalises:  # no gain: nothing for Table 5
         return None
     files = _tensor_files(path)
     names = [NORM_PREFIX + "weight", *([] if arm.layer == "rmsnorm" else [NORM_PREFIX + "bias"])]

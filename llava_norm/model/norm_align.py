@@ -182,7 +182,7 @@ def build_alignment(arm: NormArm, hidden_size: int, text_norm: float | None, cla
     """The layer after the projector for one arm (None for ``none``)."""
     if arm.layer == "none":
         return None
-    if arm.layer in ("layernorm", "rmsnorm"):
+    if arm.normalises:
         if arm.text_norm_init and text_norm is None:
             raise ValueError(f"norm_alignment={arm.name!r} needs config.text_norm (T); build the model with "
                              "llava_norm.model.builder.build_model, which measures it from the LLM embeddings")

@@ -221,14 +221,18 @@ def run_training(config: RunConfig) -> Path | None:
                                 config.data.image_aspect, config.data.on_bad_sample, config.data.length_estimate,
                                 system_prompt=config.data.system_prompt)
     pad_id = bundle.tokenizer.pad_token_id
+
+    def collate_fn(examples):
+        return collate(examples, pad_id, "right")
+
     if needs_calibration(config):
-        value = calibrate_scale(bundle.model, dataset, lambda examples: collate(examples, pad_id, "right"))
+        value = calibrate_scale(bundle.model, dataset, collate_fn)
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"[llava-norm] model.scale_value auto: c = T / mean norm of the projected visual tokens of "
                   f"{CALIBRATION_IMAGES} training images = {value:.6g} (stored with the checkpoint)")
     trainer = LlavaNormTrainer(
         model=bundle.model, args=training_arguments(config), train_dataset=dataset,
-        data_collator=lambda examples: collate(examples, pad_id, "right"),
+        data_collator=collate_fn,
         optim_config=config.optim, group_by_modality_length=config.data.group_by_modality_length,
         norm_stats_steps=t.norm_stats_steps, keep_checkpoints=t.save_total_limit,
         checkpoint_files={RUN_CONFIG: to_yaml(config)},
