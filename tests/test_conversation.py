@@ -113,6 +113,27 @@ def test_truncation_keeps_whole_turns_or_skips(chat):
     assert truncate(encoded, len(encoded.input_ids)) is encoded
 
 
+def test_encoded_lengths_are_exact_after_truncation(chat, tiny_dir):
+    """Packing plans rows with these lengths: they must equal what encode + truncate builds."""
+    tokenizer, encoder = chat
+    plain = ConversationTokenizer(tokenizer, PlainFormat(tokenizer), encoder.image_token_id, tokens_per_image=5)
+    rng = random.Random(1)
+    conversations = [_conversation(rng, with_image=i % 3 != 0) for i in range(120)]
+    for enc, rows in ((encoder, conversations), (plain, [c[-2:] if c[0]["role"] == "system" else c[:2]
+                                                         for c in conversations])):
+        full = [len(enc.encode(messages).input_ids) for messages in rows]
+        seen = set()
+        for max_length in (10_000, sorted(full)[len(full) // 2], min(full)):
+            expected = []
+            for messages in rows:
+                cut = truncate(enc.encode(messages), max_length)
+                expected.append(0 if cut is None else len(cut.input_ids))
+            assert enc.encoded_lengths(rows, max_length, chunk=7) == expected
+            seen |= {"cut" if 0 < cut < whole else "refused" if cut == 0 else "whole"
+                     for cut, whole in zip(expected, full)}
+        assert seen == {"cut", "refused", "whole"} or enc is plain  # plain rows have one turn: never cut
+
+
 def _supervised(encoded) -> list[int]:
     return [t for t, label in zip(encoded.input_ids, encoded.labels) if label != IGNORE_INDEX]
 

@@ -142,10 +142,33 @@ class ConversationTokenizer:
             ids = self._ids(segment)
             encoded.input_ids.extend(ids)
             encoded.labels.extend(ids if segment.supervised else [IGNORE_INDEX] * len(ids))
-            closes_turn = segment.supervised and (index + 1 == len(segments) or not segments[index + 1].supervised)
-            if closes_turn:
+            if _closes_turn(segments, index):
                 encoded.turn_ends.append(len(encoded.input_ids))
         return encoded
+
+    def encoded_lengths(self, conversations: list[list[dict]], max_length: int, chunk: int = 4096) -> list[int]:
+        """Exactly ``len(truncate(encode(messages), max_length).input_ids)`` for each
+        conversation, 0 where even the first turn does not fit, with the same per-segment
+        tokenisation as ``encode`` but batched. Packing (``data.packing``) needs lengths that
+        never fall short of the real ones, which ``count_tokens`` does not promise."""
+        out: list[int] = []
+        for start in range(0, len(conversations), chunk):
+            part = [self.format.segments(messages) for messages in conversations[start:start + chunk]]
+            texts = [s.text for segments in part for s in segments if s.is_content]
+            ids = iter(self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+            for segments in part:
+                length, turn_ends = 0, []
+                for index, segment in enumerate(segments):
+                    if segment.is_content:
+                        row = next(ids)
+                        length += len(row) + row.count(self.image_token_id) * (self.tokens_per_image - 1)
+                    else:
+                        length += len(self._ids(segment))
+                    if _closes_turn(segments, index):
+                        turn_ends.append(length)
+                fitting = [end for end in turn_ends if end <= max_length]
+                out.append(length if length <= max_length else (fitting[-1] if fitting else 0))
+        return out
 
     def render_text(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         return "".join(s.text for s in self.format.segments(messages, add_generation_prompt))
@@ -164,6 +187,11 @@ class ConversationTokenizer:
                 n_images = sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages)
                 lengths.append(len(row_ids) + n_images * (self.tokens_per_image - 1))
         return lengths
+
+
+def _closes_turn(segments: list[Segment], index: int) -> bool:
+    """Whether segment ``index`` ends an assistant turn (a safe truncation point)."""
+    return segments[index].supervised and (index + 1 == len(segments) or not segments[index + 1].supervised)
 
 
 def truncate(encoded: Encoded, max_length: int) -> Encoded | None:

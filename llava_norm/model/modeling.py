@@ -92,6 +92,11 @@ class LlavaNormModel(LlavaNormPreTrainedModel, LlavaModel):
         self.post_init()
 
     def forward(self, input_ids=None, pixel_values=None, **kwargs):
+        if kwargs.get("position_ids") is not None and kwargs.get("attention_mask") is None \
+                and kwargs.get("past_key_values") is None:
+            # A packed batch (data.packing): transformers isolates the samples of a row only when
+            # it builds no KV cache, which it otherwise does whenever the config's use_cache is on.
+            kwargs["use_cache"] = False
         if input_ids is not None and pixel_values is not None and kwargs.get("inputs_embeds") is None:
             check_image_tokens(input_ids, self.config.image_token_id, pixel_values.shape[0], self.config.image_seq_length)
         if pixel_values is None and input_ids is not None and self.training and torch.is_grad_enabled():

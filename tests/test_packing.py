@@ -1,0 +1,165 @@
+"""Sequence packing: the plan, isolation between samples, and exactness against unpacked rows."""
+
+import random
+
+import pytest
+import torch
+
+from llava_norm.data.collate import Example, collate
+from llava_norm.data.conversation import IGNORE_INDEX
+from llava_norm.data.packing import Pack, PackSampler, collate_packed, plan_packs
+from llava_norm.model.builder import ModelSpec, build_model
+
+# fp32 sums in another order (a packed row reduces over other shapes) differ by rounding: a tied
+# embedding's gradient of ~1 sums hundreds of token terms, so a relative 1e-5 is allowed too.
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def test_plan_packs_places_every_sample_once_within_budget():
+    rng = random.Random(0)
+    lengths = [rng.randint(1, 900) for _ in range(3000)] + [1000, 1000, 0]
+    packs = plan_packs(lengths, 1000, seed=3)
+    assert sorted(i for pack in packs for i in pack) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in pack) <= 1000 for pack in packs)
+    assert sum(lengths) / (1000 * len(packs)) > 0.99  # best fit over many samples leaves little room
+    assert plan_packs(lengths, 1000, seed=3) == packs and plan_packs(lengths, 1000, seed=4) != packs
+    with pytest.raises(ValueError, match="longer than the row budget 1000"):
+        plan_packs([5, 1001], 1000, seed=0)
+
+
+def test_pack_sampler_fingerprint_covers_pack_contents():
+    a, b = PackSampler([[0, 1], [2]], seed=1), PackSampler([[0, 2], [1]], seed=1)
+    assert a.order(0) == b.order(0) and a.fingerprint(0) != b.fingerprint(0)
+
+
+@pytest.fixture(scope="module", params=["siglip-llama-ln_textnorm_gwc", "clip-qwen2-none", "siglip-qwen3-scale_learned"])
+def model(request, tiny_dir):
+    vision, llm, arm = request.param.split("-", 2)
+    bundle = build_model(ModelSpec(str(tiny_dir / vision), str(tiny_dir / llm), norm_alignment=arm, seed=0))
+    return bundle.model.float().train()
+
+
+def _sample(model, rng: random.Random, image: bool, n_text: int) -> Example:
+    cfg = model.config
+    vocab = cfg.text_config.vocab_size
+    prompt = [rng.randrange(10, vocab - 10) for _ in range(rng.randint(2, 5))]
+    answer = [rng.randrange(10, vocab - 10) for _ in range(n_text)]
+    ids = prompt[:1] + ([cfg.image_token_id] * cfg.image_seq_length if image else []) + prompt[1:] + answer
+    labels = [IGNORE_INDEX] * (len(ids) - len(answer)) + answer
+    if not image and n_text == 4:  # a row supervised from its first token: packing must not target it
+        labels = list(ids)
+    size = cfg.vision_config.image_size
+    pixels = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
+    return Example(ids, labels, pixels if image else None)
+
+
+def _samples(model, seed=0):
+    rng = random.Random(seed)
+    kinds = [(True, 6), (False, 9), (True, 3), (True, 11), (False, 4), (True, 7)]
+    return [_sample(model, rng, image, n) for image, n in kinds]
+
+
+def _sample_losses(logits, labels, spans):
+    """Token-mean loss of each sample span (row, start, length) of a batch."""
+    out = []
+    for row, start, n in spans:
+        pred = logits[row, start:start + n - 1]
+        target = labels[row, start + 1:start + n]
+        out.append(torch.nn.functional.cross_entropy(pred, target, ignore_index=IGNORE_INDEX))
+    return out
+
+
+def _packed(model, samples, layout, one_row=False):
+    packs = [Pack([samples[i] for i in pack]) for pack in layout]
+    batch = collate_packed(packs, pad_token_id=0, one_row=one_row)
+    rows = [[i for pack in layout for i in pack]] if one_row else layout
+    positions = {}
+    for r, row in enumerate(rows):
+        at = 0
+        for i in row:
+            positions[i] = (r, at, len(samples[i].input_ids))
+            at += len(samples[i].input_ids)
+    return batch, [positions[i] for i in sorted(positions)]
+
+
+def _assert_grad_close(ours, theirs, name):
+    # Relative to the tensor's largest entry: tiny Qwen3's first-token embedding takes gradients
+    # of ~1e3, whose rounding alone exceeds 1e-5.
+    scale = max(float(theirs.abs().max()), 1.0)
+    torch.testing.assert_close(ours / scale, theirs / scale, **TOL, msg=lambda m: f"{name}: {m}")
+
+
+def _run(model, batch, spans):
+    model.zero_grad()
+    labels = batch["labels"]
+    count = labels[..., 1:].ne(IGNORE_INDEX).sum()
+    inputs = {k: v for k, v in batch.items() if k != "num_tokens"}
+    out = model(**inputs, num_items_in_batch=count)
+    out.loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    logits = [out.logits[r, s:s + n].detach() for r, s, n in spans]
+    return out.loss.detach(), logits, _sample_losses(out.logits.detach(), labels, spans), grads
+
+
+@pytest.mark.parametrize("one_row", [False, True], ids=["rows", "one_row"])
+def test_packed_equals_unpacked_per_sample(model, one_row):
+    """Each sample's logits and loss, the global token-mean loss and every parameter gradient
+    match the unpacked batch (fp32, CPU sdpa): text-only and image samples, two images in a row."""
+    samples = _samples(model)
+    plain = collate(samples, pad_token_id=0)
+    plain_spans = [(i, 0, len(s.input_ids)) for i, s in enumerate(samples)]
+    loss, logits, losses, grads = _run(model, plain, plain_spans)
+    layout = [[0, 1, 2], [3, 4], [5]]  # row 0: two images and a text-only sample between them
+    batch, spans = _packed(model, samples, layout, one_row)
+    assert "attention_mask" not in batch and batch["position_ids"][0, len(samples[0].input_ids)] == 0
+    p_loss, p_logits, p_losses, p_grads = _run(model, batch, spans)
+    torch.testing.assert_close(p_loss, loss, **TOL)
+    for ours, theirs in zip(p_logits, logits):
+        torch.testing.assert_close(ours, theirs, **TOL)
+    for ours, theirs in zip(p_losses, losses):
+        torch.testing.assert_close(ours, theirs, **TOL)
+    assert grads.keys() == p_grads.keys() and any("multi_modal_projector" in n for n in grads)
+    for name in grads:
+        _assert_grad_close(p_grads[name], grads[name], name)
+
+
+def test_a_packed_sample_gets_the_gradient_of_its_own_loss_only(model):
+    samples = _samples(model)
+    batch, spans = _packed(model, samples, [[0, 1, 2, 3]])
+    inputs = {k: v for k, v in batch.items() if k not in ("num_tokens", "labels")}
+    model.zero_grad()
+    out = model(**inputs)
+    _sample_losses(out.logits, batch["labels"], spans[:4])[2].backward()
+    packed = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    alone = collate([samples[2]], pad_token_id=0)
+    out = model(**{k: v for k, v in alone.items() if k != "labels"})
+    _sample_losses(out.logits, alone["labels"], [(0, 0, len(samples[2].input_ids))])[0].backward()
+    for name, grad in packed.items():
+        _assert_grad_close(grad, model.get_parameter(name).grad, name)
+    if model.lm_head.weight is not model.get_input_embeddings().weight:  # tied: every row is an output class
+        # The other samples' tokens get exactly no gradient from sample 2's loss.
+        embed = packed["model.language_model.embed_tokens.weight"]
+        others = {t for i in (0, 1, 3) for t in samples[i].input_ids} - set(samples[2].input_ids)
+        assert others and not embed[sorted(others)].any()
+
+
+def test_changing_one_sample_leaves_the_others_unchanged(model):
+    """No token attends across samples: sample 1 and 3 keep their logits when sample 2 changes."""
+    samples = _samples(model)
+    other = list(samples)
+    # Same length, other tokens and image: the row's shapes stay the same, so equality is exact.
+    changed = samples[2]
+    ids = [t if t == model.config.image_token_id else (t + 1) % 5 + 10 for t in changed.input_ids]
+    other[2] = Example(ids, changed.labels, changed.pixel_values.flip(-1) + 1)
+    with torch.no_grad():
+        first = [_run_logits(model, s) for s in (samples, other)]
+    for i in (0, 1, 3):
+        torch.testing.assert_close(first[0][i], first[1][i], rtol=0, atol=0)
+    assert not torch.equal(first[0][2][:4], first[1][2][:4])
+
+
+def _run_logits(model, samples):
+    batch, spans = _packed(model, samples, [[0, 1, 2, 3]])
+    out = model(**{k: v for k, v in batch.items() if k not in ("num_tokens", "labels")})
+    return [out.logits[r, s:s + n] for r, s, n in spans[:4]]
