@@ -9,6 +9,7 @@ from llava_norm.data.collate import Example, collate
 from llava_norm.data.conversation import IGNORE_INDEX
 from llava_norm.data.packing import Pack, PackSampler, collate_packed, plan_packs
 from llava_norm.model.builder import ModelSpec, build_model
+from tinydata import token_examples
 
 # fp32 sums in another order (a packed row reduces over other shapes) differ by rounding: a tied
 # embedding's gradient of ~1 sums hundreds of token terms, so a relative 1e-5 is allowed too.
@@ -37,26 +38,6 @@ def model(request, tiny_dir):
     vision, llm, arm = request.param.split("-", 2)
     bundle = build_model(ModelSpec(str(tiny_dir / vision), str(tiny_dir / llm), norm_alignment=arm, seed=0))
     return bundle.model.float().train()
-
-
-def _sample(model, rng: random.Random, image: bool, n_text: int) -> Example:
-    cfg = model.config
-    vocab = cfg.text_config.vocab_size
-    prompt = [rng.randrange(10, vocab - 10) for _ in range(rng.randint(2, 5))]
-    answer = [rng.randrange(10, vocab - 10) for _ in range(n_text)]
-    ids = prompt[:1] + ([cfg.image_token_id] * cfg.image_seq_length if image else []) + prompt[1:] + answer
-    labels = [IGNORE_INDEX] * (len(ids) - len(answer)) + answer
-    if not image and n_text == 4:  # a row supervised from its first token: packing must not target it
-        labels = list(ids)
-    size = cfg.vision_config.image_size
-    pixels = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
-    return Example(ids, labels, pixels if image else None)
-
-
-def _samples(model, seed=0):
-    rng = random.Random(seed)
-    kinds = [(True, 6), (False, 9), (True, 3), (True, 11), (False, 4), (True, 7)]
-    return [_sample(model, rng, image, n) for image, n in kinds]
 
 
 def _sample_losses(logits, labels, spans):
@@ -105,7 +86,7 @@ def _run(model, batch, spans):
 def test_packed_equals_unpacked_per_sample(model, one_row):
     """Each sample's logits and loss, the global token-mean loss and every parameter gradient
     match the unpacked batch (fp32, CPU sdpa): text-only and image samples, two images in a row."""
-    samples = _samples(model)
+    samples = token_examples(model.config)
     plain = collate(samples, pad_token_id=0)
     plain_spans = [(i, 0, len(s.input_ids)) for i, s in enumerate(samples)]
     loss, logits, losses, grads = _run(model, plain, plain_spans)
@@ -124,7 +105,7 @@ def test_packed_equals_unpacked_per_sample(model, one_row):
 
 
 def test_a_packed_sample_gets_the_gradient_of_its_own_loss_only(model):
-    samples = _samples(model)
+    samples = token_examples(model.config)
     batch, spans = _packed(model, samples, [[0, 1, 2, 3]])
     inputs = {k: v for k, v in batch.items() if k not in ("num_tokens", "labels")}
     model.zero_grad()
@@ -146,7 +127,7 @@ def test_a_packed_sample_gets_the_gradient_of_its_own_loss_only(model):
 
 def test_changing_one_sample_leaves_the_others_unchanged(model):
     """No token attends across samples: sample 1 and 3 keep their logits when sample 2 changes."""
-    samples = _samples(model)
+    samples = token_examples(model.config)
     other = list(samples)
     # Same length, other tokens and image: the row's shapes stay the same, so equality is exact.
     changed = samples[2]

@@ -30,3 +30,29 @@ def write_dataset(root: Path, n: int = 32, seed: int = 0, text_only_every: int =
     path = root / "data.json"
     path.write_text(json.dumps(rows))
     return path, images
+
+
+# (has an image, answer tokens) of token_examples' samples; the text-only one with 4 answer tokens is
+# supervised from its first token, as a text pretraining row would be.
+EXAMPLE_KINDS = [(True, 6), (False, 9), (True, 3), (True, 11), (False, 4), (True, 7)]
+
+
+def token_examples(config, seed: int = 0) -> list:
+    """Random-token training samples for a LlavaNorm model config: a prompt with the image's
+    tokens after its first token, then a supervised answer; random pixels at the tower's size."""
+    import torch
+
+    from llava_norm.data.collate import Example
+    from llava_norm.data.conversation import IGNORE_INDEX
+
+    rng = random.Random(seed)
+    vocab, size = config.text_config.vocab_size, config.vision_config.image_size
+    out = []
+    for image, n_text in EXAMPLE_KINDS:
+        prompt = [rng.randrange(10, vocab - 10) for _ in range(rng.randint(2, 5))]
+        answer = [rng.randrange(10, vocab - 10) for _ in range(n_text)]
+        ids = prompt[:1] + ([config.image_token_id] * config.image_seq_length if image else []) + prompt[1:] + answer
+        labels = list(ids) if (image, n_text) == (False, 4) else [IGNORE_INDEX] * (len(ids) - n_text) + answer
+        pixels = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
+        out.append(Example(ids, labels, pixels if image else None))
+    return out

@@ -18,8 +18,9 @@ from transformers import (
     LlavaModel,
 )
 from transformers import initialization as hf_init
-from transformers.models.llava.modeling_llava import LlavaPreTrainedModel
+from transformers.models.llava.modeling_llava import LlavaCausalLMOutputWithPast, LlavaPreTrainedModel
 
+from llava_norm.model.loss import causal_lm_loss
 from llava_norm.model.norm_align import GlobalWeightCompensatedLayerNorm, VisualScale
 from llava_norm.model.projector import NormAlignedProjector
 
@@ -117,6 +118,21 @@ class LlavaNormForConditionalGeneration(LlavaNormPreTrainedModel, LlavaForCondit
         self.model = LlavaNormModel(config)
         self.lm_head = torch.nn.Linear(config.text_config.hidden_size, config.text_config.vocab_size, bias=False)
         self.post_init()
+
+    def forward(self, *args, labels=None, loss_kind: str = "plain", **kwargs):
+        """``loss_kind="fused"`` (``train.loss``): the same loss from the hidden states, never
+        materialising the logits (``model.loss``); the output then carries no logits."""
+        if labels is None or loss_kind == "plain":
+            return super().forward(*args, labels=labels, **kwargs)
+        if loss_kind != "fused":
+            raise ValueError(f"loss_kind must be 'plain' or 'fused', got {loss_kind!r}")
+        num_items = kwargs.pop("num_items_in_batch", None)
+        kwargs.pop("logits_to_keep", None)
+        outputs = self.model(*args, **kwargs)
+        loss = causal_lm_loss(outputs.last_hidden_state, self.lm_head.weight, labels, num_items)
+        return LlavaCausalLMOutputWithPast(loss=loss, past_key_values=outputs.past_key_values,
+                                           hidden_states=outputs.hidden_states, attentions=outputs.attentions,
+                                           image_hidden_states=outputs.image_hidden_states)
 
     @property
     def norm_layer(self) -> GlobalWeightCompensatedLayerNorm | VisualScale | None:

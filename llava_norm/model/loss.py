@@ -1,0 +1,102 @@
+"""The causal-LM loss without the full logits (``train.loss: fused``).
+
+Owns ``causal_lm_loss``: the same value as transformers' ``ForCausalLMLoss`` (labels shifted
+within each row, ignore index -100, a sum over the targets divided by ``num_items_in_batch``
+or, without it, their mean) and the same gradients, computed from the last hidden states and
+the output weight. Rows with no target are dropped before the output projection (in stage 2
+the image and prompt tokens are most of a sample). The rest goes to Liger Kernel's fused
+linear cross-entropy where it runs (CUDA with ``liger_kernel`` installed), else to a chunked
+torch version: logits exist one chunk at a time, and each chunk's gradients are taken in the
+forward pass, so backward holds no logits at all. Same matmuls as the plain path, no recompute.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+
+import torch
+
+from llava_norm.data.conversation import IGNORE_INDEX
+
+log = logging.getLogger(__name__)
+CHUNK_BYTES = 256 * 2**20  # fp32 logits held at once by the chunked path
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Sum over rows of cross_entropy(hidden @ weight.T, targets), with its gradients found
+    chunk by chunk in forward (backward only scales them)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk):
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk):
+            part, target = hidden[start:start + chunk], targets[start:start + chunk]
+            logits = (part @ weight.T).float()  # as the plain path: logits in the compute dtype, loss in fp32
+            lse = torch.logsumexp(logits, dim=-1)
+            loss += (lse - logits.gather(1, target[:, None]).squeeze(1)).sum()
+            grad = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+            grad[torch.arange(len(target), device=grad.device), target] -= 1
+            grad = grad.to(weight.dtype)
+            grad_hidden[start:start + chunk] = grad @ weight
+            grad_weight.addmm_(grad.T.float(), part.float())  # accumulated over chunks in fp32
+        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_loss.to(grad_hidden.dtype), grad_weight * grad_loss.to(grad_weight.dtype), None, None
+
+
+def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                                 chunk: int | None = None) -> torch.Tensor:
+    """Summed cross-entropy of ``hidden @ weight.T`` against ``targets`` (no ignored rows)."""
+    chunk = chunk or max(16, CHUNK_BYTES // (4 * weight.shape[0]))
+    return _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, chunk)
+
+
+@functools.cache
+def _say_once(message: str) -> None:
+    log.warning(message)
+
+
+def _liger():
+    if importlib.util.find_spec("liger_kernel") is None:
+        return None
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    return liger_fused_linear_cross_entropy
+
+
+def fused_kernel_problem(device: torch.device) -> str | None:
+    """Why no fused kernel runs on this device (None: Liger's does)."""
+    if device.type != "cuda":
+        return f"no fused kernel runs on {device.type}"
+    if _liger() is None:
+        return "liger_kernel is not installed (pip install liger-kernel)"
+    return None
+
+
+def causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                   num_items_in_batch: torch.Tensor | int | None = None, chunk: int | None = None) -> torch.Tensor:
+    """``ForCausalLMLoss(hidden @ weight.T, labels, num_items_in_batch)`` without the logits tensor."""
+    shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].to(hidden.device)
+    keep = shifted != IGNORE_INDEX
+    rows, targets = hidden[keep], shifted[keep]
+    problem = fused_kernel_problem(hidden.device)
+    if not len(targets):
+        total = hidden.sum() * 0.0 + weight.sum() * 0.0  # no target: zero loss, graph kept for every rank
+    elif problem is None:
+        total = _liger()(rows, weight, targets, reduction="sum").float()
+    else:
+        _say_once(f"train.loss fused: {problem}; using the chunked torch cross-entropy")
+        total = chunked_linear_cross_entropy(rows, weight, targets, chunk)
+    if num_items_in_batch is None:
+        return total / max(len(targets), 1)
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch

@@ -1,0 +1,78 @@
+"""train.loss fused: the chunked cross-entropy against transformers' own causal-LM loss."""
+
+import logging
+
+import pytest
+import torch
+from transformers.loss.loss_utils import ForCausalLMLoss
+
+from llava_norm.data.collate import collate
+from llava_norm.data.conversation import IGNORE_INDEX
+from llava_norm.model import loss as loss_module
+from llava_norm.model.builder import ModelSpec, build_model
+from llava_norm.model.loss import causal_lm_loss
+from tinydata import token_examples
+
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+def _case(seed, batch=3, length=17, hidden=24, vocab=101):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(batch, length, hidden, generator=g, requires_grad=True)
+    w = (torch.randn(vocab, hidden, generator=g) * 0.3).requires_grad_(True)
+    labels = torch.randint(0, vocab, (batch, length), generator=g)
+    labels[torch.rand(batch, length, generator=g) < 0.4] = IGNORE_INDEX  # prompts, images, padding
+    labels[1] = IGNORE_INDEX  # a row with no target at all
+    return h, w, labels
+
+
+@pytest.mark.parametrize("chunk", [1, 5, None])
+@pytest.mark.parametrize("normalise", ["num_items", "mean"])
+def test_chunked_loss_and_gradients_match_the_plain_path(chunk, normalise):
+    h, w, labels = _case(0)
+    num_items = labels[..., 1:].ne(IGNORE_INDEX).sum() * 2 if normalise == "num_items" else None  # 2 micro-batches
+    plain = ForCausalLMLoss(h @ w.T, labels, w.shape[0], num_items_in_batch=num_items)
+    grads = torch.autograd.grad(plain, (h, w))
+    ours = causal_lm_loss(h, w, labels, num_items, chunk=chunk)
+    torch.testing.assert_close(ours, plain, **TOL)
+    for a, b in zip(torch.autograd.grad(ours, (h, w)), grads):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_no_target_gives_zero_loss_with_a_graph():
+    h, w, labels = _case(1)
+    loss = causal_lm_loss(h, w, torch.full_like(labels, IGNORE_INDEX), num_items_in_batch=5)
+    assert loss.item() == 0 and loss.requires_grad
+
+
+def test_cpu_falls_back_to_the_chunked_path_and_says_so_once(caplog):
+    loss_module._say_once.cache_clear()
+    h, w, labels = _case(2)
+    with caplog.at_level(logging.WARNING, logger="llava_norm.model.loss"):
+        for _ in range(3):
+            causal_lm_loss(h, w, labels)
+    said = [r.getMessage() for r in caplog.records if "fused" in r.getMessage()]
+    assert said == ["train.loss fused: no fused kernel runs on cpu; using the chunked torch cross-entropy"]
+
+
+@pytest.mark.parametrize("llm", ["llama", "qwen3"])  # tied and untied output embeddings
+def test_model_fused_loss_matches_plain(tiny_dir, llm):
+    bundle = build_model(ModelSpec(str(tiny_dir / "siglip"), str(tiny_dir / llm), norm_alignment="ln_textnorm_gwc"))
+    model = bundle.model.float().train()
+    tied = model.lm_head.weight is model.get_input_embeddings().weight
+    assert tied == (llm == "llama")
+    batch = collate(token_examples(model.config), pad_token_id=0)
+    count = batch["labels"][..., 1:].ne(IGNORE_INDEX).sum()
+    results = []
+    for kind in ("plain", "fused"):
+        model.zero_grad()
+        out = model(**batch, num_items_in_batch=count, loss_kind=kind)
+        out.loss.backward()
+        results.append((out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                            if p.grad is not None}))
+    (plain, plain_grads), (fused, fused_grads) = results
+    torch.testing.assert_close(fused, plain, **TOL)
+    assert plain_grads.keys() == fused_grads.keys()
+    for name, grad in plain_grads.items():
+        scale = max(float(grad.abs().max()), 1.0)
+        torch.testing.assert_close(fused_grads[name] / scale, grad / scale, **TOL, msg=lambda m, n=name: f"{n}: {m}")
