@@ -155,6 +155,15 @@ def validate(config: RunConfig, check_paths: bool = True) -> None:
     if lora.enabled and lora.vision_tower in ("full", "lora") and not t.train_vision_tower:
         raise ConfigError(f"key 'lora.vision_tower': {lora.vision_tower!r} trains the vision tower, "
                           "but train.train_vision_tower is false")
+    if config.data.packing and config.model.trust_remote_code:
+        # Isolation rests on transformers' own masking (position ids restart per sample, no mask,
+        # no cache); a model's own code may attend across the samples of a row.
+        raise ConfigError("key 'model.trust_remote_code': data.packing needs the LLM's attention from "
+                          "transformers, which builds per-sample masks from position ids; remote modelling code "
+                          "may let packed samples attend to each other")
+    if t.loss == "fused" and lora.enabled and lora.lm_head:
+        raise ConfigError("key 'lora.lm_head': train.loss fused reads the output weight directly, which an "
+                          "adapted lm_head does not have; use train.loss plain")
     if check_paths:
         _check_paths(config)
 

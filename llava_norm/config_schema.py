@@ -67,6 +67,11 @@ class DataConfig:
     group_by_modality_length: bool = True
     length_estimate: str = "tokens"  # what the grouped sampler sorts by: tokens | words (see data.dataset)
     num_workers: int = 2
+    # Several samples per row, each isolated (data.packing); a row holds at most pack_max_tokens
+    # tokens, and a longer sample is cut as max_length cuts (at min(max_length, pack_max_tokens)).
+    # Packed runs shuffle whole rows: group_by_modality_length and length_estimate do not apply.
+    packing: bool = False
+    pack_max_tokens: int = 4096
 
 
 @dataclass
@@ -100,6 +105,9 @@ class TrainConfig:
     global_batch_size: Optional[int] = None
     gradient_checkpointing: bool = False
     precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
+    # plain: transformers' loss on the full logits; fused: the same loss without the logits tensor
+    # (Liger Kernel on CUDA when installed, else chunked torch; llava_norm.model.loss).
+    loss: str = "plain"
     deepspeed: Optional[str] = None  # path to a DeepSpeed JSON (configs/deepspeed/zero{2,3}.json)
     save_steps: int = 500
     save_total_limit: int = 2
@@ -228,11 +236,12 @@ CHOICES = {
     "data.length_estimate": LENGTH_ESTIMATES,
     "optim.scheduler": SCHEDULERS,
     "train.precision": ("auto", "bf16", "fp32"),
+    "train.loss": ("plain", "fused"),
 }
 # Ranges ("> x", ">= x" or "[low, high)"); checked here because the Trainer, DataLoader, peft or
 # the norm layer would reject them only after the model has loaded, or silently accept them.
 RANGES = {
-    "model.gwc_clamp": "> 0", "data.max_length": ">= 1", "data.num_workers": ">= 0",
+    "model.gwc_clamp": "> 0", "data.max_length": ">= 1", "data.pack_max_tokens": ">= 1", "data.num_workers": ">= 0",
     "optim.lr": ">= 0", "optim.lr_vision_tower": ">= 0", "optim.lr_projector": ">= 0", "optim.lr_norm": ">= 0",
     "optim.lr_lora": "> 0", "optim.weight_decay": ">= 0", "optim.max_grad_norm": ">= 0",
     "optim.warmup_ratio": "[0, 1)",  # transformers reads a warmup >= 1 as a number of steps

@@ -24,8 +24,8 @@ STEPS_PER_EPOCH = 3  # every case: 3 optimizer steps of 2 micro-batches per rank
 MAX_STEPS = 8
 
 
-def _config(root: Path, tiny_dir: Path, stage: int, samples_per_step: int, bad_rows: bool = False) -> Path:
-    data, images = write_dataset(root / "data", n=STEPS_PER_EPOCH * samples_per_step, text_only_every=3)
+def _config(root: Path, tiny_dir: Path, stage: int, rows: int, bad_rows: bool = False) -> Path:
+    data, images = write_dataset(root / "data", n=rows, text_only_every=3)
     if bad_rows:  # one image that fails when drawn, one row that fails at load
         (images / "0001.png").write_bytes(b"not a png")
         rows = json.loads(data.read_text())
@@ -68,7 +68,13 @@ CASES = {
     "ddp-stage1-epoch1": ("torchrun", 1, None, [4]),
     "zero3-stage2-epoch2": ("torchrun", 2, 3, [7]),
     "one-process-zero2-stage1-epoch1-bad-rows": ("one-process", 1, 2, [5]),
+    "packed-fused-zero3-stage2-epoch1": ("torchrun", 2, 3, [4]),
+    "packed-fused-lora-zero2-stage2-epoch2": ("torchrun", 2, 2, [7]),
 }
+# Packed cases: 36 rows in 24 rows of at most 320 tokens, so 3 steps per epoch here too
+# (asserted from each checkpoint's own record of micro-batches per epoch).
+PACKED = ["data.packing=true", "data.pack_max_tokens=320", "train.loss=fused"]
+LORA = ["lora.enabled=true", "lora.rank=4", "lora.alpha=8", "lora.vision_tower=frozen"]
 
 
 @pytest.fixture(scope="module")
@@ -90,9 +96,12 @@ def references(tmp_path_factory):
 def test_killed_run_resumes_exactly(tmp_path, tiny_dir, references, case):
     shape, stage, zero, kills = CASES[case]
     world, bad = (1 if shape == "one-process" else 2), "bad-rows" in case
-    config = _config(tmp_path, tiny_dir, stage, samples_per_step=2 * 2 * world, bad_rows=bad)
+    packed = case.startswith("packed")
+    rows = 36 if packed else STEPS_PER_EPOCH * 2 * 2 * world
+    config = _config(tmp_path, tiny_dir, stage, rows, bad_rows=bad)
     common = [f"train.deepspeed={ZERO[zero]}"] if zero else []
-    ref_out, reference = references((stage, zero, world, bad), lambda o: _launches(
+    common += (PACKED if packed else []) + (LORA if "lora" in case else [])
+    ref_out, reference = references((stage, zero, world, bad, *common), lambda o: _launches(
         "torchrun" if shape == "two-nodes" else shape, config, [f"train.output_dir={o}", *common], stage))
     out = tmp_path / "killed"
     assert sorted(_per_step(reference)) == list(range(1, MAX_STEPS + 1))
@@ -103,11 +112,14 @@ def test_killed_run_resumes_exactly(tmp_path, tiny_dir, references, case):
         # Where the kill fell, from the checkpoint's own record: epoch and micro-batches consumed in it.
         assert (position["epoch"], position["batches_consumed"]) == (step // STEPS_PER_EPOCH,
                                                                      (step % STEPS_PER_EPOCH) * 2), position
+        assert position["batches_per_epoch"] == STEPS_PER_EPOCH * 2
+        assert (position["sampler"]["kind"] == "PackSampler") == packed
     resumed = run_launches(launches, out)
     assert resumed["resumed_from"] == str(out / f"checkpoint-{kills[-1]}")
     assert resumed["steps_this_launch"] == MAX_STEPS - kills[-1] > 0
     assert _per_step(resumed) == _per_step(reference)  # losses and every group's lr, bit-exact on CPU
-    final, expected = load_file(str(out / "model/model.safetensors")), load_file(str(ref_out / "model/model.safetensors"))
+    weights = "model/adapter_model.safetensors" if "lora" in case else "model/model.safetensors"
+    final, expected = load_file(str(out / weights)), load_file(str(ref_out / weights))
     assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in final)
 
     skipped = (out / "skipped.jsonl").read_text()

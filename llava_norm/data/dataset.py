@@ -205,7 +205,7 @@ class SupervisedDataset(Dataset):
             try:
                 entries = read_entries(path)
             except BadSampleError as error:  # the whole file is unreadable
-                self._reject(error)
+                self.reject(error)
                 continue
             for index, (line, raw) in enumerate(take_rows(entries, source.take, f"data.mixture[{i}].take")):
                 try:
@@ -213,7 +213,7 @@ class SupervisedDataset(Dataset):
                         raise raw
                     row = parse_row(raw, path, index, source.image_folder, encoder.tokens_per_image, line)
                 except BadSampleError as error:
-                    self._reject(error)
+                    self.reject(error)
                     continue
                 row.messages = with_system(row.messages, system_prompt)  # counted in the row's length too
                 self.rows.append(row)
@@ -232,7 +232,7 @@ class SupervisedDataset(Dataset):
                    bundle.image_processor, max_length, settings.image_aspect, system_prompt=settings.system_prompt,
                    **options)
 
-    def _reject(self, error: BadSampleError) -> None:
+    def reject(self, error: BadSampleError) -> None:
         if self.on_bad_sample == "error":
             raise error
         self.rejected.append(error.record())
@@ -259,9 +259,12 @@ class SupervisedDataset(Dataset):
         except BadImageError as error:
             raise BadSampleError(f"{row.source}: row {row.row_id}: {error}", cause=error.cause, **where) from None
         if example is None:
-            raise BadSampleError(f"{row.source}: row {row.row_id}: first turn does not fit "
-                                 f"max_length={self.max_length}", cause="too_long", **where)
+            raise self.too_long(row)
         return example
+
+    def too_long(self, row: Row) -> BadSampleError:
+        return BadSampleError(f"{row.source}: row {row.row_id}: first turn does not fit max_length={self.max_length}",
+                              cause="too_long", file=row.source, row=row.row_id)
 
     def __getitem__(self, index: int) -> Example:
         # A bad row is replaced by the next one in file order: the same index always gives the

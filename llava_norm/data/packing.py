@@ -77,6 +77,8 @@ class PackedDataset(Dataset):
     """Item i is pack i of the plan: the samples of ``samples`` (a SupervisedDataset) that share a row."""
 
     def __init__(self, samples, budget: int, seed: int):
+        if samples.max_length > budget:  # the run builds ``samples`` with min(max_length, pack_max_tokens)
+            raise ValueError(f"samples are cut at {samples.max_length} tokens, longer than the row budget {budget}")
         self.samples, self.budget, self.seed = samples, budget, seed
 
     @cached_property
@@ -86,9 +88,20 @@ class PackedDataset(Dataset):
 
     @cached_property
     def packs(self) -> list[list[int]]:
-        packs = plan_packs(self.lengths, self.budget, self.seed)
-        log.info("packing: %d samples in %d rows of at most %d tokens (%.1f%% filled)", len(self.lengths),
-                 len(packs), self.budget, 100 * sum(self.lengths) / max(len(packs) * self.budget, 1))
+        """The plan. Samples whose first turn does not fit are refused here, once, as the
+        bad-sample policy says (error, or a load-time skip record), instead of filling rows."""
+        kept = []
+        for index, length in enumerate(self.lengths):
+            if length:
+                kept.append(index)
+            else:
+                self.samples.reject(self.samples.too_long(self.samples.rows[index]))
+        if not kept:
+            raise ValueError(f"no sample fits max_length={self.samples.max_length}")
+        packs = [[kept[i] for i in pack] for pack in plan_packs([self.lengths[i] for i in kept], self.budget,
+                                                                 self.seed)]
+        log.info("packing: %d samples in %d rows of at most %d tokens (%.1f%% filled)", len(kept), len(packs),
+                 self.budget, 100 * sum(self.lengths) / max(len(packs) * self.budget, 1))
         return packs
 
     def __len__(self) -> int:

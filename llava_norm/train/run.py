@@ -28,6 +28,7 @@ from llava_norm.config_schema import NORM_ARMS
 from llava_norm.data.collate import collate
 from llava_norm.data.conversation import conversation_tokenizer
 from llava_norm.data.dataset import SupervisedDataset, count_by_cause
+from llava_norm.data.packing import PackedDataset, collate_packed
 from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE, PROJECTOR_PREFIX
 from llava_norm.model.builder import Bundle, ModelSpec, build_model
 from llava_norm.model.lora import split_saved_model
@@ -216,14 +217,24 @@ def run_training(config: RunConfig) -> Path | None:
         freeze_for_lora(bundle.model, config.lora, lora_vision_mode(config))
     else:
         freeze_backbones(bundle.model, t.stage, t.train_vision_tower)
-    encoder = conversation_tokenizer(bundle, config.data.prompt_format, dict(config.data.template_kwargs))
-    dataset = SupervisedDataset(config.data.mixture, encoder, bundle.image_processor, config.data.max_length,
-                                config.data.image_aspect, config.data.on_bad_sample, config.data.length_estimate,
-                                system_prompt=config.data.system_prompt)
+    d = config.data
+    encoder = conversation_tokenizer(bundle, d.prompt_format, dict(d.template_kwargs))
+    max_length = min(d.max_length, d.pack_max_tokens) if d.packing else d.max_length
+    dataset = SupervisedDataset(d.mixture, encoder, bundle.image_processor, max_length, d.image_aspect,
+                                d.on_bad_sample, d.length_estimate, system_prompt=d.system_prompt)
     pad_id = bundle.tokenizer.pad_token_id
 
     def collate_fn(examples):
         return collate(examples, pad_id, "right")
+
+    train_dataset, train_collate = dataset, collate_fn
+    if d.packing:
+        train_dataset = PackedDataset(dataset, d.pack_max_tokens, seed=t.seed)
+        # transformers' flash-attention path finds packed samples only in a batch of one row
+        one_row = m.attn_implementation.startswith("flash_attention")
+
+        def train_collate(packs):
+            return collate_packed(packs, pad_id, one_row=one_row)
 
     if needs_calibration(config):
         value = calibrate_scale(bundle.model, dataset, collate_fn)
@@ -231,8 +242,8 @@ def run_training(config: RunConfig) -> Path | None:
             print(f"[llava-norm] model.scale_value auto: c = T / mean norm of the projected visual tokens of "
                   f"{CALIBRATION_IMAGES} training images = {value:.6g} (stored with the checkpoint)")
     trainer = LlavaNormTrainer(
-        model=bundle.model, args=training_arguments(config), train_dataset=dataset,
-        data_collator=collate_fn,
+        model=bundle.model, args=training_arguments(config), train_dataset=train_dataset,
+        data_collator=train_collate, loss_kind=t.loss,
         optim_config=config.optim, group_by_modality_length=config.data.group_by_modality_length,
         norm_stats_steps=t.norm_stats_steps, keep_checkpoints=t.save_total_limit,
         checkpoint_files={RUN_CONFIG: to_yaml(config)},

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from transformers import Trainer
 
+from llava_norm.data.packing import PackedDataset, PackSampler
 from llava_norm.data.sampler import EpochSampler, ModalityLengthGroupedSampler, ShuffledSampler
 from llava_norm.train.params import parameter_groups
 from llava_norm.train.rundir import COMPLETE_MARKER, DATA_STATE, complete_checkpoints
@@ -49,10 +50,13 @@ class ResumeError(RuntimeError):
 
 class LlavaNormTrainer(Trainer):
     def __init__(self, *args, optim_config, group_by_modality_length: bool, norm_stats_steps: int,
-                 keep_checkpoints: int, checkpoint_files: dict[str, str] | None = None, **kwargs):
+                 keep_checkpoints: int, checkpoint_files: dict[str, str] | None = None, loss_kind: str = "plain",
+                 **kwargs):
         """``checkpoint_files``: name -> text written into every checkpoint before it is marked
-        complete (the run's resolved config, so a relaunch can compare against it)."""
+        complete (the run's resolved config, so a relaunch can compare against it).
+        ``loss_kind``: train.loss, passed to the model's forward."""
         super().__init__(*args, **kwargs)
+        self.loss_kind = loss_kind
         self.checkpoint_files = dict(checkpoint_files or {})
         self._sampler: EpochSampler | None = None
         self._epoch = 0
@@ -68,7 +72,9 @@ class LlavaNormTrainer(Trainer):
 
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        if self.group_by_modality_length:
+        if isinstance(dataset, PackedDataset):
+            self._sampler = PackSampler(dataset.packs, seed=self.args.seed)
+        elif self.group_by_modality_length:
             self._sampler = ModalityLengthGroupedSampler(dataset.modality_lengths, self.args.per_device_train_batch_size,
                                                          self.args.world_size, seed=self.args.seed)
         else:
@@ -129,7 +135,11 @@ class LlavaNormTrainer(Trainer):
         if model.training:
             self._batches_in_epoch += 1
         self.skipped_samples.extend(inputs.pop("skipped_samples", []))
-        self._tokens_since_log += int(inputs["attention_mask"].sum())
+        # packed batches count their real tokens (they have no attention mask)
+        tokens = inputs.pop("num_tokens", None)
+        self._tokens_since_log += int(tokens if tokens is not None else inputs["attention_mask"].sum())
+        if self.loss_kind != "plain":
+            inputs["loss_kind"] = self.loss_kind
         return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                     num_items_in_batch=num_items_in_batch)
 
