@@ -36,20 +36,28 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk):
             part, target = hidden[start:start + chunk], targets[start:start + chunk]
             logits = (part @ weight.T).float()  # as the plain path: logits in the compute dtype, loss in fp32
-            lse = torch.logsumexp(logits, dim=-1)
-            loss += (lse - logits.gather(1, target[:, None]).squeeze(1)).sum()
-            grad = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+            # log-sum-exp and softmax in place of the logits: no second chunk-sized tensor
+            logits.sub_(logits.amax(dim=-1, keepdim=True))
+            picked = logits.gather(1, target[:, None]).squeeze(1)
+            total = logits.exp_().sum(dim=-1)
+            loss += (total.log() - picked).sum()
+            grad = logits.div_(total[:, None])
             grad[torch.arange(len(target), device=grad.device), target] -= 1
             grad = grad.to(weight.dtype)
             grad_hidden[start:start + chunk] = grad @ weight
             grad_weight.addmm_(grad.T.float(), part.float())  # accumulated over chunks in fp32
-        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
+        # Held on ctx, not saved: backward hands them over, scaled in place, with no reference
+        # left, so autograd moves them into .grad instead of copying the weight-sized one.
+        # (The graph cannot be backpropagated twice, which training never does.)
+        ctx.grads = (grad_hidden, grad_weight.to(weight.dtype))
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
-        grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad_loss.to(grad_hidden.dtype), grad_weight * grad_loss.to(grad_weight.dtype), None, None
+        grad_hidden, grad_weight = ctx.grads
+        del ctx.grads
+        return grad_hidden.mul_(grad_loss.to(grad_hidden.dtype)), grad_weight.mul_(grad_loss.to(grad_weight.dtype)), \
+            None, None
 
 
 def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,

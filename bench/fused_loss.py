@@ -1,0 +1,125 @@
+"""Peak memory and time of the loss step: ``train.loss: fused`` against the plain path.
+
+Owns the measurement behind the ``>= 4x less memory at <= 10% more time`` target. The loss
+step is what follows the last hidden states: the output projection, the cross-entropy
+(labels shifted, global token-mean normalisation) and its backward into the hidden states
+and the output weight, at the real shapes (4,096 tokens, hidden 3,072, the vocabularies of
+Llama-3.2 and Qwen2.5), every token supervised (the fused path's least favourable case: it
+skips unsupervised rows, the plain path computes them). Each measurement runs in a fresh
+process: peak memory is the rise of the process's peak resident set (CPU) or of
+``torch.cuda.max_memory_allocated`` (GPU) over what the inputs and weight already hold, and
+time is the median of ``--repeats`` steps after one warm-up. Plain and fused alternate.
+
+    .venv/bin/python bench/fused_loss.py                     # CPU, fp32: several minutes on 2 cores
+    .venv/bin/python bench/fused_loss.py --tokens 1024       # quicker, same ratios roughly
+    python bench/fused_loss.py --device cuda --dtype bf16    # on a GPU (Liger's kernel if installed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+from _harness import REPO_ROOT
+
+MEMORY_TARGET, TIME_TARGET = 4.0, 1.10
+VOCABS = {"Llama-3.2": 128_256, "Qwen2.5": 152_064}
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * resource.getpagesize()
+
+
+def measure(kind: str, vocab: int, tokens: int, hidden: int, dtype: str, device: str, repeats: int) -> dict:
+    """One loss step's peak memory rise and median time, in this process."""
+    import torch
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    from llava_norm.model.loss import causal_lm_loss
+
+    torch.manual_seed(0)
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    h = torch.randn(1, tokens, hidden, dtype=dt, device=device, requires_grad=True)
+    w = (torch.randn(vocab, hidden, dtype=dt, device=device) * 0.02).requires_grad_(True)
+    labels = torch.randint(0, vocab, (1, tokens), device=device)
+    count = labels[..., 1:].numel()
+
+    def step():
+        h.grad = w.grad = None
+        if kind == "plain":
+            loss = ForCausalLMLoss(h @ w.T, labels, vocab, num_items_in_batch=count)
+        else:
+            loss = causal_lm_loss(h, w, labels, num_items_in_batch=count)
+        loss.backward()
+        return float(loss)
+
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        base = rss_bytes()
+    loss = step()  # the warm-up is the memory measurement: a fresh process, nothing cached yet
+    if cuda:
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return {"peak_bytes": peak, "seconds": statistics.median(times), "loss": loss}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--hidden", type=int, default=3072)
+    parser.add_argument("--vocabs", type=int, nargs="+", default=list(VOCABS.values()))
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--one", nargs=2, metavar=("KIND", "VOCAB"), help=argparse.SUPPRESS)  # a child run
+    args = parser.parse_args()
+    if args.one:
+        result = measure(args.one[0], int(args.one[1]), args.tokens, args.hidden, args.dtype, args.device, args.repeats)
+        print(json.dumps(result))
+        return
+    print(f"loss step at {args.tokens} tokens, hidden {args.hidden}, {args.dtype} on {args.device} "
+          f"(each figure one measurement in a fresh process)")
+    verdicts = []
+    for vocab in args.vocabs:
+        results = {}
+        for kind in ("plain", "fused"):
+            child = [sys.executable, __file__, "--one", kind, str(vocab), "--tokens", str(args.tokens),
+                     "--hidden", str(args.hidden), "--dtype", args.dtype, "--device", args.device,
+                     "--repeats", str(args.repeats)]
+            done = subprocess.run(child, capture_output=True, text=True, cwd=REPO_ROOT)
+            if done.returncode:
+                sys.exit(f"{kind} at vocabulary {vocab} failed:\n{done.stderr[-3000:]}")
+            results[kind] = json.loads(done.stdout.strip().splitlines()[-1])
+            r = results[kind]
+            print(f"vocab {vocab:>7} {kind:>5}: peak +{r['peak_bytes'] / 2**30:.2f} GiB, {r['seconds']:.2f} s/step, "
+                  f"loss {r['loss']:.4f}")
+        memory = results["plain"]["peak_bytes"] / max(results["fused"]["peak_bytes"], 1)
+        slower = results["fused"]["seconds"] / results["plain"]["seconds"]
+        ok = memory >= MEMORY_TARGET and slower <= TIME_TARGET
+        verdicts.append(ok)
+        print(f"vocab {vocab:>7}: fused uses {memory:.1f}x less memory at {slower:.2f}x the time "
+              f"({'meets' if ok else 'misses'} >= {MEMORY_TARGET:g}x at <= {TIME_TARGET:.2f}x)")
+    print(f"target {'met' if all(verdicts) else 'missed'} at {sum(verdicts)} of {len(verdicts)} vocabularies")
+
+
+if __name__ == "__main__":
+    main()
