@@ -57,7 +57,7 @@ def measure(kind: str, vocab: int, tokens: int, hidden: int, dtype: str, device:
         else:
             loss = causal_lm_loss(h, w, labels, num_items_in_batch=count)
         loss.backward()
-        return float(loss)
+        return float(loss.detach())
 
     cuda = device.startswith("cuda")
     if cuda:
@@ -112,12 +112,16 @@ def main() -> None:
             r = results[kind]
             print(f"vocab {vocab:>7} {kind:>5}: peak +{r['peak_bytes'] / 2**30:.2f} GiB, {r['seconds']:.2f} s/step, "
                   f"loss {r['loss']:.4f}")
-        memory = results["plain"]["peak_bytes"] / max(results["fused"]["peak_bytes"], 1)
+        plain, fused = results["plain"]["peak_bytes"], results["fused"]["peak_bytes"]
+        # Any loss must produce the output weight's gradient, so plain / that is the best ratio possible.
+        gradient = vocab * args.hidden * (4 if args.dtype == "fp32" else 2)
         slower = results["fused"]["seconds"] / results["plain"]["seconds"]
-        ok = memory >= MEMORY_TARGET and slower <= TIME_TARGET
+        ok = plain / fused >= MEMORY_TARGET and slower <= TIME_TARGET
         verdicts.append(ok)
-        print(f"vocab {vocab:>7}: fused uses {memory:.1f}x less memory at {slower:.2f}x the time "
-              f"({'meets' if ok else 'misses'} >= {MEMORY_TARGET:g}x at <= {TIME_TARGET:.2f}x)")
+        print(f"vocab {vocab:>7}: fused uses {plain / fused:.1f}x less memory at {slower:.2f}x the time "
+              f"({'meets' if ok else 'misses'} >= {MEMORY_TARGET:g}x at <= {TIME_TARGET:.2f}x); the weight "
+              f"gradient alone is {gradient / 2**30:.2f} GiB (best possible {plain / gradient:.1f}x); beyond it, "
+              f"{(plain - gradient) / max(fused - gradient, 1):.0f}x less")
     print(f"target {'met' if all(verdicts) else 'missed'} at {sum(verdicts)} of {len(verdicts)} vocabularies")
 
 

@@ -35,6 +35,13 @@ def packed_fill(packs: list[list[int]], lengths: np.ndarray, batch_size: int, bu
     return float(real / (batches.max(axis=1).sum() * batch_size)), float(real / (usable * budget))
 
 
+def batch_tokens(per_sample_or_row: np.ndarray, batch_size: int) -> tuple[float, float]:
+    """p10 and p90 of the token slots a per-device batch computes (its width x rows)."""
+    usable = len(per_sample_or_row) // batch_size * batch_size
+    slots = per_sample_or_row[:usable].reshape(-1, batch_size).max(axis=1) * batch_size
+    return float(np.percentile(slots, 10)), float(np.percentile(slots, 90))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=100_000)
@@ -51,7 +58,9 @@ def main() -> None:
     for batch_size in args.batch_sizes:
         order = grouped_order(list(map(int, signed)), batch_size * args.world_size, args.seed, 0)
         grouped = 1.0 - padding_share(order, lengths, batch_size)
-        print(f"batch {batch_size:>2}  grouping alone, {args.world_size} ranks: fill {grouped:.1%}")
+        low, high = batch_tokens(lengths[np.asarray(order)], batch_size)
+        print(f"batch {batch_size:>2}  grouping alone, {args.world_size} ranks: fill {grouped:.1%}, "
+              f"token slots per batch p10-p90 {low:.0f}-{high:.0f}")
         for budget in args.budgets:
             if budget < args.max_length:
                 continue
@@ -59,9 +68,12 @@ def main() -> None:
             packs = plan_packs(lengths.tolist(), budget, args.seed)
             seconds = time.perf_counter() - start
             computed, of_budget = packed_fill(packs, lengths, batch_size, budget, args.seed)
+            rows = np.array([lengths[pack].sum() for pack in packs])[PackSampler(packs, args.seed).order(0)]
+            low, high = batch_tokens(rows, batch_size)
             worst[budget] = min(worst.get(budget, 1.0), of_budget)
             print(f"batch {batch_size:>2}  packed rows of {budget}: fill {computed:.1%} of computed slots, "
-                  f"{of_budget:.1%} of the row budget ({len(packs)} rows, planned in {seconds:.1f} s)")
+                  f"{of_budget:.1%} of the row budget, token slots p10-p90 {low:.0f}-{high:.0f} "
+                  f"({len(packs)} rows, planned in {seconds:.1f} s)")
     for budget, fill in worst.items():
         verdict = "meets" if fill >= TARGET else "misses"
         print(f"row budget {budget} ({budget / args.max_length:g} x max_length): lowest fill {fill:.1%} "

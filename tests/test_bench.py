@@ -68,3 +68,23 @@ def test_recipe_shapes_are_the_published_models():
     parts = recipe_time.chain_seconds(0.3)
     assert parts["stage 2"] > parts["stage 1"] > 0 and recipe_time.chain_seconds(0.15)["stage 2"] == pytest.approx(
         2 * parts["stage 2"])
+
+
+def _bench(script: str, *args: str) -> list[str]:
+    done = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=300,
+                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()
+
+
+def test_packing_bench_runs_small():
+    lines = _bench("packing.py", "--samples", "3000", "--budgets", "4096", "--batch-sizes", "2")
+    assert any("packed rows of 4096: fill" in line for line in lines), lines
+    assert lines[-1].startswith("row budget 4096 (2 x max_length): lowest fill"), lines
+
+
+def test_fused_loss_bench_runs_small():
+    lines = _bench("fused_loss.py", "--tokens", "64", "--hidden", "32", "--vocabs", "500", "--repeats", "1")
+    plain, fused = (next(line for line in lines if f" {kind}: peak" in line) for kind in ("plain", "fused"))
+    assert plain.split("loss ")[1] == fused.split("loss ")[1]  # the same loss value from both paths
+    assert lines[-1].startswith("target ") and "of 1 vocabularies" in lines[-1], lines

@@ -172,6 +172,8 @@ CASES = [
     (["train.stage=2", "lora.enabled=true", "lora.target_modules=[qkv]"], "lora.target_modules", None),
     (["train.stage=2", "lora.enabled=true", "lora.lm_head=true"], "lora.lm_head", None),  # tiny Llama is tied
     (["lora.vision_tower=partial"], "lora.vision_tower", None),
+    (["data.packing=true", "model.trust_remote_code=true"], "model.trust_remote_code", None),
+    (["train.stage=2", "lora.enabled=true", "lora.lm_head=true", "train.loss=fused"], "lora.lm_head", None),
     (["train.stage=2", "lora.enabled=true", "lora.vision_tower=full", "train.train_vision_tower=false"],
      "lora.vision_tower", None),
     (["train.deepspeed={d}/missing.json"], "train.deepspeed", None),  # DeepSpeed file missing

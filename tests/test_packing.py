@@ -1,15 +1,23 @@
 """Sequence packing: the plan, isolation between samples, and exactness against unpacked rows."""
 
+import json
 import random
 
 import pytest
 import torch
+from tinydata import token_examples, write_dataset
 
 from llava_norm.data.collate import Example, collate
 from llava_norm.data.conversation import IGNORE_INDEX
-from llava_norm.data.packing import Pack, PackSampler, collate_packed, plan_packs
+from llava_norm.data.dataset import BadSampleError
+from llava_norm.data.packing import (
+    Pack,
+    PackedDataset,
+    PackSampler,
+    collate_packed,
+    plan_packs,
+)
 from llava_norm.model.builder import ModelSpec, build_model
-from tinydata import token_examples
 
 # fp32 sums in another order (a packed row reduces over other shapes) differ by rounding: a tied
 # embedding's gradient of ~1 sums hundreds of token terms, so a relative 1e-5 is allowed too.
@@ -144,3 +152,62 @@ def _run_logits(model, samples):
     batch, spans = _packed(model, samples, [[0, 1, 2, 3]])
     out = model(**{k: v for k, v in batch.items() if k not in ("num_tokens", "labels")})
     return [out.logits[r, s:s + n] for r, s, n in spans[:4]]
+
+
+# --- the packed dataset on real rows: the plan, and bad samples ----------------------------------
+
+@pytest.fixture(scope="module")
+def chat_bundle(tiny_dir):
+    return build_model(ModelSpec(str(tiny_dir / "siglip"), str(tiny_dir / "llama"), norm_alignment="none", seed=0))
+
+
+def _packed_dataset(bundle, data, images, budget=320, policy="skip"):
+    from llava_norm.config import DataSource
+    from llava_norm.data.conversation import conversation_tokenizer
+    from llava_norm.data.dataset import SupervisedDataset
+
+    encoder = conversation_tokenizer(bundle, "chat", {"date_string": "26 Jul 2024"})
+    samples = SupervisedDataset([DataSource(path=str(data), image_folder=str(images))], encoder,
+                                bundle.image_processor, min(256, budget), on_bad_sample=policy)
+    return PackedDataset(samples, budget, seed=42)
+
+
+def test_packed_rows_hold_what_the_plan_says(chat_bundle, tmp_path):
+    data, images = write_dataset(tmp_path, n=24, text_only_every=3)
+    packed = _packed_dataset(chat_bundle, data, images)
+    assert sorted(i for pack in packed.packs for i in pack) == list(range(24))
+    assert any(len(pack) > 1 for pack in packed.packs)
+    for index, pack in enumerate(packed.packs):
+        examples = packed[index].examples
+        assert [len(e.input_ids) for e in examples] == [packed.lengths[i] for i in pack]  # lengths are exact
+        assert sum(packed.lengths[i] for i in pack) <= 320
+    batch = collate_packed([packed[0], packed[1]], pad_token_id=0)
+    assert batch["num_tokens"] == sum(packed.lengths[i] for i in packed.packs[0] + packed.packs[1])
+
+
+def test_a_bad_sample_is_dropped_from_its_pack_with_its_record(chat_bundle, tmp_path):
+    data, images = write_dataset(tmp_path, n=24, text_only_every=3)
+    packed = _packed_dataset(chat_bundle, data, images)
+    index, pack = next((k, p) for k, p in enumerate(packed.packs) if len(p) > 1)
+    bad = next(i for i in pack if packed.samples.rows[i].image is not None)
+    packed.samples.rows[bad].image.write_bytes(b"\x89PNG\r\n\x1a\n not an image")
+    drawn = packed[index]
+    assert len(drawn.examples) == len(pack) - 1  # dropped, not replaced: a replacement could overflow the row
+    row = packed.samples.rows[bad]
+    assert [(r["file"], r["row"], r["cause"]) for r in drawn.skipped] == [(row.source, row.row_id, "image_corrupt")]
+    assert collate_packed([drawn], pad_token_id=0)["skipped_samples"] == drawn.skipped
+    strict = _packed_dataset(chat_bundle, data, images, policy="error")
+    with pytest.raises(BadSampleError, match=rf"{data}: row {row.row_id}: .*"):
+        strict[index]
+
+
+def test_a_sample_that_cannot_fit_is_refused_when_planned(chat_bundle, tmp_path):
+    data, images = write_dataset(tmp_path, n=12, text_only_every=3)
+    rows = json.loads(data.read_text())
+    rows[4]["conversations"][0]["value"] += " word" * 400  # its first turn alone is longer than max_length
+    data.write_text(json.dumps(rows))
+    packed = _packed_dataset(chat_bundle, data, images)
+    assert 4 not in {i for pack in packed.packs for i in pack} and len(packed.samples.rejected) == 1
+    assert packed.samples.rejected[0]["row"] == rows[4]["id"] and packed.samples.rejected[0]["cause"] == "too_long"
+    with pytest.raises(BadSampleError, match=rf"{data}: row {rows[4]['id']}: first turn does not fit max_length=256"):
+        _ = _packed_dataset(chat_bundle, data, images, policy="error").packs

@@ -21,7 +21,7 @@ import torch
 from llava_norm.data.conversation import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
-CHUNK_BYTES = 256 * 2**20  # fp32 logits held at once by the chunked path
+CHUNK_BYTES = 64 * 2**20  # the logits held at once by the chunked path: its memory beyond the gradients
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -31,7 +31,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk):
         grad_hidden = torch.empty_like(hidden)
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        # In the weight's dtype, as Liger does: a float32 copy would be the largest tensor here in bf16.
+        grad_weight = torch.zeros_like(weight)
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for start in range(0, hidden.shape[0], chunk):
             part, target = hidden[start:start + chunk], targets[start:start + chunk]
@@ -44,12 +45,12 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             grad = logits.div_(total[:, None])
             grad[torch.arange(len(target), device=grad.device), target] -= 1
             grad = grad.to(weight.dtype)
-            grad_hidden[start:start + chunk] = grad @ weight
-            grad_weight.addmm_(grad.T.float(), part.float())  # accumulated over chunks in fp32
+            torch.mm(grad, weight, out=grad_hidden[start:start + chunk])
+            grad_weight.addmm_(grad.T, part)
         # Held on ctx, not saved: backward hands them over, scaled in place, with no reference
         # left, so autograd moves them into .grad instead of copying the weight-sized one.
         # (The graph cannot be backpropagated twice, which training never does.)
-        ctx.grads = (grad_hidden, grad_weight.to(weight.dtype))
+        ctx.grads = (grad_hidden, grad_weight)
         return loss
 
     @staticmethod

@@ -4,7 +4,8 @@ Owns ``LlavaNormConfig`` (Llava's config plus the arm, T and projector type),
 ``LlavaNormModel`` (Llava's model with ``NormAlignedProjector``) and
 ``LlavaNormForConditionalGeneration``. Image-token scattering, generation and KV caching
 are transformers' own; this file only adds the projector swap, weight init for the norm
-layer, a per-sample image-token check and Auto-class registration.
+layer, a per-sample image-token check, no KV cache for packed batches, the fused-loss switch
+(``loss_kind``, computed by ``model.loss``) and Auto-class registration.
 """
 
 
@@ -18,7 +19,10 @@ from transformers import (
     LlavaModel,
 )
 from transformers import initialization as hf_init
-from transformers.models.llava.modeling_llava import LlavaCausalLMOutputWithPast, LlavaPreTrainedModel
+from transformers.models.llava.modeling_llava import (
+    LlavaCausalLMOutputWithPast,
+    LlavaPreTrainedModel,
+)
 
 from llava_norm.model.loss import causal_lm_loss
 from llava_norm.model.norm_align import GlobalWeightCompensatedLayerNorm, VisualScale
@@ -128,6 +132,8 @@ class LlavaNormForConditionalGeneration(LlavaNormPreTrainedModel, LlavaForCondit
             raise ValueError(f"loss_kind must be 'plain' or 'fused', got {loss_kind!r}")
         num_items = kwargs.pop("num_items_in_batch", None)
         kwargs.pop("logits_to_keep", None)
+        # lm_head.weight is read outside lm_head's forward; under ZeRO-3 DeepSpeed gathers a
+        # parameter on such an access (its ZeROOrderedDict), tested in tests/test_resume.py.
         outputs = self.model(*args, **kwargs)
         loss = causal_lm_loss(outputs.last_hidden_state, self.lm_head.weight, labels, num_items)
         return LlavaCausalLMOutputWithPast(loss=loss, past_key_values=outputs.past_key_values,
