@@ -90,3 +90,13 @@ def test_bf16_matches_the_plain_path_to_bf16_rounding():
     for a, b in zip(torch.autograd.grad(ours, (h, w)), grads):
         assert a.dtype == b.dtype == torch.bfloat16
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-3)
+
+
+def test_a_frozen_output_weight_gets_no_gradient():
+    """Stage 1 and LoRA freeze lm_head: no weight-sized gradient is made, the hidden states' is unchanged."""
+    h, w, labels = _case(4)
+    frozen = w.detach()
+    plain = torch.autograd.grad(ForCausalLMLoss(h @ frozen.T, labels, w.shape[0]), h)[0]
+    loss = causal_lm_loss(h, frozen, labels, chunk=4)
+    torch.testing.assert_close(torch.autograd.grad(loss, h)[0], plain, **TOL)
+    assert frozen.grad is None

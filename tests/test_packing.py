@@ -10,13 +10,7 @@ from tinydata import token_examples, write_dataset
 from llava_norm.data.collate import Example, collate
 from llava_norm.data.conversation import IGNORE_INDEX
 from llava_norm.data.dataset import BadSampleError
-from llava_norm.data.packing import (
-    Pack,
-    PackedDataset,
-    PackSampler,
-    collate_packed,
-    plan_packs,
-)
+from llava_norm.data.packing import Pack, PackedDataset, PackSampler, collate_packed, plan_packs
 from llava_norm.model.builder import ModelSpec, build_model
 
 # fp32 sums in another order (a packed row reduces over other shapes) differ by rounding: a tied

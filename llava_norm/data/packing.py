@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 
 from llava_norm.data.collate import Example
 from llava_norm.data.conversation import IGNORE_INDEX
+from llava_norm.data.dataset import BadSampleError
 from llava_norm.data.sampler import EpochSampler
 
 log = logging.getLogger(__name__)
@@ -108,8 +109,6 @@ class PackedDataset(Dataset):
         return len(self.packs)
 
     def __getitem__(self, index: int) -> Pack:
-        from llava_norm.data.dataset import BadSampleError
-
         skipped: list[dict] = []
         # A pack whose samples are all bad is replaced by the next pack, as a bad row is by the next row.
         for attempt in range(len(self.packs)):

@@ -31,8 +31,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk):
         grad_hidden = torch.empty_like(hidden)
-        # In the weight's dtype, as Liger does: a float32 copy would be the largest tensor here in bf16.
-        grad_weight = torch.zeros_like(weight)
+        # In the weight's dtype, as Liger does: a float32 copy would be the largest tensor here in
+        # bf16. None for a frozen output layer (stage 1, LoRA): no weight-sized tensor, no matmul.
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for start in range(0, hidden.shape[0], chunk):
             part, target = hidden[start:start + chunk], targets[start:start + chunk]
@@ -46,7 +47,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             grad[torch.arange(len(target), device=grad.device), target] -= 1
             grad = grad.to(weight.dtype)
             torch.mm(grad, weight, out=grad_hidden[start:start + chunk])
-            grad_weight.addmm_(grad.T, part)
+            if grad_weight is not None:
+                grad_weight.addmm_(grad.T, part)
         # Held on ctx, not saved: backward hands them over, scaled in place, with no reference
         # left, so autograd moves them into .grad instead of copying the weight-sized one.
         # (The graph cannot be backpropagated twice, which training never does.)
@@ -57,8 +59,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss):
         grad_hidden, grad_weight = ctx.grads
         del ctx.grads
-        return grad_hidden.mul_(grad_loss.to(grad_hidden.dtype)), grad_weight.mul_(grad_loss.to(grad_weight.dtype)), \
-            None, None
+        if grad_weight is not None:
+            grad_weight.mul_(grad_loss.to(grad_weight.dtype))
+        return grad_hidden.mul_(grad_loss.to(grad_hidden.dtype)), grad_weight, None, None
 
 
 def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,

@@ -19,10 +19,7 @@ from transformers import (
     LlavaModel,
 )
 from transformers import initialization as hf_init
-from transformers.models.llava.modeling_llava import (
-    LlavaCausalLMOutputWithPast,
-    LlavaPreTrainedModel,
-)
+from transformers.models.llava.modeling_llava import LlavaCausalLMOutputWithPast, LlavaPreTrainedModel
 
 from llava_norm.model.loss import causal_lm_loss
 from llava_norm.model.norm_align import GlobalWeightCompensatedLayerNorm, VisualScale
@@ -123,18 +120,22 @@ class LlavaNormForConditionalGeneration(LlavaNormPreTrainedModel, LlavaForCondit
         self.lm_head = torch.nn.Linear(config.text_config.hidden_size, config.text_config.vocab_size, bias=False)
         self.post_init()
 
-    def forward(self, *args, labels=None, loss_kind: str = "plain", **kwargs):
+    def forward(self, input_ids=None, pixel_values=None, attention_mask=None, position_ids=None,
+                past_key_values=None, inputs_embeds=None, labels=None, loss_kind: str = "plain", **kwargs):
         """``loss_kind="fused"`` (``train.loss``): the same loss from the hidden states, never
-        materialising the logits (``model.loss``); the output then carries no logits."""
+        materialising the logits (``model.loss``); the output then carries no logits. The inputs
+        are named because generate() accepts only the model kwargs that forward names."""
+        inputs = dict(input_ids=input_ids, pixel_values=pixel_values, attention_mask=attention_mask,
+                      position_ids=position_ids, past_key_values=past_key_values, inputs_embeds=inputs_embeds)
         if labels is None or loss_kind == "plain":
-            return super().forward(*args, labels=labels, **kwargs)
+            return super().forward(**inputs, labels=labels, **kwargs)
         if loss_kind != "fused":
             raise ValueError(f"loss_kind must be 'plain' or 'fused', got {loss_kind!r}")
         num_items = kwargs.pop("num_items_in_batch", None)
         kwargs.pop("logits_to_keep", None)
         # lm_head.weight is read outside lm_head's forward; under ZeRO-3 DeepSpeed gathers a
         # parameter on such an access (its ZeROOrderedDict), tested in tests/test_resume.py.
-        outputs = self.model(*args, **kwargs)
+        outputs = self.model(**inputs, **kwargs)
         loss = causal_lm_loss(outputs.last_hidden_state, self.lm_head.weight, labels, num_items)
         return LlavaCausalLMOutputWithPast(loss=loss, past_key_values=outputs.past_key_values,
                                            hidden_states=outputs.hidden_states, attentions=outputs.attentions,

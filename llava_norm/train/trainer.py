@@ -27,11 +27,7 @@ import torch.distributed as dist
 from transformers import Trainer
 
 from llava_norm.data.packing import PackedDataset, PackSampler
-from llava_norm.data.sampler import (
-    EpochSampler,
-    ModalityLengthGroupedSampler,
-    ShuffledSampler,
-)
+from llava_norm.data.sampler import EpochSampler, ModalityLengthGroupedSampler, ShuffledSampler
 from llava_norm.train.params import parameter_groups
 from llava_norm.train.rundir import COMPLETE_MARKER, DATA_STATE, complete_checkpoints
 
