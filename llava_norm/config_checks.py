@@ -11,7 +11,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-from llava_norm.config_schema import NORM_ARMS, ConfigError, RunConfig, effective_grad_accum, world_size
+from llava_norm.config_schema import (NORM_ARMS, ConfigError, RunConfig, effective_grad_accum, packing_llm_problem,
+                                      world_size)
 from llava_norm.layout import PROJECTOR_PREFIX
 
 
@@ -37,6 +38,14 @@ def check_paths(config: RunConfig) -> None:
     if config.data.prompt_format == "chat" and _looks_local(m.llm) and not _has_chat_template(Path(m.llm).expanduser()):
         raise ConfigError(f"key 'data.prompt_format': 'chat' needs a chat template, but the tokenizer in {m.llm} "
                           "has none; use 'plain' or a chat model")
+    if config.data.packing and _looks_local(m.llm):
+        try:
+            model_type = json.loads((Path(m.llm).expanduser() / "config.json").read_text()).get("model_type", "")
+        except (OSError, ValueError, AttributeError):
+            model_type = None  # unreadable: the model load reports it; the run checks the type again
+        problem = packing_llm_problem(model_type) if model_type is not None else None
+        if problem:
+            raise ConfigError(problem)
     if m.pretrained_projector:
         _check_projector(config)
     if t.deepspeed:

@@ -211,6 +211,20 @@ NORM_ARMS: dict[str, NormArm] = {
 assert all(arm.layer in LAYER_KINDS for arm in NORM_ARMS.values())
 
 
+# LLM families whose packed rows are isolated, as tests/test_packing.py checks: transformers
+# masks their attention per sample from position ids. Others may not (a hybrid model's recurrent
+# layers carry state from one sample into the next), so packing refuses them.
+PACKING_LLM_TYPES = ("llama", "qwen2", "qwen3")
+
+
+def packing_llm_problem(model_type: str) -> str | None:
+    """Why ``data.packing`` cannot be used with an LLM of this ``model_type`` (None: it can)."""
+    if model_type in PACKING_LLM_TYPES:
+        return None
+    return (f"key 'data.packing': the LLM is a {model_type!r} model; packed samples are only known to be "
+            f"isolated for {list(PACKING_LLM_TYPES)} (tests/test_packing.py), so packing is refused for it")
+
+
 def scale_value_problem(value: Any) -> str | None:
     """What is wrong with a ``model.scale_value`` (None: nothing)."""
     if value == "auto":

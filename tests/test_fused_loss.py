@@ -98,5 +98,37 @@ def test_a_frozen_output_weight_gets_no_gradient():
     frozen = w.detach()
     plain = torch.autograd.grad(ForCausalLMLoss(h @ frozen.T, labels, w.shape[0]), h)[0]
     loss = causal_lm_loss(h, frozen, labels, chunk=4)
+    chunked = loss.grad_fn.next_functions[0][0]  # the sum's node, under the division by the count
+    assert chunked.grads[0] is not None and chunked.grads[1] is None
     torch.testing.assert_close(torch.autograd.grad(loss, h)[0], plain, **TOL)
-    assert frozen.grad is None
+    trained = causal_lm_loss(h, w, labels, chunk=4).grad_fn.next_functions[0][0]
+    assert trained.grads[1].shape == w.shape  # the check above can fail
+
+
+def test_the_liger_call_gets_the_supervised_rows_and_sums(monkeypatch):
+    """The GPU branch's contract (no GPU here): Liger's functional API is called with the supervised
+    rows, the weight and their targets, reduction "sum"; a stand-in with that signature must give the
+    plain loss and gradients."""
+    calls = []
+
+    def reference(input, weight, target, bias=None, ce_weight=None, ignore_index=-100, reduction="mean", **rest):
+        calls.append((input.shape, target.shape, reduction))
+        return torch.nn.functional.cross_entropy(input @ weight.T, target, ignore_index=ignore_index,
+                                                 reduction=reduction)
+
+    monkeypatch.setattr(loss_module, "fused_kernel_problem", lambda device: None)
+    monkeypatch.setattr(loss_module, "_liger", lambda: reference)
+    h, w, labels = _case(5)
+    targets = int(labels[..., 1:].ne(IGNORE_INDEX).sum())
+    plain = ForCausalLMLoss(h @ w.T, labels, w.shape[0], num_items_in_batch=targets)
+    ours = causal_lm_loss(h, w, labels, num_items_in_batch=targets)
+    assert calls == [((targets, h.shape[-1]), (targets,), "sum")]
+    torch.testing.assert_close(ours, plain, **TOL)
+    for a, b in zip(torch.autograd.grad(ours, (h, w)), torch.autograd.grad(plain, (h, w))):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_generate_keeps_only_the_last_logits(tiny_dir):
+    """forward names logits_to_keep, so generate() computes the prompt's last logits only."""
+    bundle = build_model(ModelSpec(str(tiny_dir / "siglip"), str(tiny_dir / "llama")))
+    assert bundle.model._supports_logits_to_keep()

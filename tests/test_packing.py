@@ -203,5 +203,23 @@ def test_a_sample_that_cannot_fit_is_refused_when_planned(chat_bundle, tmp_path)
     packed = _packed_dataset(chat_bundle, data, images)
     assert 4 not in {i for pack in packed.packs for i in pack} and len(packed.samples.rejected) == 1
     assert packed.samples.rejected[0]["row"] == rows[4]["id"] and packed.samples.rejected[0]["cause"] == "too_long"
-    with pytest.raises(BadSampleError, match=rf"{data}: row {rows[4]['id']}: first turn does not fit max_length=256"):
+    with pytest.raises(BadSampleError, match=rf"{data}: row {rows[4]['id']}: first turn does not fit 256 tokens \(the smaller of"):
         _ = _packed_dataset(chat_bundle, data, images, policy="error").packs
+
+
+def test_packing_refuses_an_llm_family_it_does_not_know_to_isolate(tiny_dir, tmp_path):
+    from llava_norm.config import ConfigError, load_config
+
+    data, images = write_dataset(tmp_path / "data", n=4)
+    llm = tmp_path / "hybrid"
+    llm.mkdir()
+    (llm / "config.json").write_text(json.dumps({"model_type": "qwen3_next"}))
+    path = tmp_path / "run.yaml"
+    path.write_text(f"""
+model: {{vision_tower: {tiny_dir}/siglip, llm: {llm}}}
+data: {{mixture: [{{path: {data}, image_folder: {images}}}], prompt_format: plain, packing: true}}
+train: {{output_dir: {tmp_path}/out}}
+""")
+    with pytest.raises(ConfigError, match=r"key 'data.packing': the LLM is a 'qwen3_next' model"):
+        load_config(path)
+    assert load_config(path, ["data.packing=false"]).data.packing is False  # the refusal is packing's alone

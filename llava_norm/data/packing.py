@@ -29,7 +29,7 @@ from torch.utils.data import Dataset
 
 from llava_norm.data.collate import Example
 from llava_norm.data.conversation import IGNORE_INDEX
-from llava_norm.data.dataset import BadSampleError
+from llava_norm.data.dataset import MAX_REPLACEMENTS, BadSampleError
 from llava_norm.data.sampler import EpochSampler
 
 log = logging.getLogger(__name__)
@@ -91,14 +91,20 @@ class PackedDataset(Dataset):
     def packs(self) -> list[list[int]]:
         """The plan. Samples whose first turn does not fit are refused here, once, as the
         bad-sample policy says (error, or a load-time skip record), instead of filling rows."""
-        kept = []
+        kept, limit = [], self.samples.max_length
         for index, length in enumerate(self.lengths):
             if length:
                 kept.append(index)
-            else:
-                self.samples.reject(self.samples.too_long(self.samples.rows[index]))
+                continue
+            row = self.samples.rows[index]
+            self.samples.reject(BadSampleError(
+                f"{row.source}: row {row.row_id}: first turn does not fit {limit} tokens (the smaller of "
+                "data.max_length and data.pack_max_tokens)", cause="too_long", file=row.source, row=row.row_id))
+        if len(kept) < len(self.lengths):
+            log.warning("packing: %d samples whose first turn does not fit %d tokens are skipped",
+                        len(self.lengths) - len(kept), limit)
         if not kept:
-            raise ValueError(f"no sample fits max_length={self.samples.max_length}")
+            raise ValueError(f"no sample fits {limit} tokens (data.max_length, data.pack_max_tokens)")
         packs = [[kept[i] for i in pack] for pack in plan_packs([self.lengths[i] for i in kept], self.budget,
                                                                  self.seed)]
         log.info("packing: %d samples in %d rows of at most %d tokens (%.1f%% filled)", len(kept), len(packs),
@@ -110,10 +116,12 @@ class PackedDataset(Dataset):
 
     def __getitem__(self, index: int) -> Pack:
         skipped: list[dict] = []
-        # A pack whose samples are all bad is replaced by the next pack, as a bad row is by the next row.
-        for attempt in range(len(self.packs)):
+        # A pack whose samples are all bad is replaced by the next pack, as a bad row is by the
+        # next row, and as there, a run of bad packs (a wrong image folder) stops the run.
+        for attempt in range(MAX_REPLACEMENTS):
+            pack = self.packs[(index + attempt) % len(self.packs)]
             examples = []
-            for i in self.packs[(index + attempt) % len(self.packs)]:
+            for i in pack:
                 try:
                     examples.append(self.samples.build(self.samples.rows[i]))
                 except BadSampleError as error:
@@ -121,9 +129,13 @@ class PackedDataset(Dataset):
                         raise
                     log.warning("skipping bad sample: %s", error)
                     skipped.append(error.record())
+            if sum(len(e.input_ids) for e in examples) > self.budget:  # the plan's lengths were wrong
+                raise RuntimeError(f"packed row of rows {[self.samples.rows[i].row_id for i in pack]} holds more "
+                                   f"than {self.budget} tokens")
             if examples:
                 return Pack(examples, skipped)
-        raise BadSampleError("every sample of every pack is bad", cause="too_many_bad_samples")
+        raise BadSampleError(f"{MAX_REPLACEMENTS} consecutive packs of bad samples from pack {index}; "
+                             f"last: {skipped[-1]['message']}", cause="too_many_bad_samples")
 
 
 class PackSampler(EpochSampler):

@@ -30,9 +30,11 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk):
-        grad_hidden = torch.empty_like(hidden)
-        # In the weight's dtype, as Liger does: a float32 copy would be the largest tensor here in
-        # bf16. None for a frozen output layer (stage 1, LoRA): no weight-sized tensor, no matmul.
+        # Only the gradients autograd will ask for: none under no_grad, no weight-sized tensor or
+        # matmul for a frozen output layer (stage 1, LoRA). The weight's is summed over chunks in
+        # its own dtype, as Liger does by default: a float32 sum would be the largest tensor here in
+        # bf16, at the price of one bf16 rounding per chunk.
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for start in range(0, hidden.shape[0], chunk):
@@ -46,7 +48,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             grad = logits.div_(total[:, None])
             grad[torch.arange(len(target), device=grad.device), target] -= 1
             grad = grad.to(weight.dtype)
-            torch.mm(grad, weight, out=grad_hidden[start:start + chunk])
+            if grad_hidden is not None:
+                torch.mm(grad, weight, out=grad_hidden[start:start + chunk])
             if grad_weight is not None:
                 grad_weight.addmm_(grad.T, part)
         # Held on ctx, not saved: backward hands them over, scaled in place, with no reference
@@ -59,9 +62,10 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss):
         grad_hidden, grad_weight = ctx.grads
         del ctx.grads
-        if grad_weight is not None:
-            grad_weight.mul_(grad_loss.to(grad_weight.dtype))
-        return grad_hidden.mul_(grad_loss.to(grad_hidden.dtype)), grad_weight, None, None
+        for grad in (grad_hidden, grad_weight):
+            if grad is not None:
+                grad.mul_(grad_loss.float())  # a 0-dim fp32 factor: one rounding, not a bf16 1/N
+        return grad_hidden, grad_weight, None, None
 
 
 def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -76,11 +80,16 @@ def _say_once(message: str) -> None:
     log.warning(message)
 
 
+@functools.cache
 def _liger():
+    """Liger's fused linear cross-entropy, or None where it is not installed or does not import."""
     if importlib.util.find_spec("liger_kernel") is None:
         return None
-    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
-
+    try:
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+    except ImportError as error:  # e.g. installed without a working triton
+        _say_once(f"liger_kernel does not import ({error})")
+        return None
     return liger_fused_linear_cross_entropy
 
 
@@ -89,7 +98,7 @@ def fused_kernel_problem(device: torch.device) -> str | None:
     if device.type != "cuda":
         return f"no fused kernel runs on {device.type}"
     if _liger() is None:
-        return "liger_kernel is not installed (pip install liger-kernel)"
+        return "liger_kernel is not installed or does not import (pip install liger-kernel)"
     return None
 
 
@@ -101,7 +110,7 @@ def causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Ten
     rows, targets = hidden[keep], shifted[keep]
     problem = fused_kernel_problem(hidden.device)
     if not len(targets):
-        total = hidden.sum() * 0.0 + weight.sum() * 0.0  # no target: zero loss, graph kept for every rank
+        total = (hidden.sum() * 0.0 + weight.sum() * 0.0).float()  # no target: zero loss, graph kept
     elif problem is None:
         total = _liger()(rows, weight, targets, reduction="sum").float()
     else:

@@ -121,18 +121,23 @@ class LlavaNormForConditionalGeneration(LlavaNormPreTrainedModel, LlavaForCondit
         self.post_init()
 
     def forward(self, input_ids=None, pixel_values=None, attention_mask=None, position_ids=None,
-                past_key_values=None, inputs_embeds=None, labels=None, loss_kind: str = "plain", **kwargs):
+                past_key_values=None, inputs_embeds=None, vision_feature_layer=None,
+                vision_feature_select_strategy=None, labels=None, logits_to_keep=0, image_sizes=None,
+                mm_encoder_outputs=None, loss_kind: str = "plain", **kwargs):
         """``loss_kind="fused"`` (``train.loss``): the same loss from the hidden states, never
-        materialising the logits (``model.loss``); the output then carries no logits. The inputs
-        are named because generate() accepts only the model kwargs that forward names."""
+        materialising the logits (``model.loss``); the output then carries no logits. Every input
+        of the parent's forward is named here: generate() passes only what forward names (an
+        unnamed ``logits_to_keep`` would make it compute the logits of the whole prompt)."""
         inputs = dict(input_ids=input_ids, pixel_values=pixel_values, attention_mask=attention_mask,
-                      position_ids=position_ids, past_key_values=past_key_values, inputs_embeds=inputs_embeds)
+                      position_ids=position_ids, past_key_values=past_key_values, inputs_embeds=inputs_embeds,
+                      vision_feature_layer=vision_feature_layer, image_sizes=image_sizes,
+                      vision_feature_select_strategy=vision_feature_select_strategy,
+                      mm_encoder_outputs=mm_encoder_outputs)
         if labels is None or loss_kind == "plain":
-            return super().forward(**inputs, labels=labels, **kwargs)
+            return super().forward(**inputs, labels=labels, logits_to_keep=logits_to_keep, **kwargs)
         if loss_kind != "fused":
             raise ValueError(f"loss_kind must be 'plain' or 'fused', got {loss_kind!r}")
         num_items = kwargs.pop("num_items_in_batch", None)
-        kwargs.pop("logits_to_keep", None)
         # lm_head.weight is read outside lm_head's forward; under ZeRO-3 DeepSpeed gathers a
         # parameter on such an access (its ZeROOrderedDict), tested in tests/test_resume.py.
         outputs = self.model(**inputs, **kwargs)

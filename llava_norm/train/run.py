@@ -24,7 +24,7 @@ from transformers import TrainingArguments, set_seed
 from transformers.utils import SAFE_WEIGHTS_NAME
 
 from llava_norm.config import RunConfig, effective_grad_accum, lora_vision_mode, to_yaml
-from llava_norm.config_schema import NORM_ARMS
+from llava_norm.config_schema import NORM_ARMS, ConfigError, packing_llm_problem
 from llava_norm.data.collate import collate
 from llava_norm.data.conversation import conversation_tokenizer
 from llava_norm.data.dataset import SupervisedDataset, count_by_cause
@@ -229,6 +229,9 @@ def run_training(config: RunConfig) -> Path | None:
 
     train_dataset, train_collate = dataset, collate_fn
     if d.packing:
+        problem = packing_llm_problem(bundle.model.config.text_config.model_type)  # hub ids are known only now
+        if problem:
+            raise ConfigError(problem)
         train_dataset = PackedDataset(dataset, d.pack_max_tokens, seed=t.seed)
         # transformers' flash-attention path finds packed samples only in a batch of one row
         one_row = m.attn_implementation.startswith("flash_attention")
