@@ -17,6 +17,7 @@ def _train(args) -> None:
 
     # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.config import ConfigError, load_config
+    from llava_norm.data.dataset import BadSampleError
     from llava_norm.train.relaunch import RelaunchError
     from llava_norm.train.run import run_training
     from llava_norm.train.trainer import ResumeError
@@ -29,6 +30,10 @@ def _train(args) -> None:
         run_training(config)
     except (RelaunchError, ResumeError) as error:
         sys.exit(f"relaunch refused: {error}")
+    except ConfigError as error:  # what only the backbones' own configs can tell (data.packing's LLM family)
+        sys.exit(f"config error: {args.config}: {error}")
+    except BadSampleError as error:  # data found unusable before training starts (its file and row named)
+        sys.exit(f"data error: {error}")
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # leave together: no rank tears the group down under one still saving
         dist.destroy_process_group()

@@ -69,9 +69,11 @@ class DataConfig:
     num_workers: int = 2
     # Several samples per row, each isolated (data.packing); a row holds at most pack_max_tokens
     # tokens, and a longer sample is cut as max_length cuts (at min(max_length, pack_max_tokens)).
-    # Packed runs shuffle whole rows: group_by_modality_length and length_estimate do not apply.
+    # Twice the stage-2 max_length: rows of exactly max_length fill ~90% (bench/packing.py).
+    # Packed runs shuffle whole rows: group_by_modality_length and length_estimate do not apply,
+    # and train.per_device_batch_size / global_batch_size count rows, not samples.
     packing: bool = False
-    pack_max_tokens: int = 4096
+    pack_max_tokens: int = 8192
 
 
 @dataclass

@@ -223,3 +223,36 @@ train: {{output_dir: {tmp_path}/out}}
     with pytest.raises(ConfigError, match=r"key 'data.packing': the LLM is a 'qwen3_next' model"):
         load_config(path)
     assert load_config(path, ["data.packing=false"]).data.packing is False  # the refusal is packing's alone
+
+
+def test_too_small_a_row_budget_stops_instead_of_dropping_every_image(chat_bundle, tmp_path):
+    data, images = write_dataset(tmp_path, n=40)  # every row has an image, longer than 64 tokens
+    with pytest.raises(BadSampleError, match="32 consecutive samples do not fit; last: .* 64 tokens"):
+        _ = _packed_dataset(chat_bundle, data, images, budget=64).packs
+
+
+def test_a_refused_packed_resume_rewrites_nothing(tmp_path, tiny_dir):
+    """A relaunch whose data no longer gives the checkpoint's order is refused before the run's
+    config and provenance record are rewritten, so the original command still finds its run."""
+    from llava_norm.config import load_config
+    from llava_norm.provenance import RECORD
+    from llava_norm.train.run import run_training
+    from llava_norm.train.trainer import ResumeError
+
+    data, images = write_dataset(tmp_path / "data", n=12, text_only_every=3)
+    path = tmp_path / "c.yaml"
+    path.write_text(f"""
+model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama}}
+data: {{mixture: [{{path: {data}, image_folder: {images}}}], num_workers: 0, max_length: 256, packing: true,
+       pack_max_tokens: 320}}
+train: {{stage: 2, output_dir: {tmp_path}/out, max_steps: 1, per_device_batch_size: 2, grad_accum: 1,
+        report_to: [], save_steps: 1, loss: fused}}
+""")
+    run_training(load_config(path))
+    out = tmp_path / "out"
+    before = {name: (out / name).read_bytes() for name in ("config.yaml", RECORD)}
+    changed = ["train.extend=true", "train.max_steps=2", "train.allow_config_change=true", "data.pack_max_tokens=512"]
+    with pytest.raises(ResumeError, match="no longer gives epoch 0's sample order"):
+        run_training(load_config(path, changed))
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert run_training(load_config(path)) is None  # the original command: finished, nothing to do

@@ -79,8 +79,11 @@ def test_checkpoint_with_another_config_is_refused_unless_allowed(run):
     plan = plan_launch(load_config(path, ["data.max_length=128", "train.allow_config_change=true"]))
     assert (plan.action, plan.checkpoint.name) == ("resume", "checkpoint-3")
     assert plan.differences == ["data.max_length: 256 -> 128"]
-    # Where and how often to write never block a resume.
+    # Where and how often to write never block a resume, nor a packing budget with packing off.
     assert plan_launch(load_config(path, ["train.save_steps=7", "data.num_workers=2"])).action == "resume"
+    assert plan_launch(load_config(path, ["data.pack_max_tokens=512"])).action == "resume"
+    with pytest.raises(RelaunchError, match=r"data\.packing: False -> True"):
+        plan_launch(load_config(path, ["data.packing=true", "data.pack_max_tokens=512"]))
 
 
 class _Payload:

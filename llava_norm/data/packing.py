@@ -91,20 +91,27 @@ class PackedDataset(Dataset):
     def packs(self) -> list[list[int]]:
         """The plan. Samples whose first turn does not fit are refused here, once, as the
         bad-sample policy says (error, or a load-time skip record), instead of filling rows."""
-        kept, limit = [], self.samples.max_length
+        kept, limit, run = [], self.samples.max_length, 0
         for index, length in enumerate(self.lengths):
             if length:
                 kept.append(index)
+                run = 0
                 continue
             row = self.samples.rows[index]
-            self.samples.reject(BadSampleError(
-                f"{row.source}: row {row.row_id}: first turn does not fit {limit} tokens (the smaller of "
-                "data.max_length and data.pack_max_tokens)", cause="too_long", file=row.source, row=row.row_id))
+            error = BadSampleError(f"{row.source}: row {row.row_id}: first turn does not fit {limit} tokens (the "
+                                   "smaller of data.max_length and data.pack_max_tokens)", cause="too_long",
+                                   file=row.source, row=row.row_id)
+            run += 1
+            if run == MAX_REPLACEMENTS:  # as unpacked draws stop: a budget too small for the data, not bad rows
+                raise BadSampleError(f"{MAX_REPLACEMENTS} consecutive samples do not fit; last: {error}",
+                                     cause="too_many_bad_samples")
+            self.samples.reject(error)
         if len(kept) < len(self.lengths):
             log.warning("packing: %d samples whose first turn does not fit %d tokens are skipped",
                         len(self.lengths) - len(kept), limit)
         if not kept:
-            raise ValueError(f"no sample fits {limit} tokens (data.max_length, data.pack_max_tokens)")
+            raise BadSampleError(f"no sample fits {limit} tokens (data.max_length, data.pack_max_tokens)",
+                                 cause="too_many_bad_samples")
         packs = [[kept[i] for i in pack] for pack in plan_packs([self.lengths[i] for i in kept], self.budget,
                                                                  self.seed)]
         log.info("packing: %d samples in %d rows of at most %d tokens (%.1f%% filled)", len(kept), len(packs),

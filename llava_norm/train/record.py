@@ -18,7 +18,7 @@ import yaml
 
 from llava_norm.config import RunConfig, to_yaml, world_size
 from llava_norm.provenance import Record, differences, fingerprint, flatten, make_record, now, read_record, write_record
-from llava_norm.train.relaunch import OPERATIONAL_KEYS
+from llava_norm.train.relaunch import OPERATIONAL_KEYS, inert_keys
 
 # Keys naming a file, folder or hub id: they enter the record as inputs, by fingerprint.
 INPUT_KEYS = ("model.vision_tower", "model.llm", "model.pretrained_projector", "train.deepspeed")
@@ -33,7 +33,7 @@ def training_record(config: RunConfig, world_size: int) -> Record:
         inputs[f"data.mixture.{index}.path"] = source.get("path")
         inputs[f"data.mixture.{index}.image_folder"] = source.get("image_folder")
         flat[f"data.mixture.{index}.take"] = source.get("take", "all")
-    settings = {key: value for key, value in flat.items() if key not in OPERATIONAL_KEYS}
+    settings = {key: value for key, value in flat.items() if key not in OPERATIONAL_KEYS | inert_keys(flat)}
     settings["world_size"] = world_size
     if settings.get("train.precision") == "auto":  # bf16 on a GPU, fp32 on a CPU: different runs
         settings["train.precision"] = "bf16" if torch.cuda.is_available() else "fp32"

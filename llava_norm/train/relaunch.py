@@ -55,11 +55,16 @@ class LaunchPlan:
     differences: list[str] = field(default_factory=list)
 
 
+def inert_keys(flat: dict) -> set[str]:
+    """Keys of a flattened config that its other keys switch off, so they cannot change the result."""
+    return set() if flat.get("data.packing") else {"data.pack_max_tokens"}
+
+
 def config_differences(saved_yaml: str, config: RunConfig, allowed: frozenset = frozenset()) -> list[str]:
     """``key: saved -> now`` for every result-changing key that differs."""
     saved = flatten(yaml.safe_load(saved_yaml) or {})
     now = flatten(yaml.safe_load(to_yaml(config)))
-    ignore = OPERATIONAL_KEYS | allowed
+    ignore = OPERATIONAL_KEYS | allowed | (inert_keys(saved) & inert_keys(now))
     return [f"{key}: {saved.get(key, '<unset>')!r} -> {now.get(key, '<unset>')!r}"
             for key in sorted(set(saved) | set(now)) if key not in ignore and saved.get(key) != now.get(key)]
 

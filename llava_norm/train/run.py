@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import TrainingArguments, set_seed
+from transformers import AutoConfig, TrainingArguments, set_seed
 from transformers.utils import SAFE_WEIGHTS_NAME
 
 from llava_norm.config import RunConfig, effective_grad_accum, lora_vision_mode, to_yaml
@@ -205,6 +205,11 @@ def run_training(config: RunConfig) -> Path | None:
         safe_deepspeed_loading()
     set_seed(t.seed)
     m = config.model
+    if config.data.packing:  # a hub id's family is known from its config alone: refuse before any weights load
+        llm_config = AutoConfig.from_pretrained(m.llm, trust_remote_code=m.trust_remote_code)
+        problem = packing_llm_problem(llm_config.model_type)
+        if problem:
+            raise ConfigError(problem)
     bundle = build_model(ModelSpec(
         vision_tower=m.vision_tower, llm=m.llm, norm_alignment=m.norm_alignment, projector_type=m.projector_type,
         vision_feature_layer=m.vision_feature_layer, vision_feature_select_strategy=m.vision_feature_select_strategy,
@@ -229,10 +234,9 @@ def run_training(config: RunConfig) -> Path | None:
 
     train_dataset, train_collate = dataset, collate_fn
     if d.packing:
-        problem = packing_llm_problem(bundle.model.config.text_config.model_type)  # hub ids are known only now
-        if problem:
-            raise ConfigError(problem)
         train_dataset = PackedDataset(dataset, d.pack_max_tokens, seed=t.seed)
+        if d.group_by_modality_length:
+            log.info("data.packing: rows are shuffled whole; data.group_by_modality_length does not apply")
         # transformers' flash-attention path finds packed samples only in a batch of one row
         one_row = m.attn_implementation.startswith("flash_attention")
 
@@ -251,6 +255,8 @@ def run_training(config: RunConfig) -> Path | None:
         norm_stats_steps=t.norm_stats_steps, keep_checkpoints=t.save_total_limit,
         checkpoint_files={RUN_CONFIG: to_yaml(config)},
     )
+    if plan.checkpoint:  # refuse a resume the data cannot continue before any record is rewritten
+        trainer.check_data_order(plan.checkpoint)
     out = Path(t.output_dir)
     if trainer.args.should_save:
         out.mkdir(parents=True, exist_ok=True)

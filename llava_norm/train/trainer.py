@@ -98,19 +98,27 @@ class LlavaNormTrainer(Trainer):
         skips = self._skips_file(Path(resume_from_checkpoint))  # so the run's skipped.jsonl stays whole across kills
         if skips.is_file():
             self.skipped_samples = [json.loads(line) for line in skips.read_text().splitlines() if line]
-        path = Path(resume_from_checkpoint) / DATA_STATE
-        if not path.is_file():
-            raise ResumeError(f"{resume_from_checkpoint}: no {DATA_STATE}; its position in the data is unknown")
-        saved = json.loads(path.read_text())
-        if saved["order_fingerprint"] != self._sampler.fingerprint(saved["epoch"]):
-            raise ResumeError(f"{resume_from_checkpoint}: the data no longer gives epoch {saved['epoch']}'s sample "
-                              "order (rows, their lengths, the seed or the batch layout changed); resuming would "
-                              "not continue the same run")
+        saved = self.check_data_order(resume_from_checkpoint)
         if (saved["epoch"], saved["batches_consumed"]) != (epochs, skip):
             raise ResumeError(f"{resume_from_checkpoint}: saved data position epoch {saved['epoch']} + "
                               f"{saved['batches_consumed']} micro-batches, but step {self.state.global_step} "
                               f"implies epoch {epochs} + {skip} (batch size or accumulation changed?)")
         return saved["epoch"], saved["batches_consumed"]
+
+    def check_data_order(self, checkpoint) -> dict:
+        """The checkpoint's saved data position, if this data still gives that epoch's sample order;
+        else ResumeError. Cheap (the sampler only), so a launch checks it before writing anything."""
+        if self._sampler is None:
+            self._get_train_sampler()
+        path = Path(checkpoint) / DATA_STATE
+        if not path.is_file():
+            raise ResumeError(f"{checkpoint}: no {DATA_STATE}; its position in the data is unknown")
+        saved = json.loads(path.read_text())
+        if saved["order_fingerprint"] != self._sampler.fingerprint(saved["epoch"]):
+            raise ResumeError(f"{checkpoint}: the data no longer gives epoch {saved['epoch']}'s sample "
+                              "order (rows, their lengths, packing, the seed or the batch layout changed); resuming "
+                              "would not continue the same run")
+        return saved
 
     def _run_epoch(self, *args, epoch, epochs_trained, steps_trained_in_current_epoch, resume_from_checkpoint,
                    steps_in_epoch, **kwargs):
