@@ -262,24 +262,31 @@ class SupervisedDataset(Dataset):
             raise self.too_long(row)
         return example
 
-    def too_long(self, row: Row) -> BadSampleError:
-        return BadSampleError(f"{row.source}: row {row.row_id}: first turn does not fit max_length={self.max_length}",
-                              cause="too_long", file=row.source, row=row.row_id)
+    def too_long(self, row: Row, limit: str = "") -> BadSampleError:
+        """The refusal of a row whose first turn does not fit (``limit``: the words for the bound)."""
+        limit = limit or f"max_length={self.max_length}"
+        return BadSampleError(f"{row.source}: row {row.row_id}: first turn does not fit {limit}", cause="too_long",
+                              file=row.source, row=row.row_id)
+
+    def draw(self, row: Row, skipped: list[dict]) -> Example | None:
+        """``build(row)``, or under ``on_bad_sample: skip`` None with the skip record appended to ``skipped``."""
+        try:
+            return self.build(row)
+        except BadSampleError as error:
+            if self.on_bad_sample == "error":
+                raise
+            log.warning("skipping bad sample: %s", error)
+            skipped.append(error.record())
+            return None
 
     def __getitem__(self, index: int) -> Example:
         # A bad row is replaced by the next one in file order: the same index always gives the
         # same sample and the same skip records, so a resumed run skips exactly what the first did.
         skipped: list[dict] = []
         for attempt in range(MAX_REPLACEMENTS):
-            row = self.rows[(index + attempt) % len(self.rows)]
-            try:
-                example = self.build(row)
+            example = self.draw(self.rows[(index + attempt) % len(self.rows)], skipped)
+            if example is not None:
                 example.skipped = skipped
                 return example
-            except BadSampleError as error:
-                if self.on_bad_sample == "error":
-                    raise
-                log.warning("skipping bad sample: %s", error)
-                skipped.append(error.record())
         raise BadSampleError(f"{MAX_REPLACEMENTS} consecutive bad samples from index {index}; "
                              f"last: {skipped[-1]['message']}", cause="too_many_bad_samples")

@@ -30,7 +30,7 @@ from torch.utils.data import Dataset
 from llava_norm.data.collate import Example
 from llava_norm.data.conversation import IGNORE_INDEX
 from llava_norm.data.dataset import MAX_REPLACEMENTS, BadSampleError
-from llava_norm.data.sampler import EpochSampler
+from llava_norm.data.sampler import ShuffledSampler
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +97,8 @@ class PackedDataset(Dataset):
                 kept.append(index)
                 run = 0
                 continue
-            row = self.samples.rows[index]
-            error = BadSampleError(f"{row.source}: row {row.row_id}: first turn does not fit {limit} tokens (the "
-                                   "smaller of data.max_length and data.pack_max_tokens)", cause="too_long",
-                                   file=row.source, row=row.row_id)
+            error = self.samples.too_long(self.samples.rows[index], f"{limit} tokens (the smaller of "
+                                          "data.max_length and data.pack_max_tokens)")
             run += 1
             if run == MAX_REPLACEMENTS:  # as unpacked draws stop: a budget too small for the data, not bad rows
                 raise BadSampleError(f"{MAX_REPLACEMENTS} consecutive samples do not fit; last: {error}",
@@ -127,15 +125,8 @@ class PackedDataset(Dataset):
         # next row, and as there, a run of bad packs (a wrong image folder) stops the run.
         for attempt in range(MAX_REPLACEMENTS):
             pack = self.packs[(index + attempt) % len(self.packs)]
-            examples = []
-            for i in pack:
-                try:
-                    examples.append(self.samples.build(self.samples.rows[i]))
-                except BadSampleError as error:
-                    if self.samples.on_bad_sample == "error":
-                        raise
-                    log.warning("skipping bad sample: %s", error)
-                    skipped.append(error.record())
+            drawn = (self.samples.draw(self.samples.rows[i], skipped) for i in pack)
+            examples = [example for example in drawn if example is not None]
             if sum(len(e.input_ids) for e in examples) > self.budget:  # the plan's lengths were wrong
                 raise RuntimeError(f"packed row of rows {[self.samples.rows[i].row_id for i in pack]} holds more "
                                    f"than {self.budget} tokens")
@@ -145,16 +136,12 @@ class PackedDataset(Dataset):
                              f"last: {skipped[-1]['message']}", cause="too_many_bad_samples")
 
 
-class PackSampler(EpochSampler):
-    """A seeded shuffle of the packs per epoch; the fingerprint covers which samples each pack holds."""
+class PackSampler(ShuffledSampler):
+    """ShuffledSampler's seeded shuffle, of the packs; the fingerprint covers which samples each pack holds."""
 
     def __init__(self, packs: list[list[int]], seed: int):
         super().__init__(len(packs), seed)
         self.packs = packs
-
-    def order(self, epoch: int) -> list[int]:
-        generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
-        return torch.randperm(self.num_samples, generator=generator).tolist()
 
     def fingerprint(self, epoch: int) -> str:
         packs = [self.packs[i] for i in self.order(epoch)]
