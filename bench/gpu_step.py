@@ -132,8 +132,14 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def achieved(flops: float, step_s: float, peak_tflops: float | None) -> tuple[float, float | None]:
+    """(TFLOP/s, MFU) of a step of ``flops`` model FLOPs taking ``step_s``; MFU None without a known peak."""
+    tflops = flops / step_s / 1e12
+    return tflops, (tflops / peak_tflops if peak_tflops else None)
+
+
 def run_one(model, inputs: dict, flops: float, steps: int, warmup: int, device: torch.device,
-            peak: float | None, label: str) -> Result:
+            peak_tflops: float | None, label: str) -> Result:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -155,9 +161,9 @@ def run_one(model, inputs: dict, flops: float, steps: int, warmup: int, device: 
             torch.cuda.empty_cache()
     step_s = (time.perf_counter() - start) / steps
     tokens = inputs["input_ids"].numel()
-    tflops = flops / step_s / 1e12
+    tflops, mfu = achieved(flops, step_s, peak_tflops)
     mem = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None
-    return Result(label, step_s, tokens / step_s, tflops, tflops / peak if peak else None, mem)
+    return Result(label, step_s, tokens / step_s, tflops, mfu, mem)
 
 
 def attention_kinds(device: torch.device) -> list[str]:
@@ -184,7 +190,6 @@ def main() -> None:
     if not args.toy and device.type != "cuda":
         parser.error("no CUDA device: real shapes need a GPU (use --toy for the CPU smoke test)")
     peak = args.peak_tflops or bf16_peak_tflops(device)
-    peak_tflops = peak * 1e12 if peak else None
     archs = {"toy": (toy_vision, toy_llm, 1.0)} if args.toy else {
         name: (siglip_so400m_384, LLMS[name], PAPER_TEXT_NORM[name]) for name in args.llms}
     batches = [1] if args.toy else args.batches
@@ -212,7 +217,7 @@ def main() -> None:
                     else:
                         model.activation_checkpointing_disable()
                     label = f"{arch} {attn} batch {batch}x{seq} ckpt {'on' if ckpt else 'off'}"
-                    results.append(run_one(model, inputs, flops, steps, warmup, device, peak_tflops, label))
+                    results.append(run_one(model, inputs, flops, steps, warmup, device, peak, label))
                     print(format_result(results[-1]), flush=True)
             del model
             gc.collect()

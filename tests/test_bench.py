@@ -28,6 +28,13 @@ def test_gpu_step_toy_runs_on_cpu():
     assert lines[-1].startswith("MFU: n/a"), done.stdout
 
 
+def test_mfu_is_achieved_tflops_over_the_peak():
+    # 494.7 TFLOP in one second on a 989.4 TFLOP/s device is half its peak (a unit slip gave 0.0%).
+    tflops, mfu = gpu_step.achieved(494.7e12, 1.0, 989.4)
+    assert tflops == pytest.approx(494.7) and mfu == pytest.approx(0.5)
+    assert gpu_step.achieved(1e12, 2.0, None) == (0.5, None)
+
+
 def _linear_weights(module: torch.nn.Module) -> int:
     return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
 
