@@ -39,6 +39,26 @@ def _train(args) -> None:
         dist.destroy_process_group()
 
 
+def _plan(args) -> None:
+    import json
+
+    from llava_norm.config import ConfigError, load_config
+    from llava_norm.plan import format_plan, gpu_memory, make_plan
+    from llava_norm.plan.report import plan_dict
+
+    if args.gpus < 1 or args.nodes < 1:
+        sys.exit("plan: --gpus and --nodes must be at least 1")
+    try:
+        memory = gpu_memory(args.gpu) if args.gpu else args.gpu_memory
+        config = load_config(args.config, args.overrides, check_paths=False)  # the data may live elsewhere
+        plan = make_plan(config, args.gpus, args.nodes, memory, args.gpu, args.seq_len, args.images_per_row)
+    except ConfigError as error:
+        sys.exit(f"config error: {args.config}: {error}")
+    except ValueError as error:
+        sys.exit(f"plan: {error}")
+    print(json.dumps(plan_dict(plan), indent=2) if args.json else format_plan(plan, args.config))
+
+
 def _die_with_launcher() -> None:
     """Make a launched worker die the moment its launcher does.
 
@@ -214,6 +234,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=2e-5 train.max_steps=10")
     p.set_defaults(func=_train)
+
+    p = sub.add_parser("plan", help="memory and compute per GPU of a config before launch (configs only, no weights)")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, as for train")
+    p.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
+    p.add_argument("--nodes", type=int, default=1)
+    memory = p.add_mutually_exclusive_group()
+    memory.add_argument("--gpu", help="GPU by name, e.g. h100-80gb (an unknown name lists the known ones)")
+    memory.add_argument("--gpu-memory", type=float, help="GPU memory in GiB")
+    p.add_argument("--seq-len", type=int, help="tokens per row (default: data.max_length, or pack_max_tokens)")
+    p.add_argument("--images-per-row", type=int, help="default 1; packed rows: one per 1.25 x tokens per image")
+    p.add_argument("--json", action="store_true", help="the numbers as JSON")
+    p.set_defaults(func=_plan)
 
     # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.evaluation.arguments import add_eval_arguments

@@ -122,6 +122,19 @@ def select_strategy(tower, requested: str | None) -> tuple[str, int]:
     return strategy, emitted - 1 if strategy == "default" else emitted
 
 
+def llava_norm_config(spec, vision_config, text_config, image_token_id: int, tokens_per_image: int, strategy: str,
+                      text_norm: float) -> LlavaNormConfig:
+    """The composite config of a ``ModelSpec`` (or the YAML's ``model:`` section, which has the same
+    keys) over the two backbones' configs: the one place both the builder and the plan make it."""
+    return LlavaNormConfig(
+        vision_config=vision_config, text_config=text_config, image_token_id=image_token_id,
+        image_seq_length=tokens_per_image, vision_feature_layer=spec.vision_feature_layer,
+        vision_feature_select_strategy=strategy, norm_alignment=spec.norm_alignment, text_norm=text_norm,
+        gwc_clamp=spec.gwc_clamp, projector_type=spec.projector_type, scale_value=spec.scale_value,
+        tie_word_embeddings=text_config.tie_word_embeddings,
+    )
+
+
 def build_model(spec: ModelSpec) -> Bundle:
     """Pretrained vision tower + pretrained LLM + new projector (with the arm's norm layer)."""
     get_arm(spec.norm_alignment)
@@ -146,13 +159,7 @@ def build_model(spec: ModelSpec) -> Bundle:
             if not llm.config.tie_word_embeddings:
                 llm.get_output_embeddings().weight[old_rows:] = 0
 
-    config = LlavaNormConfig(
-        vision_config=tower.config, text_config=llm.config, image_token_id=image_token_id,
-        image_seq_length=tokens_per_image, vision_feature_layer=spec.vision_feature_layer,
-        vision_feature_select_strategy=strategy, norm_alignment=spec.norm_alignment, text_norm=text_norm,
-        gwc_clamp=spec.gwc_clamp, projector_type=spec.projector_type, scale_value=spec.scale_value,
-        tie_word_embeddings=llm.config.tie_word_embeddings,
-    )
+    config = llava_norm_config(spec, tower.config, llm.config, image_token_id, tokens_per_image, strategy, text_norm)
     config._attn_implementation = spec.attn_implementation
     # Build the shell on the meta device: the backbones already hold their weights, so
     # initialising a second random copy of a 7B LLM would cost minutes and twice the memory.

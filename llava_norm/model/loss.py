@@ -93,6 +93,13 @@ def _liger():
     return liger_fused_linear_cross_entropy
 
 
+def fused_held_bytes(rows: int, hidden: int, vocab: int, element_size: int, weight_trained: bool) -> int:
+    """Bytes the fused loss holds from its forward to its backward, which autograd's saved-tensor
+    hooks do not see (``ctx.grads``; Liger's kernel holds the same two): the gradient of the
+    hidden states and, when the output layer trains, of its weight, plus one chunk of logits."""
+    return (rows * hidden + (vocab * hidden if weight_trained else 0)) * element_size + CHUNK_BYTES
+
+
 def fused_kernel_problem(device: torch.device) -> str | None:
     """Why no fused kernel runs on this device (None: Liger's does)."""
     if device.type != "cuda":
@@ -114,7 +121,8 @@ def causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Ten
     elif problem is None:
         total = _liger()(rows, weight, targets, reduction="sum").float()
     else:
-        _say_once(f"train.loss fused: {problem}; using the chunked torch cross-entropy")
+        if hidden.device.type != "meta":  # a plan's shape-only trace (llava_norm.plan) says nothing
+            _say_once(f"train.loss fused: {problem}; using the chunked torch cross-entropy")
         total = chunked_linear_cross_entropy(rows, weight, targets, chunk)
     if num_items_in_batch is None:
         return total / max(len(targets), 1)

@@ -144,6 +144,27 @@ def skip_cpu_inference_comm_op() -> None:
     deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
 
 
+def print_startup_plan(config: RunConfig) -> None:
+    """The launch's ``llava-norm plan``, for this launch's processes and GPU, before any weights load.
+
+    Informational: a plan that cannot be made (a backbone family the meta device cannot trace)
+    is said in one line and the run goes on."""
+    from llava_norm.plan import format_plan, make_plan
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    memory = name = None
+    if torch.cuda.is_available():
+        memory = torch.cuda.get_device_properties(0).total_memory / 2 ** 30
+        name = torch.cuda.get_device_name(0)
+    try:
+        plan = make_plan(config, per_node, max(1, world // per_node), memory, name, alternatives=memory is not None)
+    except Exception as error:  # noqa: BLE001 - the plan informs; it never stops a launch
+        print(f"[llava-norm] no plan for this launch: {type(error).__name__}: {str(error).splitlines()[0]}")
+        return
+    print(format_plan(plan, config.train.output_dir), flush=True)
+
+
 def use_bf16(precision: str) -> bool:
     if precision == "auto":
         return torch.cuda.is_available()
@@ -203,6 +224,8 @@ def run_training(config: RunConfig) -> Path | None:
         single_process_rendezvous()
         skip_cpu_inference_comm_op()
         safe_deepspeed_loading()
+    if int(os.environ.get("RANK", "0")) == 0:
+        print_startup_plan(config)
     set_seed(t.seed)
     m = config.model
     if config.data.packing:  # a hub id's family is known from its config alone: refuse before any weights load

@@ -1,0 +1,183 @@
+"""The plan of a run: what trains, what a GPU holds, what a step costs; computed before launch.
+
+Owns ``make_plan`` (a RunConfig, a GPU count and a GPU memory -> ``Plan``), the peak-memory
+model that joins the parts, and the alternatives tried when a config does not fit. Everything
+comes from the configs and the meta-device model: no weights, no data, no GPU.
+
+Peak memory per GPU = model states + activations of one micro-batch, where the gradients
+build up while the activations are released, so the two overlap:
+
+    peak = (states - gradients) + max(gradients, activations + backward transient)
+
+The figure leaves out the CUDA context, communication buffers and allocator fragmentation;
+``FIT_FRACTION`` of the GPU's memory is what the plan lets it use.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from llava_norm.config_schema import RunConfig, effective_grad_accum, lora_vision_mode
+from llava_norm.plan import flops as flops_model
+from llava_norm.plan.backbones import meta_model
+from llava_norm.plan.memory import (PLAN_ATTENTION, Activations, Component, States, count_parameters,
+                                    largest_layer_params, model_states, trace_activations)
+
+FIT_FRACTION = 0.90
+# Packed rows: an image every 1.25 x tokens_per_image tokens, i.e. samples that are mostly image
+# tokens, the heavier case for the vision tower (a plan should not under-count).
+PACKED_TOKENS_PER_IMAGE = 1.25
+
+
+def zero_layout(config: RunConfig) -> str:
+    """zero2 | zero3 | ddp: how the configured launch lays out model states."""
+    if not config.train.deepspeed:
+        return "ddp"
+    settings = json.loads(Path(config.train.deepspeed).expanduser().read_text())
+    stage = int(settings.get("zero_optimization", {}).get("stage", 0))
+    return "zero3" if stage == 3 else "zero2" if stage in (1, 2) else "ddp"
+
+
+@dataclass
+class Plan:
+    config: RunConfig
+    gpus: int
+    nodes: int
+    gpu_memory_gib: float | None
+    gpu_name: str | None
+    sources: dict[str, str]
+    components: list[Component]
+    tokens_per_image: int
+    batch: int
+    seq: int
+    images: int
+    grad_accum: int
+    layout: str  # the configured one
+    states: dict[str, States]  # zero2, zero3 and the configured layout
+    activations: Activations
+    fused_activations: Activations | None = None  # the same batch with train.loss fused, when plain
+    step_flops: flops_model.StepFlops | None = None
+    alternatives: list[tuple[str, float]] = field(default_factory=list)  # (overrides, peak GiB) that fit
+
+    @property
+    def world(self) -> int:
+        return self.gpus * self.nodes
+
+    @property
+    def trained(self) -> int:
+        return sum(c.trained for c in self.components)
+
+    @property
+    def total_params(self) -> int:
+        return sum(c.total for c in self.components)
+
+    @property
+    def checkpointing(self) -> bool:
+        return self.config.train.gradient_checkpointing
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch * self.seq * self.grad_accum * self.world
+
+    def peak(self, layout: str | None = None, checkpointing: bool | None = None,
+             activations: Activations | None = None) -> int:
+        states = self.states[layout or self.layout]
+        acts = activations or self.activations
+        ckpt = self.checkpointing if checkpointing is None else checkpointing
+        return states.total - states.gradients + max(states.gradients, acts.total(ckpt) + acts.transient(ckpt))
+
+    def fits(self, peak: int) -> bool | None:
+        return None if self.gpu_memory_gib is None else peak <= FIT_FRACTION * self.gpu_memory_gib * 2 ** 30
+
+
+def _sequence(config: RunConfig, tokens_per_image: int, seq_len: int | None, images: int | None) -> tuple[int, int]:
+    d = config.data
+    seq = seq_len or (d.pack_max_tokens if d.packing else d.max_length)
+    if images is None:
+        images = max(1, math.floor(seq / (PACKED_TOKENS_PER_IMAGE * tokens_per_image))) if d.packing else 1
+    return seq, images
+
+
+def _freeze(model, config: RunConfig) -> None:
+    """Training's own freezing, with its per-module log lines held back (training prints them)."""
+    from llava_norm.train import params
+
+    level = params.log.level
+    params.log.setLevel(logging.WARNING)
+    try:
+        if config.lora.enabled:
+            params.freeze_for_lora(model, config.lora, lora_vision_mode(config))
+        else:
+            params.freeze_backbones(model, config.train.stage, config.train.train_vision_tower)
+    finally:
+        params.log.setLevel(level)
+
+
+def make_plan(config: RunConfig, gpus: int = 1, nodes: int = 1, gpu_memory_gib: float | None = None,
+              gpu_name: str | None = None, seq_len: int | None = None, images: int | None = None,
+              alternatives: bool = True) -> Plan:
+    """The plan of ``config`` on ``nodes`` x ``gpus`` GPUs of ``gpu_memory_gib`` each."""
+    t = config.train
+    model, tokens_per_image, sources = meta_model(config.model, attn_implementation=PLAN_ATTENTION)
+    _freeze(model, config)
+    components = count_parameters(model)
+    trained = sum(c.trained for c in components)
+    frozen = sum(c.total for c in components) - trained
+    largest = largest_layer_params(model)
+    world = gpus * nodes
+    layout = zero_layout(config)
+    states = {name: model_states(trained, frozen, largest, name, gpus, nodes) for name in {"zero2", "zero3", layout}}
+    seq, n_images_row = _sequence(config, tokens_per_image, seq_len, images)
+    batch = t.per_device_batch_size
+    acts = trace_activations(model, batch, seq, batch * n_images_row, tokens_per_image, t.loss)
+    accum = effective_grad_accum(t, world)
+    c = model.config
+    llm_trained = any(p.trained for p in components if p.name in ("llm", "llm embeddings", "lm_head", "lora"))
+    vision_trained = any(p.trained for p in components if p.name == "vision_tower")
+    step = flops_model.train_flops(c.vision_config, c.text_config, seq, batch * accum * world,
+                                   c.vision_feature_layer, images=batch * n_images_row * accum * world,
+                                   llm_trained=llm_trained, vision_trained=vision_trained)
+    plan = Plan(config, gpus, nodes, gpu_memory_gib, gpu_name, sources, components, tokens_per_image, batch, seq,
+                n_images_row, accum, layout, states, acts, step_flops=step)
+    if t.loss == "plain":
+        plan.fused_activations = trace_activations(model, batch, seq, batch * n_images_row, tokens_per_image, "fused")
+    if alternatives and plan.fits(plan.peak()) is False:
+        plan.alternatives = _alternatives(plan, model, largest)
+    return plan
+
+
+def _alternatives(plan: Plan, model, largest: int) -> list[tuple[str, float]]:
+    """Single changes to the config that make it fit, each with its peak (GiB)."""
+    t, found = plan.config.train, []
+
+    def consider(change: str, peak: int) -> None:
+        if plan.fits(peak):
+            found.append((change, peak / 2 ** 30))
+
+    if not t.gradient_checkpointing:
+        consider("train.gradient_checkpointing=true", plan.peak(checkpointing=True))
+    if plan.layout != "zero3":
+        consider("train.deepspeed=configs/deepspeed/zero3.json", plan.peak("zero3"))
+    if plan.fused_activations is not None:
+        consider("train.loss=fused", plan.peak(activations=plan.fused_activations))
+    batch = plan.batch // 2
+    while batch >= 1:
+        acts = trace_activations(model, batch, plan.seq, batch * plan.images, plan.tokens_per_image, t.loss)
+        peak = plan.peak(activations=acts)
+        if plan.fits(peak):
+            consider(f"train.per_device_batch_size={batch} (grad_accum grows to keep the global batch)", peak)
+            break
+        batch //= 2
+    trained, frozen = plan.trained, plan.total_params - plan.trained
+    for nodes in (plan.nodes * 2, plan.nodes * 4, plan.nodes * 8):
+        more = replace(plan, nodes=nodes, states={"zero3": model_states(trained, frozen, largest, "zero3", plan.gpus,
+                                                                         nodes)})
+        peak = more.peak("zero3")
+        if plan.fits(peak):
+            consider(f"ZeRO-3 on {nodes} nodes x {plan.gpus} GPUs", peak)
+            break
+    return found

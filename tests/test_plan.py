@@ -1,0 +1,138 @@
+"""llava-norm plan: parameter counts against built models, model states against DeepSpeed's
+estimators, the activation trace, the verdict, and every shipped config offline."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+from llava_norm.config import load_config
+from llava_norm.model.builder import ModelSpec, build_model
+from llava_norm.plan import make_plan
+from llava_norm.plan.backbones import SHIPPED_BACKBONES, backbone_config
+from llava_norm.plan.memory import Activations, count_parameters, trace_activations
+from llava_norm.train.params import freeze_backbones
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _config(tmp_path, tiny_dir, train: str = ""):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama, norm_alignment: "
+                    f"ln_textnorm_gwc}}\ntrain: {{output_dir: {tmp_path}/out{train}}}\n"
+                    "data: {mixture: [{path: nowhere.json}], max_length: 160}\n")
+    return load_config(path, check_paths=False)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_parameter_counts_equal_the_built_model(tmp_path, tiny_dir, stage):
+    config = _config(tmp_path, tiny_dir, f", stage: {stage}")
+    plan = make_plan(config, alternatives=False)
+    bundle = build_model(ModelSpec(vision_tower=f"{tiny_dir}/siglip", llm=f"{tiny_dir}/llama",
+                                   norm_alignment="ln_textnorm_gwc"))
+    freeze_backbones(bundle.model, stage)
+    built = {c.name: (c.total, c.trained) for c in count_parameters(bundle.model)}
+    planned = {c.name: (c.total, c.trained) for c in plan.components}
+    # the built model's embeddings grew by the <image> row(s); the plan has no tokenizer
+    grown = built.pop("llm embeddings")[0] - planned.pop("llm embeddings")[0]
+    assert 0 <= grown <= 64 * bundle.model.config.text_config.hidden_size
+    assert planned == built
+    assert plan.trained == sum(p.numel() for p in bundle.model.parameters() if p.requires_grad) - (
+        grown if stage == 2 else 0)
+
+
+def test_model_states_are_deepspeeds_estimators(tmp_path, tiny_dir):
+    config = _config(tmp_path, tiny_dir, f", stage: 2, deepspeed: {ROOT}/configs/deepspeed/zero3.json")
+    plan = make_plan(config, gpus=4, nodes=2, alternatives=False)
+    trained, frozen = plan.trained, plan.total_params - plan.trained
+    assert frozen > 0  # the tower's layers past the feature layer
+    _, zero2 = estimate_zero2_model_states_mem_needs(trained, 4, 2, cpu_offload=False)
+    assert plan.states["zero2"].total == zero2 + 2 * frozen
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False))
+                  for m in build_model(ModelSpec(vision_tower=f"{tiny_dir}/siglip",
+                                                 llm=f"{tiny_dir}/llama")).model.modules())
+    _, zero3, _ = estimate_zero3_model_states_mem_needs(trained, largest, 4, 2, cpu_offload=False,
+                                                        cpu_offload_params=False)
+    # the built model's embedding may be up to 64 rows larger than the config's
+    assert plan.states["zero3"].total == pytest.approx(zero3 + 2 * frozen // 8, rel=0.02)
+    assert plan.layout == "zero3"
+
+
+def test_meta_trace_equals_the_trace_of_real_tensors(tmp_path, tiny_dir):
+    """What the plan counts on the meta device is what the same forward saves with real weights."""
+    from llava_norm.plan.backbones import meta_model
+
+    config = _config(tmp_path, tiny_dir)
+    meta, tokens_per_image, _ = meta_model(config.model, attn_implementation="llava_norm_plan",
+                                          dtype=torch.float32)
+    real = build_model(ModelSpec(vision_tower=f"{tiny_dir}/siglip", llm=f"{tiny_dir}/llama",
+                                 norm_alignment="ln_textnorm_gwc", attn_implementation="llava_norm_plan")).model
+    on_meta = trace_activations(meta, 2, 160, 2, tokens_per_image)
+    on_cpu = trace_activations(real, 2, 160, 2, tokens_per_image)
+    assert on_meta.layers == on_cpu.layers
+    # outside the layers only the logits differ: the built vocabulary gained the <image> row(s)
+    grown = real.config.text_config.vocab_size - meta.config.text_config.vocab_size
+    assert grown > 0 and on_cpu.largest_tensor - on_meta.largest_tensor == 2 * 160 * grown * 4
+    assert 0 < on_cpu.outside_layers - on_meta.outside_layers <= 2 * 160 * grown * 4 * 2
+    # it grows with the batch, and the fp32 logits of every position are in it
+    vocab = meta.config.text_config.vocab_size
+    assert on_meta.largest_tensor >= 2 * 160 * vocab * 4
+    assert trace_activations(meta, 4, 160, 4, tokens_per_image).total(False) > 1.9 * on_meta.total(False)
+
+
+def test_checkpointing_keeps_layer_inputs_and_rebuilds_one_layer():
+    acts = Activations(outside_layers=100, layers=((50, 5), (70, 5), (60, 5)), largest_tensor=30)
+    assert acts.total(False) == 100 + 180
+    assert acts.total(True) == 100 + 15 + 70
+
+
+def test_fit_verdict_and_the_changes_that_fit(tmp_path, capsys):
+    from llava_norm.cli import main
+
+    main(["plan", str(ROOT / "configs/qwen2.5-7b/ln_textnorm_gwc/stage2.yaml"), "--gpus", "1", "--gpu", "h100-80gb",
+          "--json"])
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["fits"] is False and plan["sources"]["llm"].startswith("shipped")
+    assert any(a["change"].startswith("ZeRO-3 on") for a in plan["alternatives"])
+    main(["plan", str(ROOT / "configs/qwen2.5-7b/ln_textnorm_gwc/stage2.yaml"), "--gpus", "8", "--gpu", "h100-80gb"])
+    out = capsys.readouterr().out
+    assert "FITS: peak" in out
+    params = {k: v["total"] for k, v in plan["parameters"].items()}
+    assert sum(params.values()) == pytest.approx(0.428e9 + 7.62e9, rel=0.01)  # SigLIP-SO400M tower + Qwen2.5-7B
+
+
+def test_unknown_gpu_is_an_error_naming_the_known_ones():
+    done = subprocess.run([sys.executable, "-m", "llava_norm.cli", "plan", "configs/llama3.2-3b/none/stage2.yaml",
+                           "--gpu", "h100-80g"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 1
+    assert "unknown GPU 'h100-80g'; known:" in done.stderr and "h100-80gb" in done.stderr
+
+
+SHIPPED = sorted(p for d in ("llama3.2-3b", "qwen2.5-7b", "qwen3-8b", "clip336-llama3.2-3b", "recipe-1gpu")
+                 for p in (ROOT / "configs" / d / "ln_textnorm_gwc").glob("stage*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
+def test_every_shipped_config_plans_offline(path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(ROOT)
+    plan = make_plan(load_config(path, check_paths=False), gpus=8, gpu_memory_gib=80.0, alternatives=False)
+    assert all(source.startswith("shipped") for source in plan.sources.values())
+    assert plan.trained > 0 and plan.step_flops.total > 0 and plan.peak() > 0
+
+
+def test_every_backbone_the_configs_name_is_shipped():
+    names = set()
+    for yaml in (ROOT / "configs" / "_base").glob("*.yaml"):
+        for line in yaml.read_text().splitlines():
+            key, _, value = line.strip().partition(":")
+            if key in ("vision_tower", "llm") and "/" in value and "runs/" not in value:
+                names.add(value.split("#")[0].strip())
+    assert names and all((SHIPPED_BACKBONES / name / "config.json").is_file() for name in names), names
+    for name in names:
+        assert backbone_config(name, "model.llm").source.startswith("shipped")
