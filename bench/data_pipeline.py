@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 from _harness import REPO_ROOT  # noqa: F401  (puts this checkout on sys.path)
-from gpu_step import TARGET_MFU, llama_3_2_3b, siglip_so400m_384, train_flops
+from gpu_step import LLMS, TARGET_MFU, shipped, siglip_so400m_384
 from torch.utils.data import DataLoader
 from transformers import SiglipImageProcessorPil
 from transformers.utils import logging as hf_logging
@@ -36,6 +36,7 @@ from llava_norm.data.conversation import ConversationTokenizer, make_prompt_form
 from llava_norm.data.dataset import SupervisedDataset
 from llava_norm.data.images import open_image, preprocess
 from llava_norm.model.builder import IMAGE_TOKEN, load_tokenizer
+from llava_norm.plan.flops import train_flops
 from llava_norm_demo.tiny import make_tiny
 from llava_norm_demo.synth import build_world
 
@@ -125,7 +126,7 @@ def main() -> None:
     if args.gpu_step_s:
         step_s, how = args.gpu_step_s, "measured step time (--gpu-step-s)"
     else:
-        vision, text = siglip_so400m_384(), llama_3_2_3b()
+        vision, text = siglip_so400m_384(), shipped(LLMS["llama-3.2-3b"])
         flops = train_flops(vision, text, 729 + args.text_tokens, args.gpu_batch).total
         step_s = flops / (TARGET_MFU * H100_BF16_TFLOPS * 1e12)
         how = (f"derived: SigLIP-SO400M + Llama-3.2-3B, {729 + args.text_tokens} tokens, {flops / 1e12:.1f} TFLOP "

@@ -27,35 +27,31 @@ from dataclasses import dataclass
 
 import torch
 from _harness import random_llava, train_batch
-from transformers import LlamaConfig, Qwen2Config, SiglipVisionConfig
+from transformers import AutoConfig, LlamaConfig, SiglipVisionConfig
+
+from llava_norm.plan.backbones import SHIPPED_BACKBONES, vision_part
+from llava_norm.plan.flops import train_flops
+from llava_norm.plan.memory import PLAN_ATTENTION, count_parameters, model_states, trace_activations
+from llava_norm.train.params import freeze_backbones
 
 TARGET_MFU = 0.45
+PLAN_TOLERANCE = 0.15  # the plan's peak within 15% of the measured one
 # Paper Table 1: mean input-embedding norm T of each LLM (random weights would give a meaningless T).
 PAPER_TEXT_NORM = {"llama-3.2-3b": 1.09, "qwen2.5-7b": 0.80}
 # Dense bf16 tensor-core peaks (no sparsity), TFLOP/s, matched against torch.cuda.get_device_name().
 BF16_PEAK_TFLOPS = [("H100 PCIe", 756.0), ("H100", 989.4), ("H200", 989.4), ("GH200", 989.4), ("B200", 2250.0),
                     ("A100", 312.0), ("L40S", 362.0), ("A10G", 70.0)]
+VISION = "google/siglip-so400m-patch14-384"
+LLMS = {"llama-3.2-3b": "meta-llama/Llama-3.2-3B-Instruct", "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct"}
+
+
+def shipped(hub_id: str):
+    """The published config of a real backbone (configs/backbones; no hub access needed)."""
+    return AutoConfig.from_pretrained(SHIPPED_BACKBONES / hub_id)
 
 
 def siglip_so400m_384() -> SiglipVisionConfig:
-    return SiglipVisionConfig(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
-                              image_size=384, patch_size=14, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6)
-
-
-def llama_3_2_3b() -> LlamaConfig:
-    return LlamaConfig(vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
-                       num_attention_heads=24, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
-                       rms_norm_eps=1e-5, tie_word_embeddings=True, hidden_act="silu",
-                       rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
-                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                        "original_max_position_embeddings": 8192})
-
-
-def qwen2_5_7b() -> Qwen2Config:
-    return Qwen2Config(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                       num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768,
-                       rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu",
-                       rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    return vision_part(shipped(VISION))
 
 
 def toy_vision() -> SiglipVisionConfig:
@@ -68,45 +64,19 @@ def toy_llm() -> LlamaConfig:
                        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
 
 
-LLMS = {"llama-3.2-3b": llama_3_2_3b, "qwen2.5-7b": qwen2_5_7b}
-
-
-def vision_matmul_params(vision: SiglipVisionConfig, vision_feature_layer: int = -2) -> tuple[int, int]:
-    """(layers that feed the projector, their matmul weights + the patch embedding)."""
-    layers = vision.num_hidden_layers + 1 + vision_feature_layer  # layers after the selected one are unused
-    per_layer = 4 * vision.hidden_size ** 2 + 2 * vision.hidden_size * vision.intermediate_size
-    return layers, layers * per_layer + vision.num_channels * vision.patch_size ** 2 * vision.hidden_size
-
-
-def llm_matmul_params(text) -> int:
-    """q, k, v, o, the gated MLP of every layer, and lm_head (the embedding lookup is no matmul)."""
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    d, heads, kv = text.hidden_size, text.num_attention_heads, text.num_key_value_heads
-    per_layer = 2 * d * heads * head_dim + 2 * d * kv * head_dim + 3 * d * text.intermediate_size
-    return text.num_hidden_layers * per_layer + d * text.vocab_size
-
-
-@dataclass(frozen=True)
-class StepFlops:
-    vision: float
-    projector: float
-    llm: float
-
-    @property
-    def total(self) -> float:
-        return self.vision + self.projector + self.llm
-
-
-def train_flops(vision: SiglipVisionConfig, text, seq: int, batch: int, vision_feature_layer: int = -2) -> StepFlops:
-    """Model FLOPs of one fwd + bwd over ``batch`` sequences of ``seq`` tokens with one image each."""
-    v_layers, v_params = vision_matmul_params(vision, vision_feature_layer)
-    v_tokens = (vision.image_size // vision.patch_size) ** 2
-    vision_f = batch * (6 * v_params * v_tokens + 12 * v_layers * vision.hidden_size * v_tokens ** 2)
-    projector_f = batch * 6 * v_tokens * (vision.hidden_size * text.hidden_size + text.hidden_size ** 2)
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    attn_width = text.num_attention_heads * head_dim
-    llm_f = batch * (6 * llm_matmul_params(text) * seq + 12 * text.num_hidden_layers * attn_width * seq ** 2)
-    return StepFlops(vision_f, projector_f, llm_f)
+def planned_peak(vision, text, tokens_per_image: int, arm: str, text_norm: float, batch: int, text_tokens: int,
+                 checkpointing: bool) -> int:
+    """``llava-norm plan``'s peak for this script's step: one GPU, bf16 weights, gradients and AdamW
+    moments (layout ``bf16_adamw``), every reached parameter trained, one image per row."""
+    model = random_llava(vision, text, tokens_per_image, arm, attn=PLAN_ATTENTION, text_norm=text_norm,
+                         device="meta", dtype=torch.bfloat16)
+    freeze_backbones(model, 2)  # everything the step reaches trains; the unused tower layer gets no gradient
+    components = count_parameters(model)
+    trained = sum(c.trained for c in components)
+    states = model_states(trained, sum(c.total for c in components) - trained, 0, "bf16_adamw", 1)
+    acts = trace_activations(model, batch, tokens_per_image + text_tokens, batch, tokens_per_image)
+    held = acts.total(checkpointing) + acts.transient(checkpointing)
+    return states.total - states.gradients + max(states.gradients, held)
 
 
 def bf16_peak_tflops(device: torch.device) -> float | None:
@@ -124,6 +94,7 @@ class Result:
     tflops: float | None = None
     mfu: float | None = None
     peak_mem_gib: float | None = None
+    plan_gib: float | None = None
     error: str | None = None
 
 
@@ -191,7 +162,7 @@ def main() -> None:
         parser.error("no CUDA device: real shapes need a GPU (use --toy for the CPU smoke test)")
     peak = args.peak_tflops or bf16_peak_tflops(device)
     archs = {"toy": (toy_vision, toy_llm, 1.0)} if args.toy else {
-        name: (siglip_so400m_384, LLMS[name], PAPER_TEXT_NORM[name]) for name in args.llms}
+        name: (siglip_so400m_384, lambda name=name: shipped(LLMS[name]), PAPER_TEXT_NORM[name]) for name in args.llms}
     batches = [1] if args.toy else args.batches
     steps, warmup = (2, 1) if args.toy else (args.steps, args.warmup)
     ckpts = {"off": [False], "on": [True], "both": [False, True]}[args.checkpointing]
@@ -218,6 +189,8 @@ def main() -> None:
                         model.activation_checkpointing_disable()
                     label = f"{arch} {attn} batch {batch}x{seq} ckpt {'on' if ckpt else 'off'}"
                     results.append(run_one(model, inputs, flops, steps, warmup, device, peak, label))
+                    results[-1].plan_gib = planned_peak(vision, text, tokens_per_image, args.arm, text_norm, batch,
+                                                        args.text_tokens, ckpt) / 2 ** 30
                     print(format_result(results[-1]), flush=True)
             del model
             gc.collect()
@@ -230,12 +203,21 @@ def main() -> None:
         print(f"MFU best: {best.mfu:.1%} ({best.label}; {verdict} target >= {TARGET_MFU:.0%})")
     else:
         print(f"MFU: n/a (no bf16 peak known for {name}; pass --peak-tflops)")
+    compared = [r for r in results if r.peak_mem_gib and r.plan_gib]
+    if compared:
+        worst = max(compared, key=lambda r: abs(r.peak_mem_gib / r.plan_gib - 1))
+        off = worst.peak_mem_gib / worst.plan_gib - 1
+        verdict = "meets" if abs(off) <= PLAN_TOLERANCE else "MISSES"
+        print(f"plan vs measured peak memory: worst {off:+.1%} ({worst.label}; {verdict} target within "
+              f"{PLAN_TOLERANCE:.0%})")
 
 
 def format_result(r: Result) -> str:
     if r.error:
-        return f"{r.label}: {r.error}"
+        return f"{r.label}: {r.error}" + (f" (plan {r.plan_gib:.1f} GiB)" if r.plan_gib is not None else "")
     mem = f", peak memory {r.peak_mem_gib:.1f} GiB" if r.peak_mem_gib is not None else ""
+    if r.plan_gib is not None:
+        mem += f", plan {r.plan_gib:.1f} GiB"
     mfu = f", MFU {r.mfu:.1%}" if r.mfu is not None else ""
     return (f"{r.label}: step {r.step_s * 1e3:.1f} ms, {r.tokens_per_s:,.0f} tokens/s, "
             f"{r.tflops:.2f} TFLOP/s{mfu}{mem}")

@@ -1,6 +1,6 @@
 """How long the one-GPU recipe (configs/recipe-1gpu, docs/one_gpu_recipe.md) should take on one GPU.
 
-An estimate, not a measurement: model FLOPs from ``gpu_step``'s FLOP model at the recipe's
+An estimate, not a measurement: model FLOPs from ``llava_norm.plan.flops`` at the recipe's
 shapes (SigLIP-base-patch16-224 + Qwen2.5-0.5B-Instruct), divided by the GPU's bf16 peak times
 an MFU. The MFU is an assumption until ``bench/gpu_step.py`` has measured it on that GPU;
 pass the measured value with ``--mfu``. Stage 1 trains only the projector and the norm layer,
@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 
 import gpu_step
-from transformers import Qwen2Config, SiglipVisionConfig
+
+from llava_norm.plan.backbones import vision_part
+from llava_norm.plan.flops import train_flops
 
 H100_PEAK_TFLOPS = dict(gpu_step.BF16_PEAK_TFLOPS)["H100"]
 ARMS, SEEDS = 9, 3
@@ -30,26 +32,22 @@ STAGE1_SEQ, STAGE2_SEQ, EVAL_SEQ = 220, 600, 280
 OVERHEAD_S = 180
 
 
-def siglip_base_224() -> SiglipVisionConfig:
-    return SiglipVisionConfig(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-                              image_size=224, patch_size=16, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6)
+def siglip_base_224():
+    return vision_part(gpu_step.shipped("google/siglip-base-patch16-224"))
 
 
-def qwen2_5_0_5b() -> Qwen2Config:
-    return Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                       num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-                       rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu",
-                       rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+def qwen2_5_0_5b():
+    return gpu_step.shipped("Qwen/Qwen2.5-0.5B-Instruct")
 
 
 def chain_seconds(mfu: float, peak_tflops: float = H100_PEAK_TFLOPS) -> dict[str, float]:
     """Seconds per stage of one (arm, seed) chain at ``mfu`` of ``peak_tflops``."""
     vision, text = siglip_base_224(), qwen2_5_0_5b()
     rate = mfu * peak_tflops * 1e12
-    stage1 = gpu_step.train_flops(vision, text, STAGE1_SEQ, STAGE1_SAMPLES)
-    stage2 = gpu_step.train_flops(vision, text, STAGE2_SEQ, STAGE2_SAMPLES).total
-    evaluation = gpu_step.train_flops(vision, text, EVAL_SEQ, EVAL_ITEMS).total / 3  # forward only: 2 of 6
-    return {"stage 1": (stage1.vision / 3 + (stage1.projector + stage1.llm) * 4 / 6) / rate,
+    stage1 = train_flops(vision, text, STAGE1_SEQ, STAGE1_SAMPLES, llm_trained=False, vision_trained=False).total
+    stage2 = train_flops(vision, text, STAGE2_SEQ, STAGE2_SAMPLES).total
+    evaluation = train_flops(vision, text, EVAL_SEQ, EVAL_ITEMS).total / 3  # forward only: 2 of 6
+    return {"stage 1": stage1 / rate,
             "stage 2": stage2 / rate, "evaluation": evaluation / rate, "overhead": OVERHEAD_S}
 
 

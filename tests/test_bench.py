@@ -12,6 +12,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import gpu_step  # noqa: E402
+from llava_norm.plan import flops  # noqa: E402
 import recipe_time  # noqa: E402
 from _harness import random_llava  # noqa: E402
 from padding import padding_share  # noqa: E402
@@ -42,23 +43,23 @@ def _linear_weights(module: torch.nn.Module) -> int:
 def test_flop_model_counts_the_model_weights():
     vision, text = gpu_step.toy_vision(), gpu_step.toy_llm()
     model = random_llava(vision, text, (vision.image_size // vision.patch_size) ** 2)
-    layers, counted = gpu_step.vision_matmul_params(vision, -2)
+    layers, counted = flops.vision_matmul_params(vision, -2)
     tower = model.model.vision_tower
     assert layers == vision.num_hidden_layers - 1
     assert counted == (sum(_linear_weights(layer) for layer in tower.encoder.layers[:layers])
                        + tower.embeddings.patch_embedding.weight.numel())
-    assert gpu_step.llm_matmul_params(text) == (_linear_weights(model.model.language_model)
+    assert flops.llm_matmul_params(text) == (_linear_weights(model.model.language_model)
                                                 + model.lm_head.weight.numel())
 
 
-@pytest.mark.parametrize("make, tied, published", [(gpu_step.llama_3_2_3b, True, 3.21e9),
-                                                   (gpu_step.qwen2_5_7b, False, 7.62e9),
+@pytest.mark.parametrize("make, tied, published", [(lambda: gpu_step.shipped(gpu_step.LLMS["llama-3.2-3b"]), True, 3.21e9),
+                                                   (lambda: gpu_step.shipped(gpu_step.LLMS["qwen2.5-7b"]), False, 7.62e9),
                                                    (recipe_time.qwen2_5_0_5b, True, 0.494e9)])
 def test_real_llm_configs_have_the_published_size(make, tied, published):
     text = make()
     embeddings = text.hidden_size * text.vocab_size * (1 if tied else 2)
     lm_head = text.hidden_size * text.vocab_size
-    total = gpu_step.llm_matmul_params(text) - lm_head + embeddings
+    total = flops.llm_matmul_params(text) - lm_head + embeddings
     assert total == pytest.approx(published, rel=0.005)  # norms and biases are the rest
 
 
@@ -70,7 +71,7 @@ def test_padding_share_counts_pad_over_all_slots():
 
 
 def test_recipe_shapes_are_the_published_models():
-    layers, params = gpu_step.vision_matmul_params(recipe_time.siglip_base_224(), -2)  # SigLIP-base tower: 86M
+    layers, params = flops.vision_matmul_params(recipe_time.siglip_base_224(), -2)  # SigLIP-base tower: 86M
     assert layers == 11 and params == pytest.approx(86e6 * 11 / 12, rel=0.05)
     parts = recipe_time.chain_seconds(0.3)
     assert parts["stage 2"] > parts["stage 1"] > 0 and recipe_time.chain_seconds(0.15)["stage 2"] == pytest.approx(
