@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.installed
 TORCH   ?= torch==2.13.0
 
-.PHONY: install test demo ablation clean
+.PHONY: install test demo ablation bench-gpu clean
 
 $(STAMP): requirements.txt requirements-plugin-test.txt pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -27,6 +27,10 @@ demo: $(STAMP)
 # Every tiny arm x 3 seeds and the table with intervals (README, "Is it more than seed noise?").
 ablation: $(STAMP)
 	$(PY) -m llava_norm.cli ablation
+
+# On a GPU machine: every GPU figure (bench/gpu_kit.py) with the machine's own torch.
+bench-gpu:
+	bash bench/gpu_kit.sh
 
 clean:
 	rm -rf .venv runs

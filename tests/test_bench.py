@@ -1,5 +1,7 @@
 """The bench/ scripts' logic (never their timings): gpu_step smoke run, FLOP model, padding count."""
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +98,20 @@ def test_fused_loss_bench_runs_small():
     plain, fused = (next(line for line in lines if f" {kind}: peak" in line) for kind in ("plain", "fused"))
     assert plain.split("loss ")[1] == fused.split("loss ")[1]  # the same loss value from both paths
     assert lines[-1].startswith("target ") and "of 1 vocabularies" in lines[-1], lines
+
+
+def test_gpu_kit_toy_runs_every_part(tmp_path):
+    """The kit's CPU smoke run: every part runs, the training part through llava-norm train, and
+    the results file has each part's figures."""
+    done = subprocess.run([sys.executable, str(BENCH / "gpu_kit.py"), "--toy", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = (tmp_path / "gpu_kit.md").read_text()
+    for part in ("gpu_step", "fused_loss", "packing", "train"):
+        assert f"## {part}: ok" in report, report
+    assert "toy sdpa batch 1x" in report and "plan " in report
+    assert "steps logged: 2;" in report  # the trainer ran its two steps and logged them
+    summary = json.loads((tmp_path / "train" / "run" / "train_summary.json").read_text())
+    assert summary["complete"] and summary["global_step"] == 2
+    planned = json.loads((tmp_path / "train_plan.json").read_text())
+    assert planned["planned_peak_gib"] > 0 and planned["measured_peak_gib"] is None  # no CUDA here

@@ -67,6 +67,7 @@ class LlavaNormTrainer(Trainer):
         self.keep_checkpoints = keep_checkpoints
         self.skipped_samples: list[dict] = []  # this rank's draw-time skips (file, row, cause), whole run
         self._tokens_since_log = 0
+        self._longest_since_log = 0  # the widest micro-batch since the last log
         self._last_log_time = time.perf_counter()
 
     def _get_train_sampler(self, train_dataset=None):
@@ -145,6 +146,7 @@ class LlavaNormTrainer(Trainer):
         # packed batches count their real tokens (they have no attention mask)
         tokens = inputs.pop("num_tokens", None)
         self._tokens_since_log += int(tokens if tokens is not None else inputs["attention_mask"].sum())
+        self._longest_since_log = max(self._longest_since_log, inputs["input_ids"].shape[-1])
         if self.loss_kind != "plain":
             inputs["loss_kind"] = self.loss_kind
         return super().compute_loss(model, inputs, return_outputs=return_outputs,
@@ -157,6 +159,10 @@ class LlavaNormTrainer(Trainer):
             now = time.perf_counter()
             logs["tokens_per_second"] = self._tokens_since_log * self.args.world_size / max(now - self._last_log_time, 1e-9)
             self._tokens_since_log, self._last_log_time = 0, now
+            # the widest micro-batch and the peak memory: what `llava-norm plan --seq-len` predicts
+            logs["longest_row"], self._longest_since_log = self._longest_since_log, 0
+            if torch.cuda.is_available():
+                logs["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
             norm = self.model.norm_layer if hasattr(self.model, "norm_layer") else None
             step = self.state.global_step
             if norm is not None and self.norm_stats_steps > 0 and step % self.norm_stats_steps == 0:
