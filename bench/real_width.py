@@ -46,6 +46,8 @@ def write_backbone(hub_id: str, out_dir: str | Path, layers: int | None = None, 
             config.num_hidden_layers = layers
             if getattr(config, "max_window_layers", None):
                 config.max_window_layers = min(config.max_window_layers, layers)
+            if getattr(config, "layer_types", None):  # one entry per layer (Qwen2's sliding/full)
+                config.layer_types = config.layer_types[:layers]
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
         TOKENIZERS[config.model_type](builtin_corpus(seed), TOKENIZER_VOCAB).save_pretrained(out)
     model.save_pretrained(out, safe_serialization=True)

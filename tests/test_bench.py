@@ -115,3 +115,22 @@ def test_gpu_kit_toy_runs_every_part(tmp_path):
     assert summary["complete"] and summary["global_step"] == 2
     planned = json.loads((tmp_path / "train_plan.json").read_text())
     assert planned["planned_peak_gib"] > 0 and planned["measured_peak_gib"] is None  # no CUDA here
+
+
+@pytest.mark.parametrize("llm", ["llama", "qwen2"])
+def test_dry_run_checks_hold_on_tiny_backbones(tiny_dir, llm):
+    """bench/dry_run.py's checks (run at full width by hand: minutes) on the tiny backbones."""
+    from dry_run import check_stack
+
+    lines = check_stack(tiny_dir / "siglip", tiny_dir / llm, dtype="float32")
+    assert len(lines) == 4 and lines[3].startswith("GWC at width")
+
+
+def test_dry_run_gwc_check_fails_without_compensation(tiny_dir, monkeypatch):
+    from dry_run import check_stack
+
+    from llava_norm.model import norm_align
+
+    monkeypatch.setattr(norm_align._ScaleGradient, "apply", staticmethod(lambda x, factor: x))
+    with pytest.raises(AssertionError, match="not equal"):  # the GWC check, the only tensor comparison it breaks
+        check_stack(tiny_dir / "siglip", tiny_dir / "llama", dtype="float32")
