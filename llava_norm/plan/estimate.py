@@ -173,11 +173,12 @@ def _alternatives(plan: Plan, model, largest: int) -> list[tuple[str, float]]:
             break
         batch //= 2
     trained, frozen = plan.trained, plan.total_params - plan.trained
-    for nodes in (plan.nodes * 2, plan.nodes * 4, plan.nodes * 8):
-        more = replace(plan, nodes=nodes, states={"zero3": model_states(trained, frozen, largest, "zero3", plan.gpus,
-                                                                         nodes)})
-        peak = more.peak("zero3")
+    for factor in (2, 4, 8, 16):  # more GPUs: fill the node up to 8 first, then add nodes
+        gpus = min(8, plan.gpus * factor) if plan.nodes == 1 else plan.gpus
+        nodes = max(1, plan.world * factor // gpus)
+        states = model_states(trained, frozen, largest, "zero3", gpus, nodes)
+        peak = replace(plan, gpus=gpus, nodes=nodes, states={"zero3": states}).peak("zero3")
         if plan.fits(peak):
-            consider(f"ZeRO-3 on {nodes} nodes x {plan.gpus} GPUs", peak)
+            consider(f"ZeRO-3 on {nodes} node(s) x {gpus} GPUs (--nodes {nodes} --gpus {gpus})", peak)
             break
     return found
