@@ -42,6 +42,7 @@ def _train(args) -> None:
 def _plan(args) -> None:
     import json
 
+    # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.config import ConfigError, load_config
     from llava_norm.plan import format_plan, gpu_memory, make_plan
     from llava_norm.plan.report import plan_dict

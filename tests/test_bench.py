@@ -111,6 +111,7 @@ def test_gpu_kit_toy_runs_every_part(tmp_path):
         assert f"## {part}: ok" in report, report
     assert "toy sdpa batch 1x" in report and "plan " in report
     assert "steps logged: 2;" in report  # the trainer ran its two steps and logged them
+    assert "memory per GPU" in (tmp_path / "train.log").read_text()  # the launch printed its plan
     summary = json.loads((tmp_path / "train" / "run" / "train_summary.json").read_text())
     assert summary["complete"] and summary["global_step"] == 2
     planned = json.loads((tmp_path / "train_plan.json").read_text())

@@ -21,7 +21,7 @@ LAYERS = {
     "llava_norm.layout": 0, "llava_norm.stats": 0,
     "llava_norm.data": 1,
     "llava_norm.model": 2, "llava_norm.inference": 2, "llava_norm": 2,  # the package root re-exports the model
-    "llava_norm.train": 3,
+    "llava_norm.train": 3, "llava_norm.plan": 3,  # the plan runs training's own freezing, and training prints it
     "llava_norm.evaluation": 4,
     "llava_norm.analysis": 5,
     "llava_norm.pipeline": 6, "llava_norm.sweep": 6, "llava_norm.cli": 6,

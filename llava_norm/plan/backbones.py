@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, PretrainedConfig
+from transformers import AutoConfig, AutoModel, PretrainedConfig
 
 from llava_norm.config_schema import ConfigError, ModelConfig
 from llava_norm.model.builder import llava_norm_config, select_strategy
+from llava_norm.model.modeling import LlavaNormForConditionalGeneration
 
 SHIPPED_BACKBONES = Path(__file__).resolve().parents[2] / "configs" / "backbones"
 
@@ -61,10 +62,6 @@ def vision_part(config: PretrainedConfig) -> PretrainedConfig:
 
 def meta_model(model: ModelConfig, attn_implementation: str | None = None, dtype: torch.dtype = torch.bfloat16):
     """(LlavaNorm model on the meta device, tokens per image, sources of the two configs)."""
-    from transformers import AutoModel
-
-    from llava_norm.model.modeling import LlavaNormForConditionalGeneration
-
     vision = backbone_config(model.vision_tower, "model.vision_tower", model.trust_remote_code)
     llm = backbone_config(model.llm, "model.llm", model.trust_remote_code)
     attn = attn_implementation or model.attn_implementation

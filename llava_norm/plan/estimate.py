@@ -21,11 +21,12 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from llava_norm.config_schema import RunConfig, effective_grad_accum, lora_vision_mode
+from llava_norm.config_schema import ConfigError, RunConfig, effective_grad_accum, lora_vision_mode
 from llava_norm.plan import flops as flops_model
 from llava_norm.plan.backbones import meta_model
 from llava_norm.plan.memory import (PLAN_ATTENTION, Activations, Component, States, count_parameters,
                                     largest_layer_params, model_states, trace_activations)
+from llava_norm.train import params
 
 FIT_FRACTION = 0.90
 # Packed rows: an image every 1.25 x tokens_per_image tokens, i.e. samples that are mostly image
@@ -37,7 +38,11 @@ def zero_layout(config: RunConfig) -> str:
     """zero2 | zero3 | ddp: how the configured launch lays out model states."""
     if not config.train.deepspeed:
         return "ddp"
-    settings = json.loads(Path(config.train.deepspeed).expanduser().read_text())
+    path = Path(config.train.deepspeed).expanduser()
+    try:
+        settings = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"key 'train.deepspeed': {path}: cannot read it as JSON ({error})") from None
     stage = int(settings.get("zero_optimization", {}).get("stage", 0))
     return "zero3" if stage == 3 else "zero2" if stage in (1, 2) else "ddp"
 
@@ -104,8 +109,6 @@ def _sequence(config: RunConfig, tokens_per_image: int, seq_len: int | None, ima
 
 def _freeze(model, config: RunConfig) -> None:
     """Training's own freezing, with its per-module log lines held back (training prints them)."""
-    from llava_norm.train import params
-
     level = params.log.level
     params.log.setLevel(logging.WARNING)
     try:

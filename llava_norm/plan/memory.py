@@ -24,6 +24,7 @@ from transformers import AttentionInterface
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from llava_norm.model.loss import fused_held_bytes
+from llava_norm.train.params import module_of
 
 PLAN_ATTENTION = "llava_norm_plan"
 GiB = 2 ** 30
@@ -63,8 +64,6 @@ class Component:
 
 def count_parameters(model) -> list[Component]:
     """Parameters per component (tied weights once), and how many of each train."""
-    from llava_norm.train.params import module_of
-
     totals, trained, seen = Counter(), Counter(), set()
     for name, param in model.named_parameters(remove_duplicate=True):
         if id(param) in seen:
@@ -188,9 +187,15 @@ def trace_activations(model, batch: int, seq: int, images: int, tokens_per_image
             flat = embeds.reshape(-1, hidden)
             embeds = torch.cat([features.to(embeds.dtype), flat[image_slots:]]).reshape(batch, seq, hidden)
             labels = torch.zeros(batch, seq, dtype=torch.long, device=device)
-            # every position a label: the fused loss keeps all rows (meta cannot count them)
-            with fx_config.patch(meta_nonzero_assume_all_nonzero=True):
+            # every position a label: the fused loss keeps all rows (meta cannot count them). Set and
+            # restored by hand: torch's config.patch() makes a new ContextVar per call, and those pile
+            # up in the process's context (one per plan, for the life of a test session).
+            assume_nonzero = fx_config.meta_nonzero_assume_all_nonzero
+            fx_config.meta_nonzero_assume_all_nonzero = True
+            try:
                 model(inputs_embeds=embeds, labels=labels, use_cache=False, loss_kind=loss_kind)
+            finally:
+                fx_config.meta_nonzero_assume_all_nonzero = assume_nonzero
     finally:
         for hook in hooks:
             hook.remove()

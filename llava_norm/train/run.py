@@ -32,6 +32,7 @@ from llava_norm.data.packing import PackedDataset, collate_packed
 from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE, PROJECTOR_PREFIX
 from llava_norm.model.builder import Bundle, ModelSpec, build_model
 from llava_norm.model.lora import split_saved_model
+from llava_norm.plan import format_plan, make_plan
 from llava_norm.train.params import freeze_backbones, freeze_for_lora
 from llava_norm.train.record import complete_finished_run, finish_record, start_record
 from llava_norm.train.relaunch import clear_outputs, plan_launch
@@ -149,8 +150,6 @@ def print_startup_plan(config: RunConfig) -> None:
 
     Informational: a plan that cannot be made (a backbone family the meta device cannot trace)
     is said in one line and the run goes on."""
-    from llava_norm.plan import format_plan, make_plan
-
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     memory = name = None
