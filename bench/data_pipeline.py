@@ -32,10 +32,10 @@ from transformers.utils import logging as hf_logging
 
 from llava_norm.config import DataSource
 from llava_norm.data.collate import collate
-from llava_norm.data.conversation import ConversationTokenizer, make_prompt_format
+from llava_norm.data.conversation import IMAGE_PLACEHOLDER, ConversationTokenizer, make_prompt_format
 from llava_norm.data.dataset import SupervisedDataset
 from llava_norm.data.images import open_image, preprocess
-from llava_norm.model.builder import IMAGE_TOKEN, load_tokenizer
+from llava_norm.model.builder import load_tokenizer
 from llava_norm.plan.flops import train_flops
 from llava_norm_demo.tiny import make_tiny
 from llava_norm_demo.synth import build_world
@@ -54,7 +54,7 @@ def build_dataset(work: Path, samples: int, image_size: int, max_length: int) ->
     tower = siglip_so400m_384()
     encoder = ConversationTokenizer(
         tokenizer, make_prompt_format(tokenizer, "chat", {"date_string": "26 Jul 2024"}),
-        tokenizer.convert_tokens_to_ids(IMAGE_TOKEN), (tower.image_size // tower.patch_size) ** 2)
+        tokenizer.convert_tokens_to_ids(IMAGE_PLACEHOLDER), (tower.image_size // tower.patch_size) ** 2)
     # SO400M-384's preprocessor_config: 384 x 384, bicubic, rescale 1/255, mean = std = 0.5.
     processor = SiglipImageProcessorPil(size={"height": tower.image_size, "width": tower.image_size})
     world = work / "world"
