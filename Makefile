@@ -30,7 +30,7 @@ ablation: $(STAMP)
 
 # On a GPU machine: every GPU figure (bench/gpu_kit.py) with the machine's own torch.
 bench-gpu:
-	bash bench/gpu_kit.sh
+	bash bench/gpu_kit.sh $(ARGS)
 
 clean:
 	rm -rf .venv runs

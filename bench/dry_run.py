@@ -18,7 +18,7 @@ one multimodal training sample runs forward and backward, and it checks:
 4. GWC stays exact at width 3072 / 3584: the gradient leaving the norm-alignment layer is the
    plain LayerNorm's, divided by s = max(mean|g|, clamp).
 
-    .venv/bin/python bench/dry_run.py                          # both stacks, about 5 minutes on 2 cores
+    .venv/bin/python bench/dry_run.py                          # both stacks, about 1.5 minutes on 2 cores
     .venv/bin/python bench/dry_run.py --stacks llama-3.2-3b --keep runs/dry_run
 """
 

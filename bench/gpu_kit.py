@@ -11,7 +11,7 @@ Owns the order and time limits of the GPU measurements and the file they land in
   Qwen2.5-0.5B-Instruct, random weights, configs/recipe-1gpu's batch settings) over the demo's
   synthetic world: tokens/s and peak memory from the trainer's own log, against the plan.
 
-    make bench-gpu                                   # = bash bench/gpu_kit.sh: every part
+    make bench-gpu                                   # = bash bench/gpu_kit.sh: every part (ARGS="--parts ...")
     bash bench/gpu_kit.sh --parts gpu_step           # one part (the device tool: < 10 min a call)
     .venv/bin/python bench/gpu_kit.py --toy          # CPU, tiny shapes: the test suite's smoke run
 
@@ -132,7 +132,7 @@ def environment() -> str:
     import torch
     import transformers
 
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor()})"
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.machine()})"
     versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
     try:
         import deepspeed

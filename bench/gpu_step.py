@@ -31,7 +31,7 @@ from transformers import AutoConfig, LlamaConfig, SiglipVisionConfig
 
 from llava_norm.plan.backbones import SHIPPED_BACKBONES, vision_part
 from llava_norm.plan.flops import train_flops
-from llava_norm.plan.memory import PLAN_ATTENTION, count_parameters, model_states, trace_activations
+from llava_norm.plan.memory import PLAN_ATTENTION, count_parameters, model_states, peak_bytes, trace_activations
 from llava_norm.train.params import freeze_backbones
 
 TARGET_MFU = 0.45
@@ -75,8 +75,7 @@ def planned_peak(vision, text, tokens_per_image: int, arm: str, text_norm: float
     trained = sum(c.trained for c in components)
     states = model_states(trained, sum(c.total for c in components) - trained, 0, "bf16_adamw", 1)
     acts = trace_activations(model, batch, tokens_per_image + text_tokens, batch, tokens_per_image)
-    held = acts.total(checkpointing) + acts.transient(checkpointing)
-    return states.total - states.gradients + max(states.gradients, held)
+    return peak_bytes(states, acts, checkpointing, grad_accum=1)
 
 
 def bf16_peak_tflops(device: torch.device) -> float | None:

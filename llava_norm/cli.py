@@ -47,13 +47,21 @@ def _plan(args) -> None:
     from llava_norm.plan import format_plan, gpu_memory, make_plan
     from llava_norm.plan.report import plan_dict
 
-    if args.gpus < 1 or args.nodes < 1:
-        sys.exit("plan: --gpus and --nodes must be at least 1")
+    for name in ("gpus", "nodes", "seq_len", "images_per_row"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            sys.exit(f"plan: --{name.replace('_', '-')} must be at least 1")
+    if args.gpu_memory is not None and args.gpu_memory <= 0:
+        sys.exit("plan: --gpu-memory must be a positive number of GiB")
     try:
         memory = gpu_memory(args.gpu) if args.gpu else args.gpu_memory
         config = load_config(args.config, args.overrides, check_paths=False)  # the data may live elsewhere
+    except ConfigError as error:  # names its file already
+        sys.exit(f"config error: {error}")
+    except ValueError as error:
+        sys.exit(f"plan: {error}")
+    try:
         plan = make_plan(config, args.gpus, args.nodes, memory, args.gpu, args.seq_len, args.images_per_row)
-    except ConfigError as error:
+    except ConfigError as error:  # what only the backbones' configs or the DeepSpeed file can tell
         sys.exit(f"config error: {args.config}: {error}")
     except ValueError as error:
         sys.exit(f"plan: {error}")
@@ -316,7 +324,12 @@ def _register_plugins(sub) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     _die_with_launcher()
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # `plan CONFIG --gpus 8 train.loss=fused`: overrides may follow the options
+        if args.command != "plan" or any(e.startswith("-") or "=" not in e for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides += extra
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:

@@ -136,3 +136,36 @@ def test_every_backbone_the_configs_name_is_shipped():
     assert names and all((SHIPPED_BACKBONES / name / "config.json").is_file() for name in names), names
     for name in names:
         assert backbone_config(name, "model.llm").source.startswith("shipped")
+
+
+def test_accumulated_gradients_do_not_overlap_the_activations():
+    from llava_norm.plan.memory import States, peak_bytes
+
+    states, acts = States("zero2", total=100, gradients=30), Activations(10, ((20, 1),), largest_tensor=5)
+    assert peak_bytes(states, acts, False, grad_accum=1) == 70 + max(30, 30 + 10)  # overlap while released
+    assert peak_bytes(states, acts, False, grad_accum=4) == 100 + 30 + 10  # earlier gradients stay alive
+
+
+def test_lora_flops_skip_the_frozen_llms_weight_gradients(tmp_path, tiny_dir):
+    full = make_plan(_config(tmp_path, tiny_dir, ", stage: 2"), alternatives=False)
+    (tmp_path / "lora").mkdir()
+    path = tmp_path / "lora" / "c.yaml"
+    path.write_text((tmp_path / "c.yaml").read_text() + "lora: {enabled: true, rank: 4, vision_tower: lora}\n")
+    lora = make_plan(load_config(path, check_paths=False), alternatives=False)
+    text = full.config.model  # same backbones
+    assert text == lora.config.model
+    assert lora.step_flops.llm < full.step_flops.llm  # 4 of 6 per weight: no weight gradients
+    assert lora.step_flops.vision == full.step_flops.vision  # adapters in the tower: its backward runs
+
+
+def test_overrides_may_follow_the_options(capsys):
+    from llava_norm.cli import main
+
+    main(["plan", str(ROOT / "configs/llama3.2-3b/ln_textnorm_gwc/stage2.yaml"), "--gpus", "8", "--json",
+          "train.loss=fused", "train.gradient_checkpointing=false"])
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["checkpointing"] is False
+    with pytest.raises(SystemExit):
+        main(["plan", str(ROOT / "configs/llama3.2-3b/ln_textnorm_gwc/stage2.yaml"), "--bogus"])
+    with pytest.raises(SystemExit, match="at least 1"):
+        main(["plan", str(ROOT / "configs/llama3.2-3b/ln_textnorm_gwc/stage2.yaml"), "--images-per-row", "0"])

@@ -4,10 +4,13 @@ Owns ``make_plan`` (a RunConfig, a GPU count and a GPU memory -> ``Plan``), the 
 model that joins the parts, and the alternatives tried when a config does not fit. Everything
 comes from the configs and the meta-device model: no weights, no data, no GPU.
 
-Peak memory per GPU = model states + activations of one micro-batch, where the gradients
-build up while the activations are released, so the two overlap:
+Peak memory per GPU = model states + activations of one micro-batch. With one micro-batch per
+optimizer step the gradients build up while the activations are released, so the two overlap:
 
     peak = (states - gradients) + max(gradients, activations + backward transient)
+
+With gradient accumulation the gradients of the earlier micro-batches are alive during the
+next forward, so then ``peak = states + activations + backward transient``.
 
 The figure leaves out the CUDA context, communication buffers and allocator fragmentation;
 ``FIT_FRACTION`` of the GPU's memory is what the plan lets it use.
@@ -25,7 +28,7 @@ from llava_norm.config_schema import ConfigError, RunConfig, effective_grad_accu
 from llava_norm.plan import flops as flops_model
 from llava_norm.plan.backbones import meta_model
 from llava_norm.plan.memory import (PLAN_ATTENTION, Activations, Component, States, count_parameters,
-                                    largest_layer_params, model_states, trace_activations)
+                                    largest_layer_params, model_states, peak_bytes, trace_activations)
 from llava_norm.train import params
 
 FIT_FRACTION = 0.90
@@ -43,7 +46,10 @@ def zero_layout(config: RunConfig) -> str:
         settings = json.loads(path.read_text())
     except (OSError, ValueError) as error:
         raise ConfigError(f"key 'train.deepspeed': {path}: cannot read it as JSON ({error})") from None
-    stage = int(settings.get("zero_optimization", {}).get("stage", 0))
+    stage = settings.get("zero_optimization", {}).get("stage", 0)
+    if not isinstance(stage, int):
+        raise ConfigError(f"key 'train.deepspeed': {path}: zero_optimization.stage is {stage!r}; the plan needs "
+                          "a number (0-3)")
     return "zero3" if stage == 3 else "zero2" if stage in (1, 2) else "ddp"
 
 
@@ -93,7 +99,7 @@ class Plan:
         states = self.states[layout or self.layout]
         acts = activations or self.activations
         ckpt = self.checkpointing if checkpointing is None else checkpointing
-        return states.total - states.gradients + max(states.gradients, acts.total(ckpt) + acts.transient(ckpt))
+        return peak_bytes(states, acts, ckpt, self.grad_accum)
 
     def fits(self, peak: int) -> bool | None:
         return None if self.gpu_memory_gib is None else peak <= FIT_FRACTION * self.gpu_memory_gib * 2 ** 30
@@ -139,8 +145,10 @@ def make_plan(config: RunConfig, gpus: int = 1, nodes: int = 1, gpu_memory_gib: 
     acts = trace_activations(model, batch, seq, batch * n_images_row, tokens_per_image, t.loss)
     accum = effective_grad_accum(t, world)
     c = model.config
-    llm_trained = any(p.trained for p in components if p.name in ("llm", "llm embeddings", "lm_head", "lora"))
-    vision_trained = any(p.trained for p in components if p.name == "vision_tower")
+    # a LoRA run's LLM is frozen apart from its adapters (negligible FLOPs): no weight gradients;
+    # a tower with adapters or trained weights needs its backward
+    llm_trained = any(p.trained for p in components if p.name in ("llm", "llm embeddings", "lm_head"))
+    vision_trained = any(p.requires_grad for p in model.model.vision_tower.parameters())
     step = flops_model.train_flops(c.vision_config, c.text_config, seq, batch * accum * world,
                                    c.vision_feature_layer, images=batch * n_images_row * accum * world,
                                    llm_trained=llm_trained, vision_trained=vision_trained)
@@ -179,6 +187,10 @@ def _alternatives(plan: Plan, model, largest: int) -> list[tuple[str, float]]:
     for factor in (2, 4, 8, 16):  # more GPUs: fill the node up to 8 first, then add nodes
         gpus = min(8, plan.gpus * factor) if plan.nodes == 1 else plan.gpus
         nodes = max(1, plan.world * factor // gpus)
+        try:
+            effective_grad_accum(t, gpus * nodes)  # the global batch must still divide
+        except ConfigError:
+            continue
         states = model_states(trained, frozen, largest, "zero3", gpus, nodes)
         peak = replace(plan, gpus=gpus, nodes=nodes, states={"zero3": states}).peak("zero3")
         if plan.fits(peak):

@@ -95,7 +95,8 @@ class States:
 
 def model_states(trained: int, frozen: int, largest: int, layout: str, gpus: int, nodes: int = 1) -> States:
     """Per-GPU bytes of weights, gradients and Adam states. ``layout``: zero2 | zero3 (DeepSpeed,
-    bf16 with fp32 master weights), ddp (no DeepSpeed: fp32 weights and gradients under autocast),
+    bf16 with fp32 master weights), ddp (no DeepSpeed: fp32 weights and gradients under autocast, and
+    DDP's gradient buckets, a second fp32 copy of the gradients when several processes run),
     bf16_adamw (bf16 weights, gradients and Adam moments, as bench/gpu_step.py trains)."""
     world = gpus * nodes
     if layout == "zero2":
@@ -110,7 +111,8 @@ def model_states(trained: int, frozen: int, largest: int, layout: str, gpus: int
                                                          cpu_offload_params=False)
         return States(layout, gpu + 2 * frozen // world, 2 * trained // world)
     if layout == "ddp":
-        return States(layout, 16 * trained + 4 * frozen, 4 * trained)
+        buckets = 4 * trained if world > 1 else 0
+        return States(layout, 16 * trained + 4 * frozen + buckets, 4 * trained)
     if layout == "bf16_adamw":
         return States(layout, 8 * trained + 2 * frozen, 2 * trained)
     raise ValueError(f"unknown layout {layout!r}")
@@ -134,6 +136,15 @@ class Activations:
         """The backward of the op that saved the largest tensor makes gradients of about its size
         while it is alive: the logits' gradients (fp32, then bf16) with the plain loss."""
         return 2 * self.largest_tensor
+
+
+def peak_bytes(states: States, acts: Activations, checkpointing: bool, grad_accum: int) -> int:
+    """Peak memory per GPU (``llava_norm.plan.estimate`` says why): the gradients overlap the
+    activations' release, unless accumulation keeps earlier micro-batches' gradients alive."""
+    held = acts.total(checkpointing) + acts.transient(checkpointing)
+    if grad_accum > 1:
+        return states.total + held
+    return states.total - states.gradients + max(states.gradients, held)
 
 
 def trace_activations(model, batch: int, seq: int, images: int, tokens_per_image: int, loss_kind: str = "plain",

@@ -33,6 +33,10 @@ def _gib(n: float) -> str:
     return f"{n / 2 ** 30:.1f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.1f} MiB"
 
 
+def _n(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 'es' if noun.endswith('s') else 's'}"
+
+
 def _count(n: int) -> str:
     return f"{n / 1e9:.3f}B" if n >= 1e8 else f"{n / 1e6:.2f}M" if n >= 1e4 else str(n)
 
@@ -51,21 +55,26 @@ def verdict(plan: Plan) -> str:
 def format_plan(plan: Plan, config_name: str = "") -> str:
     t, m = plan.config.train, plan.config.model
     lines = [f"plan for {config_name or 'the config'}: stage {t.stage}{' (LoRA)' if plan.config.lora.enabled else ''}, "
-             f"arm {m.norm_alignment}, {plan.nodes} node(s) x {plan.gpus} GPU(s)",
+             f"arm {m.norm_alignment}, {_n(plan.nodes, 'node')} x {_n(plan.gpus, 'GPU')}",
              f"  backbones: vision {m.vision_tower} ({plan.sources['vision_tower']}); "
              f"llm {m.llm} ({plan.sources['llm']})",
              "  parameters                total       trained"]
     for c in plan.components:
         lines.append(f"    {c.name:20s} {_count(c.total):>10s}  {_count(c.trained):>10s}")
     lines.append(f"    {'all':20s} {_count(plan.total_params):>10s}  {_count(plan.trained):>10s}")
-    lines.append(f"  micro-batch: {plan.batch} row(s) x {plan.seq} tokens, {plan.images} image(s) of "
-                 f"{plan.tokens_per_image} tokens per row; grad_accum {plan.grad_accum}; {plan.world} process(es)")
-    lines.append("  memory per GPU            states   + activations (ckpt off / on)   = peak (ckpt off / on)")
+    lines.append(f"  micro-batch: {_n(plan.batch, 'row')} x {plan.seq} tokens, {_n(plan.images, 'image')} of "
+                 f"{plan.tokens_per_image} tokens per row; grad_accum {plan.grad_accum}; {_n(plan.world, 'process')}")
+    acts = plan.activations
+    lines.append(f"  activations of a micro-batch: {_gib(acts.total(False))} (checkpointing off), "
+                 f"{_gib(acts.total(True))} (on), and {_gib(acts.transient(False))} more while the backward "
+                 f"starts (the gradient of the largest one)")
+    overlap = "the gradients overlap the activations' release" if plan.grad_accum == 1 else \
+        "accumulated gradients stay alive through each micro-batch"
+    lines.append(f"  memory per GPU           model states     peak, ckpt off / on   ({overlap})")
     for layout in sorted(plan.states):
         s = plan.states[layout]
         mark = "  <- configured" if layout == plan.layout else ""
-        lines.append(f"    {layout:20s} {_gib(s.total):>10s}   {_gib(plan.activations.total(False)):>9s} / "
-                     f"{_gib(plan.activations.total(True)):<9s}        {_gib(plan.peak(layout, False)):>9s} / "
+        lines.append(f"    {layout:20s} {_gib(s.total):>10s}      {_gib(plan.peak(layout, False)):>9s} / "
                      f"{_gib(plan.peak(layout, True))}{mark}")
     if plan.fused_activations is not None:
         lines.append(f"    with train.loss=fused: peak {_gib(plan.peak(activations=plan.fused_activations))} "
