@@ -36,8 +36,7 @@ def write_backbone(hub_id: str, out_dir: str | Path, layers: int | None = None, 
         config = vision_part(config)
         if layers:
             config.num_hidden_layers = layers
-        with torch.device("cpu"):
-            model = AutoModel.from_config(config, dtype=dtype)
+        model = AutoModel.from_config(config, dtype=dtype)
         shutil.copy(source / "preprocessor_config.json", out / "preprocessor_config.json")
     else:
         if config.model_type not in TOKENIZERS:

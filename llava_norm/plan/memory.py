@@ -27,7 +27,6 @@ from llava_norm.model.loss import fused_held_bytes
 from llava_norm.train.params import module_of
 
 PLAN_ATTENTION = "llava_norm_plan"
-GiB = 2 ** 30
 
 
 class _FusedAttention(torch.autograd.Function):
@@ -132,7 +131,8 @@ class Activations:
         # kept: each layer's input; during its backward, one layer's activations rebuilt
         return self.outside_layers + sum(kept for _, kept in self.layers) + max(saved for saved, _ in self.layers)
 
-    def transient(self, checkpointing: bool) -> int:
+    @property
+    def transient(self) -> int:
         """The backward of the op that saved the largest tensor makes gradients of about its size
         while it is alive: the logits' gradients (fp32, then bf16) with the plain loss."""
         return 2 * self.largest_tensor
@@ -141,7 +141,7 @@ class Activations:
 def peak_bytes(states: States, acts: Activations, checkpointing: bool, grad_accum: int) -> int:
     """Peak memory per GPU (``llava_norm.plan.estimate`` says why): the gradients overlap the
     activations' release, unless accumulation keeps earlier micro-batches' gradients alive."""
-    held = acts.total(checkpointing) + acts.transient(checkpointing)
+    held = acts.total(checkpointing) + acts.transient
     if grad_accum > 1:
         return states.total + held
     return states.total - states.gradients + max(states.gradients, held)

@@ -66,7 +66,7 @@ def format_plan(plan: Plan, config_name: str = "") -> str:
                  f"{plan.tokens_per_image} tokens per row; grad_accum {plan.grad_accum}; {_n(plan.world, 'process')}")
     acts = plan.activations
     lines.append(f"  activations of a micro-batch: {_gib(acts.total(False))} (checkpointing off), "
-                 f"{_gib(acts.total(True))} (on), and {_gib(acts.transient(False))} more while the backward "
+                 f"{_gib(acts.total(True))} (on), and {_gib(acts.transient)} more while the backward "
                  f"starts (the gradient of the largest one)")
     overlap = "the gradients overlap the activations' release" if plan.grad_accum == 1 else \
         "accumulated gradients stay alive through each micro-batch"
