@@ -146,6 +146,9 @@ def validate(config: RunConfig, check_paths: bool = True) -> None:
         raise ConfigError("key 'data.mixture': list at least one data file")
     for i, source in enumerate(config.data.mixture):
         parse_take(source.take, f"data.mixture[{i}].take")
+        if bool(source.path) == bool(source.hub):
+            raise ConfigError(f"key 'data.mixture[{i}]': give exactly one of 'path' (a .json/.jsonl file, or parquet "
+                              "shards: a file, folder or glob) and 'hub' (a dataset id)")
     if lora.enabled and t.stage != 2:
         raise ConfigError(f"key 'lora.enabled': LoRA applies to stage 2 only, but train.stage is {t.stage}")
     if lora.target_modules is not None and not lora.target_modules:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from llava_norm.config_schema import (NORM_ARMS, ConfigError, RunConfig, effective_grad_accum, packing_llm_problem,
                                       world_size)
+from llava_norm.data.sources import resolve
 from llava_norm.layout import PROJECTOR_PREFIX
 
 
@@ -21,7 +22,9 @@ def check_paths(config: RunConfig) -> None:
     small JSON files only, never weights or data rows."""
     m, t = config.model, config.train
     for i, source in enumerate(config.data.mixture):
-        _must_exist(source.path, f"data.mixture[{i}].path", kind="file")
+        if source.hub and not source.path:  # resolved (and downloaded, when online) by the run itself
+            continue
+        resolve(source, f"data.mixture[{i}]")
         if source.image_folder:
             _must_exist(source.image_folder, f"data.mixture[{i}].image_folder", kind="dir")
     for key in ("vision_tower", "llm"):

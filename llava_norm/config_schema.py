@@ -42,8 +42,15 @@ class ModelConfig:
 
 @dataclass
 class DataSource:
-    path: str = MISSING  # LLaVA-format .json or .jsonl
+    """One mixture entry (data.sources): ``path`` or ``hub``, never both."""
+    # A LLaVA .json/.jsonl file (its images under image_folder), or parquet shards in the hub's
+    # layout with images embedded: a .parquet file, a folder (searched recursively) or a glob.
+    path: Optional[str] = None
     image_folder: Optional[str] = None
+    hub: Optional[str] = None  # a hub dataset id (parquet layout), read from the local cache
+    revision: Optional[str] = None  # a branch, tag or commit of ``hub``; null: main
+    config: Optional[str] = None  # a config of ``hub``'s card; null: its default
+    split: str = "train"
     take: str = "all"  # all | first:N | first:P%
 
 

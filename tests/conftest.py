@@ -1,6 +1,18 @@
-"""Shared fixtures: the tiny backbones are built once per test session."""
+"""Shared fixtures: the tiny backbones are built once per test session.
+
+The session's data indexes (``llava_norm.data.index``) go to a ``datasets`` cache of its own,
+so no test reuses an index a developer's earlier runs left behind; launched runs inherit it.
+"""
+
+import atexit
+import os
+import shutil
+import tempfile
 
 import pytest
+
+os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="llava-norm-datasets-")
+atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], ignore_errors=True)
 
 from llava_norm_demo.tiny import make_tiny
 

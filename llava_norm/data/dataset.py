@@ -1,73 +1,44 @@
-"""LLaVA-format supervised dataset: mixtures, row validation, lazy images, bad-sample policy.
+"""The training dataset: a mixture of sources, its rows' lengths, and samples drawn lazily.
 
-Owns reading ``{id, image?, conversations: [{from: human|gpt, value}]}`` rows from JSON or
-JSONL files (a mixture of them, each with an ``all`` / ``first:N`` / ``first:P%`` share),
-checking each row's structure up front, and producing tokenised ``Example``s with images
-loaded only when a sample is drawn. A bad sample is either an error naming its file and row
-(``on_bad_sample: error``) or skipped and replaced by the next good row (``skip``), so
+Owns turning ``data.mixture`` (LLaVA JSON/JSONL files with image folders, parquet shards in
+the hub's layout, hub dataset ids; see ``data.sources``) into one indexable dataset: each
+entry's row index (``data.index``, built once and mapped from the ``datasets`` cache) cut to
+its ``all`` / ``first:N`` / ``first:P%`` share, the rows that break the rules (``data.rows``)
+set aside as skip records, and ``Example``s built only when a sample is drawn, images read
+from their file or shard at that moment. A bad sample is either an error naming its file and
+row (``on_bad_sample: error``) or skipped and replaced by the next good row (``skip``), so
 batches stay full and nothing is silently trained on with zero loss.
 
-Every skip is a structured record, ``{"file", "row", "cause", "message"}`` with ``cause``
-one of SKIP_CAUSES: rows dropped while loading are in ``SupervisedDataset.rejected``, samples
-dropped when drawn (bad image, too long) in ``Example.skipped``, which collate passes on as
-the batch's ``skipped_samples``. ``count_by_cause`` tallies either list for logging.
+Skip records are ``{"file", "row", "cause", "message"}`` (``data.rows.SKIP_CAUSES``): rows
+dropped while loading are in ``SupervisedDataset.rejected``, samples dropped when drawn (bad
+image, too long) in ``Example.skipped``, which collate passes on as the batch's
+``skipped_samples``. ``count_by_cause`` tallies either list for logging. Per-rank memory holds
+the lengths and the positions of the good rows, not the rows: those stay memory-mapped.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 from torch.utils.data import Dataset
 
 from llava_norm.config import DataSource, parse_take
 from llava_norm.config_schema import LENGTH_ESTIMATES
 from llava_norm.data.collate import Example
-from llava_norm.data.conversation import IMAGE_PLACEHOLDER, ConversationTokenizer, conversation_tokenizer
-from llava_norm.data.images import IMAGE_CAUSES, BadImageError
+from llava_norm.data.conversation import ConversationTokenizer, conversation_tokenizer
+from llava_norm.data.images import BadImageError
+from llava_norm.data.index import load_index
 from llava_norm.data.prompts import PromptEncoder, PromptSettings, with_system
+from llava_norm.data.rows import (ROLE_MAP, SKIP_CAUSES, WHOLE_FILE, BadSampleError, check_row,  # noqa: F401 (re-exported)
+                                  count_by_cause, read_entries, read_rows_file)
+from llava_norm.data.sources import EMBEDDED, EmbeddedImage, ResolvedSource, resolve
 
 log = logging.getLogger(__name__)
-ROLE_MAP = {"human": "user", "gpt": "assistant", "system": "system"}
 MAX_REPLACEMENTS = 32
-# The stable ``cause`` of a skip record; logs and skipped.jsonl count by these, so they are
-# only ever added to, never renamed. The image_* ones come from data.images.IMAGE_CAUSES.
-SKIP_CAUSES = (
-    "file_not_utf8",  # a JSON file (row "*": the whole file) or a JSONL line that is not UTF-8
-    "invalid_json",  # a JSON file that does not parse, or is not a list of rows (row "*")
-    "invalid_jsonl_line",  # one JSONL line that does not parse (row "line N")
-    "bad_conversation",  # not an object, no conversations list, a turn without a string value,
-                         # an unknown role, no human turn first or no gpt turn
-    "bad_image_field",  # 'image' is not one relative path (multi-image rows are not supported)
-    "image_count_mismatch",  # '<image>' placeholders do not match the row's images
-    "image_placeholder_misplaced",  # the '<image>' placeholder is not in the first human turn
-    "empty_turn",  # a turn whose value is empty or whitespace
-    "too_long",  # the first turn does not fit max_length (found when the sample is drawn)
-    *IMAGE_CAUSES,  # missing, empty, unreadable, too large, truncated, corrupt image (when drawn)
-)
-WHOLE_FILE = "*"  # the ``row`` of a record that drops a whole file
-
-
-class BadSampleError(ValueError):
-    """A bad row (or file): the message names the file and row; ``file``, ``row`` and
-    ``cause`` are the same facts as data, for the skip record."""
-
-    def __init__(self, message: str, *, file: str = "", row: str = "", cause: str = "bad_conversation"):
-        super().__init__(message)
-        self.file, self.row, self.cause = str(file), str(row), cause
-
-    def record(self) -> dict:
-        return {"file": self.file, "row": self.row, "cause": self.cause, "message": str(self)}
-
-
-def count_by_cause(records: list[dict]) -> dict[str, int]:
-    """{cause: count} over skip records, most frequent first (ties by name), for the logs."""
-    counts = Counter(record["cause"] for record in records)
-    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
 @dataclass
@@ -75,110 +46,36 @@ class Row:
     source: str  # file the row came from
     row_id: str
     messages: list[dict]
-    image: Path | None
+    image: Path | EmbeddedImage | None
     length: int  # tokens (or words, see LENGTH_ESTIMATES) + image tokens, for length grouping
 
 
-def read_entries(path: Path) -> list[tuple[int | None, object]]:
-    """(JSONL line number or None, raw row) for each row of a JSON or JSONL file, in file
-    order. A JSONL line that is not UTF-8 or not JSON is a BadSampleError in its place (so a
-    ``first:N`` share still counts file positions, and skip drops just that line); a JSON file
-    that cannot be read as a list of rows raises BadSampleError for the whole file."""
-    data = path.read_bytes()
-    if path.suffix == ".jsonl":
-        # bytes.splitlines splits on \n and \r only: str.splitlines would also split inside
-        # a row at a raw U+2028 or \x1c, which JSON strings may hold
-        entries: list[tuple[int | None, object]] = []
-        for line_no, line in enumerate(data.splitlines(), 1):
-            where = dict(file=str(path), row=f"line {line_no}")
-            try:
-                text = line.decode("utf-8-sig" if line_no == 1 else "utf-8")  # a leading BOM is no error
-            except UnicodeDecodeError as error:
-                entries.append((line_no, BadSampleError(f"{path}: line {line_no}: not UTF-8 ({error.reason} at "
-                                                        f"byte {error.start})", cause="file_not_utf8", **where)))
-                continue
-            if not text.strip():
-                continue
-            try:
-                entries.append((line_no, json.loads(text)))
-            except json.JSONDecodeError as error:
-                entries.append((line_no, BadSampleError(f"{path}: line {line_no}: invalid JSON ({error.msg})",
-                                                        cause="invalid_jsonl_line", **where)))
-        return entries
-    whole = dict(file=str(path), row=WHOLE_FILE)
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        raise BadSampleError(f"{path}: not UTF-8 ({error.reason} at byte {error.start})",
-                             cause="file_not_utf8", **whole) from None
-    try:
-        rows = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise BadSampleError(f"{path}: invalid JSON at line {error.lineno} ({error.msg})",
-                             cause="invalid_json", **whole) from None
-    if not isinstance(rows, list):
-        raise BadSampleError(f"{path}: expected a JSON list of rows", cause="invalid_json", **whole)
-    return [(None, raw) for raw in rows]
-
-
-def read_rows_file(path: Path) -> list:
-    """The raw rows of a JSON or JSONL file; BadSampleError at the first unreadable line."""
-    rows = []
-    for _, raw in read_entries(Path(path)):
-        if isinstance(raw, BadSampleError):
-            raise raw
-        rows.append(raw)
-    return rows
-
-
-def parse_row(raw, source: Path, index: int, image_folder: str | None, tokens_per_image: int,
-              line: int | None = None) -> Row:
-    """Validate one LLaVA row; raises BadSampleError naming the file and row id (and the
-    JSONL line, where there is one)."""
-    row_id = str(raw.get("id", f"#{index}")) if isinstance(raw, dict) else f"#{index}"
-    where = f"{source}: row {row_id}" + (f" (line {line})" if line is not None else "")
-
-    def bad(message: str, cause: str = "bad_conversation") -> BadSampleError:
-        return BadSampleError(f"{where}: {message}", file=str(source), row=row_id, cause=cause)
-
-    if not isinstance(raw, dict):
-        raise bad("row is not an object")
-    turns = raw.get("conversations")
-    if not isinstance(turns, list) or not turns:
-        raise bad("missing or empty 'conversations'")
-    messages = []
-    for t, turn in enumerate(turns):
-        if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
-            raise bad(f"turn {t} needs a string 'value'")
-        role = ROLE_MAP.get(turn.get("from"))
-        if role is None:
-            raise bad(f"turn {t} has unknown role {turn.get('from')!r} (expected human|gpt)")
-        if not turn["value"].strip():  # an empty answer trains nothing; an empty question teaches the wrong thing
-            raise bad(f"turn {t} ({turn['from']}) is empty", "empty_turn")
-        messages.append({"role": role, "content": turn["value"]})
-    dialogue = [m for m in messages if m["role"] != "system"]
-    if not dialogue or dialogue[0]["role"] != "user" or not any(m["role"] == "assistant" for m in dialogue):
-        raise bad("conversation must start with a human turn and have a gpt turn")
-    n_placeholders = sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages)
-    image = raw.get("image")
-    if image is not None and not isinstance(image, str):
-        raise bad("'image' must be one relative path (multi-image rows are not supported)", "bad_image_field")
-    if n_placeholders != (1 if image else 0):
-        raise bad(f"{n_placeholders} '<image>' placeholders for {1 if image else 0} image(s)", "image_count_mismatch")
-    if image and IMAGE_PLACEHOLDER not in dialogue[0]["content"]:
-        raise bad("'<image>' must be in the first human turn", "image_placeholder_misplaced")
-    image_path = Path(image_folder or source.parent) / image if image else None
-    words = sum(len(m["content"].split()) for m in messages)
-    return Row(str(source), row_id, messages, image_path, words + (tokens_per_image if image else 0))
-
-
-def take_rows(rows: list, take: str, key: str) -> list:
+def take_count(total: int, take: str, key: str) -> int:
+    """How many of a source's ``total`` rows (in file order) its ``take`` share uses."""
     kind, amount = parse_take(take, key)
     if kind == "count":
-        return rows[: int(amount)]
+        return min(total, int(amount))
     if kind == "percent":
-        return rows[: int(len(rows) * amount / 100)]
-    return rows
+        return int(total * amount / 100)
+    return total
+
+
+class Rows:
+    """The good rows as a read-only sequence of ``Row``s, each built from the index on access."""
+
+    def __init__(self, dataset: SupervisedDataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset.where)
+
+    def __getitem__(self, i: int) -> Row:
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        return self.dataset.row(int(i) % len(self))
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
 
 
 class SupervisedDataset(Dataset):
@@ -188,7 +85,9 @@ class SupervisedDataset(Dataset):
         """``system_prompt``: a system turn for every row that has none of its own, the same
         one evaluation puts in its prompts (``data.system_prompt``); None keeps the template's.
         Samples are built by ``data.prompts.PromptEncoder``, the path evaluation and the
-        diagnostics build their prompts with."""
+        diagnostics build their prompts with. Under several processes, build it in the main
+        process first (``TrainingArguments.main_process_first``): the others then map the
+        indexes it wrote."""
         if length_estimate not in LENGTH_ESTIMATES:
             raise ValueError(f"data.length_estimate must be one of {LENGTH_ESTIMATES}, got {length_estimate!r}")
         self.encoder = encoder
@@ -198,31 +97,45 @@ class SupervisedDataset(Dataset):
         self.image_aspect = image_aspect
         self.on_bad_sample = on_bad_sample
         self.length_estimate = length_estimate
-        self.rows: list[Row] = []
+        self.system_prompt = system_prompt
+        self.sources: list[ResolvedSource] = []
+        self.indexes = []  # one memory-mapped datasets.Dataset per source (data.index)
         self.rejected: list[dict] = []  # skip records (see BadSampleError.record) of rows dropped at load time
+        where_source, where_row, lengths, has_image = [], [], [], []
         for i, source in enumerate(mixture):
-            path = Path(source.path)
-            try:
-                entries = read_entries(path)
-            except BadSampleError as error:  # the whole file is unreadable
-                self.reject(error)
-                continue
-            for index, (line, raw) in enumerate(take_rows(entries, source.take, f"data.mixture[{i}].take")):
-                try:
-                    if isinstance(raw, BadSampleError):  # a JSONL line that could not be read
-                        raise raw
-                    row = parse_row(raw, path, index, source.image_folder, encoder.tokens_per_image, line)
-                except BadSampleError as error:
-                    self.reject(error)
-                    continue
-                row.messages = with_system(row.messages, system_prompt)  # counted in the row's length too
-                self.rows.append(row)
+            resolved = resolve(source, f"data.mixture[{i}]")
+            index = load_index(resolved, encoder, system_prompt, count_tokens=length_estimate == "tokens")
+            table = index.data  # Arrow columns, memory-mapped: no row is turned into Python here
+            position = table.column("position").to_numpy(zero_copy_only=False)
+            whole = position == WHOLE_FILE
+            rows = np.flatnonzero(~whole)
+            rows = rows[:take_count(len(rows), source.take, f"data.mixture[{i}].take")]
+            taken = np.sort(np.concatenate([np.flatnonzero(whole), rows]))
+            bad = taken[table.column("cause").to_numpy(zero_copy_only=False)[taken] != ""]
+            for entry in index.select(bad).select_columns(["file", "row_id", "cause", "message"]):
+                self.reject(BadSampleError(entry["message"], file=str(resolved.files[entry["file"]]),
+                                           row=entry["row_id"], cause=entry["cause"]))
+            good = np.setdiff1d(taken, bad, assume_unique=True)
+            counts = table.column("tokens" if length_estimate == "tokens" else "words").to_numpy()
+            images = table.column("image").to_numpy(zero_copy_only=False)
+            where_source.append(np.full(len(good), i, dtype=np.int32))
+            where_row.append(good.astype(np.int64))
+            lengths.append(counts[good].astype(np.int64))
+            has_image.append(images[good] != "")
+            self.sources.append(resolved)
+            self.indexes.append(index)
+        self.where_source = np.concatenate(where_source) if where_source else np.zeros(0, np.int32)
+        self.where = np.concatenate(where_row) if where_row else np.zeros(0, np.int64)
+        self.lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+        self.has_image = np.concatenate(has_image) if has_image else np.zeros(0, bool)
+        self.rows = Rows(self)
         if self.rejected:
             log.warning("skipped %d bad rows at load time %s; first: %s", len(self.rejected),
                         count_by_cause(self.rejected), self.rejected[0]["message"])
-        if not self.rows:
+        if not len(self.where):
             first = f"; first rejection: {self.rejected[0]['message']}" if self.rejected else ""
-            raise BadSampleError(f"no usable rows in {[s.path for s in mixture]}{first}", cause="no_usable_rows")
+            raise BadSampleError(f"no usable rows in {[s.path or s.hub for s in mixture]}{first}",
+                                 cause="no_usable_rows")
 
     @classmethod
     def from_settings(cls, mixture: list[DataSource], bundle, settings: PromptSettings, max_length: int,
@@ -238,18 +151,29 @@ class SupervisedDataset(Dataset):
         self.rejected.append(error.record())
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.where)
+
+    def row(self, i: int) -> Row:
+        """Good row ``i``, read from its source's index."""
+        s = int(self.where_source[i])
+        source, entry = self.sources[s], self.indexes[s][int(self.where[i])]
+        file = source.files[entry["file"]]
+        image = None
+        if entry["image"] == EMBEDDED:
+            image = EmbeddedImage(str(file), entry["group"], entry["group_row"],
+                                  f"{file}: row {entry['row_id']} ({entry['position']}), embedded image")
+        elif entry["image"]:
+            image = Path(source.image_folder or file.parent) / entry["image"]
+        # the system turn is part of the row: packing's exact lengths count it too
+        return Row(str(file), entry["row_id"], with_system(entry["messages"], self.system_prompt), image,
+                   int(self.lengths[i]))
 
     @cached_property
     def modality_lengths(self) -> list[int]:
-        """Positive for samples with an image, negative for text-only (the grouped sampler's convention).
-        Token counts are taken here, on first use, so datasets that never meet the sampler
-        (evaluation batches, analyses, benches) do not pay for them."""
-        if self.length_estimate == "tokens":
-            counts = self.encoder.count_tokens([row.messages for row in self.rows])
-            for row, count in zip(self.rows, counts):
-                row.length = min(count, self.max_length)  # longer rows are cut to max_length
-        return [r.length if r.image else -r.length for r in self.rows]
+        """Positive for samples with an image, negative for text-only (the grouped sampler's
+        convention); token counts are cut at max_length, as the samples are."""
+        lengths = np.minimum(self.lengths, self.max_length) if self.length_estimate == "tokens" else self.lengths
+        return np.where(self.has_image, lengths, -lengths).tolist()
 
     def build(self, row: Row) -> Example:
         where = dict(file=row.source, row=row.row_id)
@@ -284,7 +208,7 @@ class SupervisedDataset(Dataset):
         # same sample and the same skip records, so a resumed run skips exactly what the first did.
         skipped: list[dict] = []
         for attempt in range(MAX_REPLACEMENTS):
-            example = self.draw(self.rows[(index + attempt) % len(self.rows)], skipped)
+            example = self.draw(self.rows[(index + attempt) % len(self)], skipped)
             if example is not None:
                 example.skipped = skipped
                 return example

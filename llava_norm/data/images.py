@@ -17,6 +17,7 @@ resize + centre crop, for one) is called as it is.
 
 from __future__ import annotations
 
+import io
 import warnings
 from pathlib import Path
 
@@ -49,21 +50,39 @@ class BadImageError(ValueError):
         self.cause = cause
 
 
-def open_image(path: str | Path) -> Image.Image:
-    """The image at ``path`` as RGB with its real content; BadImageError (with a ``cause``
-    from IMAGE_CAUSES) for a missing, empty, unreadable, too large, truncated or corrupt file."""
-    path = Path(path)
+def open_image(source) -> Image.Image:
+    """The image at ``source`` (a path, or an object whose ``read_bytes`` gives the encoded
+    image, e.g. one embedded in a parquet shard) as RGB with its real content; BadImageError
+    (with a ``cause`` from IMAGE_CAUSES) for a missing, empty, unreadable, too large,
+    truncated or corrupt image."""
+    if isinstance(source, (str, Path)):
+        source = Path(source)
+        try:
+            empty = source.stat().st_size == 0
+        except FileNotFoundError:
+            raise BadImageError(f"image not found: {source}", "image_missing") from None
+        except OSError as error:
+            raise BadImageError(f"cannot read image {source}: {error}", "image_unreadable") from None
+        file = source
+    else:
+        try:
+            data = source.read_bytes()
+        except FileNotFoundError as error:
+            raise BadImageError(f"image not found: {error}", "image_missing") from None
+        except Exception as error:  # pyarrow's errors for a damaged row group, OSError for I/O
+            raise BadImageError(f"cannot read image {source}: {error}", "image_unreadable") from None
+        empty, file = not data, io.BytesIO(data)
+    if empty:  # PIL would say "cannot identify", which hides the cause
+        raise BadImageError(f"image file is empty (0 bytes): {source}", "image_empty_file")
     try:
-        if path.stat().st_size == 0:  # PIL would say "cannot identify", which hides the cause
-            raise BadImageError(f"image file is empty (0 bytes): {path}", "image_empty_file")
         # PIL signals an over-large image with a warning (or, above twice its limit, an
         # error); as an error it is refused below like the images over our own limit.
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as image:
+            with Image.open(file) as image:
                 width, height = image.size
                 if width * height > MAX_IMAGE_PIXELS:
-                    raise BadImageError(f"image too large: {path} is {width}x{height} pixels, over the "
+                    raise BadImageError(f"image too large: {source} is {width}x{height} pixels, over the "
                                         f"{MAX_IMAGE_PIXELS} pixel limit", "image_too_large")
                 image.load()
                 rgb = to_rgb(image)
@@ -72,15 +91,15 @@ def open_image(path: str | Path) -> Image.Image:
     except BadImageError:
         raise
     except FileNotFoundError:
-        raise BadImageError(f"image not found: {path}", "image_missing") from None
+        raise BadImageError(f"image not found: {source}", "image_missing") from None
     except (PermissionError, IsADirectoryError) as error:
-        raise BadImageError(f"cannot read image {path}: {error}", "image_unreadable") from None
+        raise BadImageError(f"cannot read image {source}: {error}", "image_unreadable") from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
-        raise BadImageError(f"image too large: {path}: {error}", "image_too_large") from None
+        raise BadImageError(f"image too large: {source}: {error}", "image_too_large") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as error:
         # PIL says "image file is truncated" / "Truncated File Read" when the data stop early
         cause = "image_truncated" if "truncated" in str(error).lower() else "image_corrupt"
-        raise BadImageError(f"cannot decode image {path}: {error}", cause) from None
+        raise BadImageError(f"cannot decode image {source}: {error}", cause) from None
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

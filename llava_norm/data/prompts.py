@@ -130,7 +130,7 @@ class PromptEncoder:
                 return None
         pixels = None
         if images:
-            opened = [open_image(i) if isinstance(i, (str, Path)) else i for i in images]
+            opened = [i if isinstance(i, Image.Image) else open_image(i) for i in images]  # paths, embedded images
             pixels = preprocess(opened, self.image_processor, self.image_aspect)
         return Example(encoded.input_ids, encoded.labels, pixels, sample_id=sample_id)
 

@@ -1,0 +1,139 @@
+"""The row index of one mixture entry: every row checked once, kept in the ``datasets`` cache.
+
+Owns building, for one resolved source, an Arrow table with one entry per position in its
+files, in file order: the row's file, position, id, messages and image reference with its
+word and token counts, or the cause and message that rejected it. It is written by
+``datasets.Dataset.from_generator`` under a fingerprint of everything the entries depend on
+(each file's fingerprint from ``llava_norm.provenance``, the source of the modules that check
+and count rows, the tokenizer and the prompt settings that count tokens), so a later start,
+on any rank, maps the finished table from disk instead of reading the corpus again; anything
+different builds a new one. Images are not in the table: they stay in their folder or shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+from llava_norm.data.conversation import ConversationTokenizer
+from llava_norm.data.prompts import with_system
+from llava_norm.data.rows import WHOLE_FILE, BadSampleError, check_row, read_entries
+from llava_norm.data.sources import ResolvedSource, parquet_rows
+from llava_norm.provenance import fingerprint
+
+log = logging.getLogger(__name__)
+# The code that decides an index's entries: a change to any of them builds new indexes.
+RULE_MODULES = ("rows.py", "sources.py", "index.py", "conversation.py", "prompts.py")
+COUNT_CHUNK = 4096  # rows tokenised per batched tokenizer call
+NO_GROUP = -1  # group / group_row of a row whose image is a file, not embedded
+
+
+def features():
+    from datasets import Features, List, Value
+
+    return Features({
+        "file": Value("int32"),  # index into the source's files
+        "position": Value("string"),  # "line N" (JSONL), "row N" (parquet), "" (JSON list), "*" (whole file)
+        "row_id": Value("string"),
+        "messages": List({"role": Value("string"), "content": Value("string")}),
+        "image": Value("string"),  # relative path (JSON), sources.EMBEDDED (parquet), "" (text-only)
+        "group": Value("int32"),
+        "group_row": Value("int32"),
+        "words": Value("int32"),  # words + the image's tokens: the cheap length estimate
+        "tokens": Value("int32"),  # encoded length, image tokens included (-1 when not counted)
+        "cause": Value("string"),  # "" for a good row, else a rows.SKIP_CAUSES entry
+        "message": Value("string"),
+    })
+
+
+def counting_key(encoder: ConversationTokenizer, system_prompt: str | None, count_tokens: bool) -> dict:
+    """What the counts depend on: the tokenizer (its full serialisation), its templates and
+    the prompt settings; the words-only estimate depends on the image size alone."""
+    key = {"tokens_per_image": encoder.tokens_per_image, "count_tokens": count_tokens}
+    if count_tokens:
+        tokenizer, form = encoder.tokenizer, encoder.format
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        serialised = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+        key.update(tokenizer=hashlib.sha256(serialised.encode()).hexdigest(), format=type(form).__name__,
+                   chat_template=getattr(tokenizer, "chat_template", None), bos=tokenizer.bos_token,
+                   eos=tokenizer.eos_token, end_of_turn=getattr(form, "end_of_turn", None),
+                   template_kwargs=getattr(form, "template_kwargs", None), system_prompt=system_prompt,
+                   image_token_id=encoder.image_token_id)
+    return key
+
+
+def index_fingerprint(source: ResolvedSource, counting: dict) -> str:
+    code = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for name in RULE_MODULES:
+        code.update((here / name).read_bytes())
+    spec = {"kind": source.kind, "files": [[str(f), fingerprint(f)] for f in source.files],
+            "image_folder": source.image_folder, "code": code.hexdigest(), "counting": counting}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _entries(source: ResolvedSource):
+    """(file index, position, raw row or BadSampleError, group, group row), in file order."""
+    for f, path in enumerate(source.files):
+        try:
+            if source.kind == "llava_json":
+                for index, (line, raw) in enumerate(read_entries(path)):
+                    yield f, (f"line {line}" if line is not None else ""), raw, NO_GROUP, NO_GROUP
+            else:
+                for position, raw, group, group_row in parquet_rows(path):
+                    yield f, position, raw, group, group_row
+        except BadSampleError as error:  # the whole file
+            yield f, WHOLE_FILE, error, NO_GROUP, NO_GROUP
+
+
+def _generate(source: ResolvedSource, encoder: ConversationTokenizer, system_prompt: str | None, count_tokens: bool):
+    pending: list[dict] = []
+    rows_seen = 0
+
+    def flush():
+        good = [e for e in pending if not e["cause"]]
+        if count_tokens and good:
+            counts = encoder.count_tokens([with_system(e["messages"], system_prompt) for e in good])
+            for entry, count in zip(good, counts):
+                entry["tokens"] = count
+        yield from pending
+        pending.clear()
+
+    index_in_file, current = 0, -1
+    for f, position, raw, group, group_row in _entries(source):
+        if f != current:
+            current, index_in_file = f, 0
+        entry = {"file": f, "position": position, "row_id": "", "messages": [], "image": "", "group": group,
+                 "group_row": group_row, "words": 0, "tokens": -1, "cause": "", "message": ""}
+        try:
+            if isinstance(raw, BadSampleError):
+                raise raw
+            row = check_row(raw, str(source.files[f]), index_in_file, position or None)
+            entry.update(row_id=row.row_id, messages=row.messages, image=row.image or "",
+                         words=row.words + (encoder.tokens_per_image if row.image else 0))
+        except BadSampleError as error:
+            entry.update(row_id=error.row, cause=error.cause, message=str(error))
+        if position != WHOLE_FILE:
+            index_in_file += 1
+            rows_seen += 1
+        pending.append(entry)
+        if len(pending) >= COUNT_CHUNK:
+            yield from flush()
+    yield from flush()
+    if source.expected_rows is not None and rows_seen != source.expected_rows:
+        log.warning("the dataset card says %d rows, its shards hold %d: a partial download? (%d shards)",
+                    source.expected_rows, rows_seen, len(source.files))
+
+
+def load_index(source: ResolvedSource, encoder: ConversationTokenizer, system_prompt: str | None,
+               count_tokens: bool):
+    """The source's index as a ``datasets.Dataset`` (memory-mapped): built and cached by the
+    first process that asks for it (under ``datasets``' own file lock), mapped by the rest."""
+    from datasets import Dataset
+
+    key = index_fingerprint(source, counting_key(encoder, system_prompt, count_tokens))
+    return Dataset.from_generator(_generate, features=features(), fingerprint=key,
+                                  gen_kwargs={"source": source, "encoder": encoder, "system_prompt": system_prompt,
+                                              "count_tokens": count_tokens})
