@@ -153,14 +153,15 @@ def shared_steps(paths: DemoPaths, profile: DemoProfile, code_counts: bool = Fal
 def pipeline_config(paths: DemoPaths, profile: DemoProfile) -> PipelineConfig:
     backbones = [f"model.vision_tower={paths.warm / 'siglip'}", f"model.llm={paths.warm / 'llama'}"]
 
-    def mixture(corpus: str) -> str:  # one of the world's LLaVA-format corpora
-        return f"data.mixture=[{{path: {paths.world / CORPUS_PATHS[corpus]}, image_folder: {paths.images}}}]"
+    def mixture(corpus: str) -> str:  # stage 1 from LLaVA JSON (as the 558K), stage 2 from NeXT parquet shards
+        folder = "" if corpus.endswith("_next") else f", image_folder: {paths.images}"
+        return f"data.mixture=[{{path: {paths.world / CORPUS_PATHS[corpus]}{folder}}}]"
     return PipelineConfig(
         arms=[str(REPO / "configs" / "tiny" / arm) for arm in ARMS],
         runs_dir=str(paths.demo),
         data_root=str(paths.benchmarks),
         stage1_overrides=[*backbones, mixture("pretrain"), *profile.stage1],
-        stage2_overrides=[*backbones, mixture("instruct"), *profile.stage2],
+        stage2_overrides=[*backbones, mixture("instruct_next"), *profile.stage2],
         eval_args=[*([f"--limit={profile.eval_limit}"] if profile.eval_limit is not None else []), *profile.eval_args],
         env={"GPUS_PER_NODE": str(profile.processes), "OMP_NUM_THREADS": str(profile.threads),
              "TOKENIZERS_PARALLELISM": "false"},

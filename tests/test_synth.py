@@ -150,7 +150,8 @@ def test_same_seed_is_byte_identical(worlds):
 def test_different_seed_differs(worlds):
     ha, hb = tree_hashes(worlds["a"]), tree_hashes(worlds["b"])
     for entry in list(worlds["ma"]["corpora"].values()) + list(worlds["ma"]["benchmarks"].values()):
-        assert ha[entry["path"]] != hb[entry["path"]], entry["path"]
+        files = [p for p in ha if p == entry["path"] or p.startswith(entry["path"] + "/data/")]  # a file or shards
+        assert files and all(ha[p] != hb[p] for p in files), entry["path"]
     imgs = [p for p in ha if p.startswith("images/")]
     assert sum(ha[p] != hb.get(p) for p in imgs) > 0.9 * len(imgs)
 
@@ -190,6 +191,25 @@ def test_conversation_rows(worlds, name):
     else:
         assert text_only == entry["text_only_rows"] and 0.05 <= text_only / len(rows) <= 0.15
         assert max(len(r["conversations"]) for r in rows) >= 6  # multi-turn present
+
+
+def test_next_layout_holds_the_instruct_rows(worlds):
+    """The parquet shards hold the JSON corpus row for row, in order, each image's own bytes
+    embedded ({bytes, path}) and null for text-only rows, with the hub card naming the files."""
+    root, m = worlds["a"], worlds["ma"]
+    rows = json.loads((root / m["corpora"]["instruct"]["path"]).read_text())
+    folder = root / m["corpora"]["instruct_next"]["path"]
+    shards = sorted((folder / "data").glob("train-*.parquet"))
+    assert [s.name for s in shards] == [f"train-{i:05d}-of-00004.parquet" for i in range(4)]
+    table = [r for s in shards for r in pq.read_table(s).to_pylist()]
+    assert [(r["id"], r["conversations"]) for r in table] == [(r["id"], r["conversations"]) for r in rows]
+    for parquet_row, row in zip(table, rows):
+        if "image" in row:
+            assert parquet_row["image"] == {"bytes": (root / "images" / row["image"]).read_bytes(), "path": row["image"]}
+        else:
+            assert parquet_row["image"] is None
+    assert "path: data/train-*" in (folder / "README.md").read_text()
+    assert f"num_examples: {len(rows)}" in (folder / "README.md").read_text()
 
 
 def test_text_corpus(worlds):

@@ -32,6 +32,14 @@ def write_dataset(root: Path, n: int = 32, seed: int = 0, text_only_every: int =
     return path, images
 
 
+def write_next_dataset(json_path: Path, images: Path, out_dir: Path, shards: int = 2) -> Path:
+    """The rows of ``json_path`` in the hub layout of LLaVA-NeXT-Data (parquet shards under
+    ``out_dir/data``, images embedded); returns ``out_dir``, a folder like the hub snapshot."""
+    from llava_norm_demo.synth.next_parquet import write_next_layout
+
+    return write_next_layout(json.loads(Path(json_path).read_text()), images, out_dir, shards)
+
+
 # (has an image, answer tokens) of token_examples' samples; the text-only one with 4 answer tokens is
 # supervised from its first token, as a text pretraining row would be.
 EXAMPLE_KINDS = [(True, 6), (False, 9), (True, 3), (True, 11), (False, 4), (True, 7)]

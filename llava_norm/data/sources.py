@@ -33,7 +33,7 @@ HUB_PATTERNS = ["README.md", "*.parquet"]  # what is fetched for a hub id: its c
 class ResolvedSource:
     kind: str  # "llava_json" | "parquet"
     files: tuple[Path, ...]
-    image_folder: str | None  # llava_json: where the rows' relative image paths point
+    image_folder: str | None = None  # llava_json: where the rows' relative image paths point
     expected_rows: int | None = None  # a hub card's row count for the split, to catch a partial download
 
 
@@ -106,7 +106,7 @@ def _resolve_hub(source: DataSource, key: str) -> ResolvedSource:
     if any(f.suffix != ".parquet" for f in files):
         raise ConfigError(f"key '{key}.hub': {where}: only parquet datasets are read in place; found {files[0].name}")
     split = (builder.info.splits or {}).get(source.split)
-    return ResolvedSource("parquet", tuple(files), expected_rows=getattr(split, "num_examples", None) or None)
+    return ResolvedSource("parquet", tuple(files), None, getattr(split, "num_examples", None) or None)
 
 
 def parquet_rows(shard: Path) -> Iterator[tuple[str, object, int, int]]:

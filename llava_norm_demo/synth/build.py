@@ -20,15 +20,19 @@ import numpy as np
 from llava_norm_demo.synth import benchmarks as B
 from llava_norm_demo.synth.corpora import instruct_row, pretrain_row, text_corpus, text_instruct_row
 from llava_norm_demo.synth.facts import fact_sentences, hellaswag_split, mmlu_split
+from llava_norm_demo.synth.next_parquet import next_shards
 from llava_norm_demo.synth.render import IMAGE_SIZE, scene_png
 from llava_norm_demo.synth.world import sample_split_scene
 
 SCHEMA_VERSION = 2  # 2: benchmarks keyed by their registered names; chance left to the declarations
-GENERATOR_VERSION = "synth-1"  # bump whenever generated content changes
+GENERATOR_VERSION = "synth-2"  # bump whenever generated content changes (2: the NeXT parquet layout)
 MANIFEST = "manifest.json"
 IMAGE_FOLDER = "images"
+# The stage-2 rows are written twice: as LLaVA JSON with the image folder, and in the hub
+# layout of LLaVA-NeXT-Data (parquet shards, images embedded; the folder is its snapshot).
 CORPUS_PATHS = {"pretrain": "pretrain/synth_pretrain.json", "instruct": "instruct/synth_instruct.json",
-                "text": "text/corpus.jsonl"}
+                "instruct_next": "instruct_next", "text": "text/corpus.jsonl"}
+NEXT_SHARDS = 4
 # One generator per component; a benchmark's stream number is fixed, whatever its name.
 RNG_STREAMS = {"pretrain": 1, "instruct": 2, "text": 3, "mmbench_en_dev": 11, "mmstar": 12, "ocrbench": 13,
                "seedbench2_plus": 14, "scienceqa_img": 15, "ai2d": 16, "pope": 17, "hellaswag": 18,
@@ -140,6 +144,8 @@ def build_world(out_dir, seed: int = 0, *, image_size: int = IMAGE_SIZE, n_pretr
                 continue
             rows.append(instruct_row(f"it-{i:06d}", rel, scene, g))
     write(CORPUS_PATHS["instruct"], _json(rows))
+    for rel, data in next_shards(rows, root / IMAGE_FOLDER, min(NEXT_SHARDS, max(1, n_instruct))).items():
+        write(f"{CORPUS_PATHS['instruct_next']}/{rel}", data)
     # --- text-only corpus
     g = rng("text")
     scenes = [sample_split_scene(g, "train", holdout_pct, text_prob=text_prob) for _ in range(max(1, n_text // 5))]
@@ -169,6 +175,8 @@ def build_world(out_dir, seed: int = 0, *, image_size: int = IMAGE_SIZE, n_pretr
                          "rows": n_pretrain},
             "instruct": {"path": CORPUS_PATHS["instruct"], "format": "llava_json", "image_folder": IMAGE_FOLDER,
                          "rows": n_instruct, "text_only_rows": k},
+            "instruct_next": {"path": CORPUS_PATHS["instruct_next"], "format": "next_parquet", "rows": n_instruct,
+                              "text_only_rows": k},
             "text": {"path": CORPUS_PATHS["text"], "format": "jsonl_text", "rows": n_text},
         },
         "benchmarks": bench_entries,

@@ -1,0 +1,157 @@
+"""Every kind of mixture entry through one loading path (llava_norm.data.sources / index):
+LLaVA JSON with an image folder, parquet shards in the hub's layout (file, folder, glob), a hub
+dataset id from the local cache; the same samples byte for byte; bad shards and rows under the
+skip|error policy; the row index reused only when files, code and tokenizer match."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from huggingface_hub import constants
+
+from llava_norm.config import DataSource
+from llava_norm.config_schema import ConfigError
+from llava_norm.data import index as data_index
+from llava_norm.data.conversation import conversation_tokenizer
+from llava_norm.data.dataset import BadSampleError, SupervisedDataset
+from llava_norm.model.builder import ModelSpec, build_model
+from tinydata import write_dataset, write_next_dataset
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny_dir):
+    return build_model(ModelSpec(f"{tiny_dir}/siglip", f"{tiny_dir}/llama"))
+
+
+def _dataset(bundle, *sources, policy="skip", estimate="tokens", system_prompt=None):
+    encoder = conversation_tokenizer(bundle, "chat", {"date_string": "26 Jul 2024"})
+    return SupervisedDataset(list(sources), encoder, bundle.image_processor, 256, on_bad_sample=policy,
+                             length_estimate=estimate, system_prompt=system_prompt)
+
+
+@pytest.fixture()
+def corpus(tmp_path):
+    data, images = write_dataset(tmp_path / "json", n=14, text_only_every=3)
+    return data, images, write_next_dataset(data, images, tmp_path / "next", shards=3)
+
+
+def _same_samples(a: SupervisedDataset, b: SupervisedDataset) -> None:
+    assert len(a) == len(b) and a.modality_lengths == b.modality_lengths
+    for i in range(len(a)):
+        x, y = a[i], b[i]
+        assert (x.sample_id, x.input_ids, x.labels) == (y.sample_id, y.input_ids, y.labels)
+        assert (x.pixel_values is None) == (y.pixel_values is None)
+        assert x.pixel_values is None or torch.equal(x.pixel_values, y.pixel_values)
+
+
+def _hub_cache(tmp_path, monkeypatch, snapshot_of) -> None:
+    """A huggingface_hub cache holding dataset org/next at COMMIT (and main -> COMMIT), offline."""
+    repo = tmp_path / "hub" / "datasets--org--next"
+    shutil.copytree(snapshot_of, repo / "snapshots" / COMMIT)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+
+def test_every_source_kind_gives_the_same_samples(bundle, corpus, tmp_path, monkeypatch):
+    data, images, next_dir = corpus
+    reference = _dataset(bundle, DataSource(path=str(data), image_folder=str(images)))
+    assert len(reference) == 14 and not reference.rejected
+    _hub_cache(tmp_path, monkeypatch, next_dir)
+    for source in (DataSource(path=str(next_dir)), DataSource(path=str(next_dir / "data" / "train-*.parquet")),
+                   DataSource(hub="org/next"), DataSource(hub="org/next", revision=COMMIT, config="default")):
+        parquet = _dataset(bundle, source)
+        _same_samples(reference, parquet)
+        assert all(type(row.image).__name__ == "EmbeddedImage" for row in parquet.rows if row.image)
+    # a single shard and a share of the rows: the first 5 of the shard's rows, in order
+    shard = sorted((next_dir / "data").glob("*.parquet"))[0]
+    part = _dataset(bundle, DataSource(path=str(shard), take="first:3"))
+    assert [row.row_id for row in part.rows] == [row.row_id for row in reference.rows][:3]
+
+
+def test_hub_id_errors_name_what_is_missing(bundle, corpus, tmp_path, monkeypatch):
+    _hub_cache(tmp_path, monkeypatch, corpus[2])
+    with pytest.raises(ConfigError, match=r"org/next@v9 is not in the local cache .*HF_HUB_OFFLINE"):
+        _dataset(bundle, DataSource(hub="org/next", revision="v9"))
+    with pytest.raises(ConfigError, match="cannot read its configs"):
+        _dataset(bundle, DataSource(hub="org/next", config="nope"))
+    with pytest.raises(ConfigError, match="has no split 'test'"):
+        _dataset(bundle, DataSource(hub="org/next", split="test"))
+    with pytest.raises(ConfigError, match="images are embedded; remove it"):
+        _dataset(bundle, DataSource(path=str(corpus[2]), image_folder=str(corpus[1])))
+    with pytest.raises(ConfigError, match="holds no parquet shards"):
+        _dataset(bundle, DataSource(path=str(tmp_path / "hub" / "*.nothing")))
+
+
+def test_bad_shards_and_rows_follow_the_policy(bundle, tmp_path):
+    data, images = write_dataset(tmp_path / "json", n=8)
+    rows = json.loads(data.read_text())
+    rows[2]["conversations"][1]["from"] = "robot"  # breaks the rules: refused at load
+    data.write_text(json.dumps(rows))
+    (images / "0005.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")  # refused when drawn
+    next_dir = write_next_dataset(data, images, tmp_path / "next", shards=2)
+    shards = sorted((next_dir / "data").glob("*.parquet"))
+    truncated = next_dir / "data" / "train-00002-of-00002.parquet"  # a download cut short: no footer
+    truncated.write_bytes(shards[0].read_bytes()[:300])
+
+    dataset = _dataset(bundle, DataSource(path=str(next_dir)))
+    assert {(r["file"], r["row"], r["cause"]) for r in dataset.rejected} == {
+        (str(shards[0]), "s2", "bad_conversation"), (str(truncated), "*", "shard_unreadable")}
+    conversation = next(r for r in dataset.rejected if r["cause"] == "bad_conversation")["message"]
+    assert conversation.startswith(f"{shards[0]}: row s2 (row 2): turn 1 has unknown role 'robot'")
+    assert [row.row_id for row in dataset.rows] == ["s0", "s1", "s3", "s4", "s5", "s6", "s7"]
+    drawn = dataset[4]  # s5's image does not decode: replaced by the next row, and recorded
+    assert drawn.sample_id == "s6"
+    assert [(r["file"], r["row"], r["cause"]) for r in drawn.skipped] == [(str(shards[1]), "s5", "image_corrupt")]
+    assert "row 1), embedded image" in drawn.skipped[0]["message"]
+
+    with pytest.raises(BadSampleError, match=r"row s2 \(row 2\): turn 1 has unknown role"):
+        _dataset(bundle, DataSource(path=str(next_dir)), policy="error")
+    truncated.unlink()
+    shards[0].unlink()
+    with pytest.raises(BadSampleError, match=r"s5: cannot decode image .*row 1\), embedded image"):
+        _dataset(bundle, DataSource(path=str(next_dir)), policy="error")[1]
+
+
+def test_index_is_reused_only_when_files_code_and_tokenizer_match(bundle, corpus, tmp_path, monkeypatch):
+    data, images, next_dir = corpus
+    built = []
+    generate = data_index._generate
+
+    def counting(*args, **kwargs):
+        built.append(1)
+        yield from generate(*args, **kwargs)
+
+    monkeypatch.setattr(data_index, "_generate", counting)
+    source = DataSource(path=str(next_dir))
+    first = _dataset(bundle, source)
+    assert len(built) == 1
+    _same_samples(first, _dataset(bundle, source))
+    assert len(built) == 1  # mapped from the cache
+    _dataset(bundle, source, system_prompt="Be brief.")  # other token counts
+    _dataset(bundle, source, estimate="words")  # no token counts
+    assert len(built) == 3
+    rows = json.loads(data.read_text())
+    rows[0]["conversations"][1]["value"] = "A different answer, longer than before."
+    data.write_text(json.dumps(rows))
+    write_next_dataset(data, images, next_dir, shards=3)  # the same shard names, new content
+    changed = _dataset(bundle, source)
+    assert len(built) == 4
+    assert changed.rows[0].messages[1]["content"] == "A different answer, longer than before."
+    monkeypatch.setattr(data_index, "RULE_MODULES", (*data_index.RULE_MODULES, "dataset.py"))  # other code
+    _dataset(bundle, source)
+    assert len(built) == 5
+
+
+def test_memory_holds_positions_not_rows(bundle, corpus):
+    """The rows stay in the memory-mapped index; the dataset keeps arrays of positions and lengths."""
+    data, images, _ = corpus
+    dataset = _dataset(bundle, DataSource(path=str(data), image_folder=str(images)))
+    assert all(index.cache_files for index in dataset.indexes)  # memory-mapped from disk, not in memory
+    assert dataset.where.dtype.kind == "i" and dataset.lengths.shape == (len(dataset),)
+    assert not hasattr(dataset, "__dict__") or not any(isinstance(v, list) and len(v) == len(dataset)
+                                                       for k, v in vars(dataset).items() if k != "rejected")
