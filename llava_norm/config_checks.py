@@ -7,13 +7,13 @@ incompatible DeepSpeed file stops a run before any model or data loads.
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import json
 from pathlib import Path
 
 from llava_norm.config_schema import (NORM_ARMS, ConfigError, RunConfig, effective_grad_accum, packing_llm_problem,
                                       world_size)
-from llava_norm.data.sources import resolve
 from llava_norm.layout import PROJECTOR_PREFIX
 
 
@@ -24,7 +24,16 @@ def check_paths(config: RunConfig) -> None:
     for i, source in enumerate(config.data.mixture):
         if source.hub and not source.path:  # resolved (and downloaded, when online) by the run itself
             continue
-        resolve(source, f"data.mixture[{i}]")
+        if any(ch in source.path for ch in "*?["):  # parquet shards by glob
+            if not glob.glob(str(Path(source.path).expanduser()), recursive=True):
+                raise ConfigError(f"key 'data.mixture[{i}].path': no file matches {source.path}")
+        else:  # a .json/.jsonl file, or parquet: a shard or a folder of shards (data.sources reads which)
+            _must_exist(source.path, f"data.mixture[{i}].path")
+            found = Path(source.path).expanduser()
+            if found.is_dir() and next(found.rglob("*.parquet"), None) is None:
+                raise ConfigError(f"key 'data.mixture[{i}].path': the folder {source.path} holds no .parquet shards")
+            if found.is_file() and found.suffix not in (".json", ".jsonl", ".parquet"):
+                raise ConfigError(f"key 'data.mixture[{i}].path': {source.path} is not .json, .jsonl or .parquet")
         if source.image_folder:
             _must_exist(source.image_folder, f"data.mixture[{i}].image_folder", kind="dir")
     for key in ("vision_tower", "llm"):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -67,7 +68,11 @@ def run_launches(launches: list[tuple[list[str], dict]], out: Path, timeout: int
         assert "shm_comm_op built" not in text, "DeepSpeed compiled its CPU inference op (see run.py)"
     if return_output:
         return "\n".join(outputs)
-    return json.loads((out / "train_summary.json").read_text())
+    summary = json.loads((out / "train_summary.json").read_text())
+    # how many processes read a data source through rather than mapping its cached index (data.index)
+    summary["data_index_builds"] = sum(len(re.findall(r"\[llava-norm\] data index \(rank (\d+)\)", text)) for text in outputs)
+    summary["data_index_built_by"] = sorted({r for text in outputs for r in re.findall(r"data index \(rank (\d+)\)", text)})
+    return summary
 
 
 def processes_of(out: Path) -> list[int]:

@@ -17,23 +17,29 @@ from safetensors.torch import load_file
 
 from launch import (REPO, env, free_port, kill_at_checkpoint, run_launches, script_command, snapshot,
                     torchrun_command)
-from tinydata import write_dataset
+from tinydata import write_dataset, write_next_dataset
 
 ZERO = {2: REPO / "configs/deepspeed/zero2.json", 3: REPO / "configs/deepspeed/zero3.json"}
 STEPS_PER_EPOCH = 3  # every case: 3 optimizer steps of 2 micro-batches per rank per epoch
 MAX_STEPS = 8
 
 
-def _config(root: Path, tiny_dir: Path, stage: int, rows: int, bad_rows: bool = False) -> Path:
+def _config(root: Path, tiny_dir: Path, stage: int, rows: int, bad_rows: bool = False, parquet: bool = False) -> Path:
     data, images = write_dataset(root / "data", n=rows, text_only_every=3)
     if bad_rows:  # one image that fails when drawn, one row that fails at load
         (images / "0001.png").write_bytes(b"not a png")
         rows = json.loads(data.read_text())
         data.write_text(json.dumps([*rows, {"id": "broken", "conversations": [{"from": "human", "value": "hi"}]}]))
+    source = f"{{path: {data}, image_folder: {images}}}"
+    if parquet:  # the same rows in the NeXT hub layout, images embedded
+        shards = write_next_dataset(data, images, root / "next", shards=2) / "data"
+        source = f"{{path: {shards}}}"
+        if bad_rows:  # and a shard whose download was cut short
+            (shards / "train-00002-of-00002.parquet").write_bytes((shards / "train-00000-of-00002.parquet").read_bytes()[:99])
     path = root / f"stage{stage}.yaml"
     path.write_text(f"""
 model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama, norm_alignment: ln_textnorm_gwc}}
-data: {{mixture: [{{path: {data}, image_folder: {images}}}], prompt_format: {"plain" if stage == 1 else "chat"},
+data: {{mixture: [{source}], prompt_format: {"plain" if stage == 1 else "chat"},
        num_workers: 0, max_length: 256}}
 optim: {{lr: 2.0e-3, lr_projector: 3.0e-3, lr_norm: 4.0e-3, warmup_ratio: 0.25, scheduler: cosine}}
 train: {{stage: {stage}, per_device_batch_size: 2, grad_accum: 2, save_steps: 1, save_total_limit: 20,
@@ -70,6 +76,8 @@ CASES = {
     "one-process-zero2-stage1-epoch1-bad-rows": ("one-process", 1, 2, [5]),
     "packed-fused-zero3-stage2-epoch1": ("torchrun", 2, 3, [4]),
     "packed-fused-lora-zero2-stage2-epoch2": ("torchrun", 2, 2, [7]),
+    "parquet-ddp-stage2-epoch1-bad-rows": ("torchrun", 2, None, [4]),
+    "parquet-one-process-zero2-stage2-epoch0-bad-rows": ("one-process", 2, 2, [2]),
 }
 # Packed cases: 36 rows in 24 rows of at most 320 tokens, so 3 steps per epoch here too
 # (asserted from each checkpoint's own record of micro-batches per epoch).
@@ -96,12 +104,12 @@ def references(tmp_path_factory):
 def test_killed_run_resumes_exactly(tmp_path, tiny_dir, references, case):
     shape, stage, zero, kills = CASES[case]
     world, bad = (1 if shape == "one-process" else 2), "bad-rows" in case
-    packed = case.startswith("packed")
+    packed, parquet = case.startswith("packed"), case.startswith("parquet")
     rows = 36 if packed else STEPS_PER_EPOCH * 2 * 2 * world
-    config = _config(tmp_path, tiny_dir, stage, rows, bad_rows=bad)
+    config = _config(tmp_path, tiny_dir, stage, rows, bad_rows=bad, parquet=parquet)
     common = [f"train.deepspeed={ZERO[zero]}"] if zero else []
     common += (PACKED if packed else []) + (LORA if "lora" in case else [])
-    ref_out, reference = references((stage, zero, world, bad, *common), lambda o: _launches(
+    ref_out, reference = references((stage, zero, world, bad, parquet, *common), lambda o: _launches(
         "torchrun" if shape == "two-nodes" else shape, config, [f"train.output_dir={o}", *common], stage))
     out = tmp_path / "killed"
     assert sorted(_per_step(reference)) == list(range(1, MAX_STEPS + 1))
@@ -125,9 +133,14 @@ def test_killed_run_resumes_exactly(tmp_path, tiny_dir, references, case):
     skipped = (out / "skipped.jsonl").read_text()
     assert skipped == (ref_out / "skipped.jsonl").read_text()  # the same rows skipped, as often, across kills
     if bad:
+        truncated = {("*", "shard_unreadable")} if parquet else set()
         assert {(r["row"], r["cause"]) for r in map(json.loads, skipped.splitlines())} == {
-            ("s1", "image_corrupt"), ("broken", "bad_conversation")}
-        assert resumed["skipped_by_cause"] == {"bad_conversation": 1, "image_corrupt": 1}
+            ("s1", "image_corrupt"), ("broken", "bad_conversation"), *truncated}
+        assert resumed["skipped_by_cause"] == {"bad_conversation": 1, "image_corrupt": 1,
+                                               **({"shard_unreadable": 1} if parquet else {})}
+    if parquet:  # one process read the data; the others, and every later launch, mapped its index
+        assert (reference["data_index_builds"], reference["data_index_built_by"]) == (1, ["0"])
+        assert resumed["data_index_builds"] == 0
     if case != next(iter(CASES)):
         return
     # Relaunching the finished run: exits 0 at once, trains nothing, writes nothing.

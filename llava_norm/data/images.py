@@ -99,7 +99,8 @@ def open_image(source) -> Image.Image:
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as error:
         # PIL says "image file is truncated" / "Truncated File Read" when the data stop early
         cause = "image_truncated" if "truncated" in str(error).lower() else "image_corrupt"
-        raise BadImageError(f"cannot decode image {source}: {error}", cause) from None
+        detail = str(error).replace(repr(file), "(the embedded bytes)")  # no memory address: records stay comparable
+        raise BadImageError(f"cannot decode image {source}: {detail}", cause) from None
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

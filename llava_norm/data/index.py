@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from pathlib import Path
 
 from llava_norm.data.conversation import ConversationTokenizer
@@ -90,7 +91,7 @@ def _entries(source: ResolvedSource):
 
 def _generate(source: ResolvedSource, encoder: ConversationTokenizer, system_prompt: str | None, count_tokens: bool):
     first = source.files[0] if len(source.files) == 1 else f"{len(source.files)} files in {source.files[0].parent}"
-    print(f"[llava-norm] data index: checking every row of {first} once"
+    print(f"[llava-norm] data index (rank {os.environ.get('RANK', '0')}): checking every row of {first} once"
           f"{' and counting its tokens' if count_tokens else ''}; later starts map it from the datasets cache",
           flush=True)
     pending: list[dict] = []

@@ -17,6 +17,7 @@ import torch
 import yaml
 
 from llava_norm.config import RunConfig, to_yaml, world_size
+from llava_norm.data.sources import hub_snapshot
 from llava_norm.provenance import Record, differences, fingerprint, flatten, make_record, now, read_record, write_record
 from llava_norm.train.relaunch import OPERATIONAL_KEYS, inert_keys
 
@@ -30,7 +31,12 @@ def training_record(config: RunConfig, world_size: int) -> Record:
     flat = flatten(yaml.safe_load(to_yaml(config)))
     inputs: dict[str, str | None] = {key: flat.pop(key, None) for key in INPUT_KEYS}
     for index, source in enumerate(flat.pop("data.mixture", None) or []):
-        inputs[f"data.mixture.{index}.path"] = source.get("path")
+        if source.get("hub"):  # its local snapshot when cached, else the id (see provenance.fingerprint)
+            snapshot = hub_snapshot(source["hub"], source.get("revision"))
+            inputs[f"data.mixture.{index}.hub"] = snapshot or source["hub"]
+            flat.update({f"data.mixture.{index}.{key}": source.get(key) for key in ("revision", "config", "split")})
+        else:
+            inputs[f"data.mixture.{index}.path"] = source.get("path")
         inputs[f"data.mixture.{index}.image_folder"] = source.get("image_folder")
         flat[f"data.mixture.{index}.take"] = source.get("take", "all")
     settings = {key: value for key, value in flat.items() if key not in OPERATIONAL_KEYS | inert_keys(flat)}

@@ -247,8 +247,12 @@ def run_training(config: RunConfig) -> Path | None:
     d = config.data
     encoder = conversation_tokenizer(bundle, d.prompt_format, dict(d.template_kwargs))
     max_length = min(d.max_length, d.pack_max_tokens) if d.packing else d.max_length
-    dataset = SupervisedDataset(d.mixture, encoder, bundle.image_processor, max_length, d.image_aspect,
-                                d.on_bad_sample, d.length_estimate, system_prompt=d.system_prompt)
+    args = training_arguments(config)
+    # One process per node reads the corpus and writes the row indexes (data.index); the others
+    # wait, then map what it wrote from the datasets cache (its file lock covers a shared cache).
+    with args.main_process_first(local=True, desc="data index"):
+        dataset = SupervisedDataset(d.mixture, encoder, bundle.image_processor, max_length, d.image_aspect,
+                                    d.on_bad_sample, d.length_estimate, system_prompt=d.system_prompt)
     pad_id = bundle.tokenizer.pad_token_id
 
     def collate_fn(examples):
@@ -271,7 +275,7 @@ def run_training(config: RunConfig) -> Path | None:
             print(f"[llava-norm] model.scale_value auto: c = T / mean norm of the projected visual tokens of "
                   f"{CALIBRATION_IMAGES} training images = {value:.6g} (stored with the checkpoint)")
     trainer = LlavaNormTrainer(
-        model=bundle.model, args=training_arguments(config), train_dataset=train_dataset,
+        model=bundle.model, args=args, train_dataset=train_dataset,
         data_collator=train_collate, loss_kind=t.loss,
         optim_config=config.optim, group_by_modality_length=config.data.group_by_modality_length,
         norm_stats_steps=t.norm_stats_steps, keep_checkpoints=t.save_total_limit,
