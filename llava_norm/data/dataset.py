@@ -18,12 +18,14 @@ the lengths and the positions of the good rows, not the rows: those stay memory-
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 from torch.utils.data import Dataset
 
 from llava_norm.config import DataSource, parse_take
@@ -58,6 +60,11 @@ def take_count(total: int, take: str, key: str) -> int:
     if kind == "percent":
         return int(total * amount / 100)
     return total
+
+
+def _flags(values) -> np.ndarray:
+    """An Arrow boolean column as a numpy bool array."""
+    return values.to_numpy(zero_copy_only=False).astype(bool) if len(values) else np.zeros(0, bool)
 
 
 class Rows:
@@ -105,23 +112,25 @@ class SupervisedDataset(Dataset):
         for i, source in enumerate(mixture):
             resolved = resolve(source, f"data.mixture[{i}]")
             index = load_index(resolved, encoder, system_prompt, count_tokens=length_estimate == "tokens")
-            table = index.data  # Arrow columns, memory-mapped: no row is turned into Python here
-            position = table.column("position").to_numpy(zero_copy_only=False)
-            whole = position == WHOLE_FILE
-            rows = np.flatnonzero(~whole)
-            rows = rows[:take_count(len(rows), source.take, f"data.mixture[{i}].take")]
+            table = index.data  # Arrow columns, memory-mapped: no row or string becomes a Python object here
+            whole = _flags(pc.equal(table.column("position"), WHOLE_FILE))
+            position_rows = np.flatnonzero(~whole)
+            rows = position_rows[:take_count(len(position_rows), source.take, f"data.mixture[{i}].take")]
             taken = np.sort(np.concatenate([np.flatnonzero(whole), rows]))
-            bad = taken[table.column("cause").to_numpy(zero_copy_only=False)[taken] != ""]
+            bad = taken[~_flags(pc.equal(table.column("cause"), ""))[taken]]
             for entry in index.select(bad).select_columns(["file", "row_id", "cause", "message"]):
                 self.reject(BadSampleError(entry["message"], file=str(resolved.files[entry["file"]]),
                                            row=entry["row_id"], cause=entry["cause"]))
+            if resolved.expected_rows is not None and len(position_rows) != resolved.expected_rows:
+                log.warning("data.mixture[%d]: its card says %d rows, its %d shards hold %d: a partial download?",
+                            i, resolved.expected_rows, len(resolved.files), len(position_rows))
             good = np.setdiff1d(taken, bad, assume_unique=True)
             counts = table.column("tokens" if length_estimate == "tokens" else "words").to_numpy()
-            images = table.column("image").to_numpy(zero_copy_only=False)
+            images = ~_flags(pc.equal(table.column("image"), ""))
             where_source.append(np.full(len(good), i, dtype=np.int32))
             where_row.append(good.astype(np.int64))
             lengths.append(counts[good].astype(np.int64))
-            has_image.append(images[good] != "")
+            has_image.append(images[good])
             self.sources.append(resolved)
             self.indexes.append(index)
         self.where_source = np.concatenate(where_source) if where_source else np.zeros(0, np.int32)
@@ -165,7 +174,7 @@ class SupervisedDataset(Dataset):
         elif entry["image"]:
             image = Path(source.image_folder or file.parent) / entry["image"]
         # the system turn is part of the row: packing's exact lengths count it too
-        return Row(str(file), entry["row_id"], with_system(entry["messages"], self.system_prompt), image,
+        return Row(str(file), entry["row_id"], with_system(json.loads(entry["messages"]), self.system_prompt), image,
                    int(self.lengths[i]))
 
     @cached_property

@@ -28,17 +28,21 @@ log = logging.getLogger(__name__)
 # The code that decides an index's entries: a change to any of them builds new indexes.
 RULE_MODULES = ("rows.py", "sources.py", "index.py", "conversation.py", "prompts.py")
 COUNT_CHUNK = 4096  # rows tokenised per batched tokenizer call
+# A cold build reads and counts shards in parallel, up to MAX_PROCESSES processes, once the
+# source is big enough to pay for starting them.
+MAX_PROCESSES = 32
+PARALLEL_BYTES = 64 << 20
 NO_GROUP = -1  # group / group_row of a row whose image is a file, not embedded
 
 
 def features():
-    from datasets import Features, List, Value
+    from datasets import Features, Value
 
     return Features({
         "file": Value("int32"),  # index into the source's files
         "position": Value("string"),  # "line N" (JSONL), "row N" (parquet), "" (JSON list), "*" (whole file)
         "row_id": Value("string"),
-        "messages": List({"role": Value("string"), "content": Value("string")}),
+        "messages": Value("string"),  # JSON of [{role, content}]: one string encodes fast, a nested list does not
         "image": Value("string"),  # relative path (JSON), sources.EMBEDDED (parquet), "" (text-only)
         "group": Value("int32"),
         "group_row": Value("int32"),
@@ -75,9 +79,10 @@ def index_fingerprint(source: ResolvedSource, counting: dict) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def _entries(source: ResolvedSource):
+def _entries(source: ResolvedSource, files: list[int]):
     """(file index, position, raw row or BadSampleError, group, group row), in file order."""
-    for f, path in enumerate(source.files):
+    for f in files:
+        path = source.files[f]
         try:
             if source.kind == "llava_json":
                 for index, (line, raw) in enumerate(read_entries(path)):
@@ -89,13 +94,16 @@ def _entries(source: ResolvedSource):
             yield f, WHOLE_FILE, error, NO_GROUP, NO_GROUP
 
 
-def _generate(source: ResolvedSource, encoder: ConversationTokenizer, system_prompt: str | None, count_tokens: bool):
+def _generate(files: list[int], source: ResolvedSource, encoder: ConversationTokenizer, system_prompt: str | None,
+              count_tokens: bool):
+    """The entries of ``files`` (indexes into ``source.files``); datasets splits the list into
+    contiguous runs, one per process, and keeps their order."""
     first = source.files[0] if len(source.files) == 1 else f"{len(source.files)} files in {source.files[0].parent}"
-    print(f"[llava-norm] data index (rank {os.environ.get('RANK', '0')}): checking every row of {first} once"
+    if files and files[0] == 0:  # the process that reads the first file speaks for all of them
+        print(f"[llava-norm] data index (rank {os.environ.get('RANK', '0')}): checking every row of {first} once"
           f"{' and counting its tokens' if count_tokens else ''}; later starts map it from the datasets cache",
-          flush=True)
+              flush=True)
     pending: list[dict] = []
-    rows_seen = 0
 
     def flush():
         good = [e for e in pending if not e["cause"]]
@@ -103,11 +111,13 @@ def _generate(source: ResolvedSource, encoder: ConversationTokenizer, system_pro
             counts = encoder.count_tokens([with_system(e["messages"], system_prompt) for e in good])
             for entry, count in zip(good, counts):
                 entry["tokens"] = count
+        for entry in pending:
+            entry["messages"] = json.dumps(entry["messages"], ensure_ascii=False)
         yield from pending
         pending.clear()
 
     index_in_file, current = 0, -1
-    for f, position, raw, group, group_row in _entries(source):
+    for f, position, raw, group, group_row in _entries(source, files):
         if f != current:
             current, index_in_file = f, 0
         entry = {"file": f, "position": position, "row_id": "", "messages": [], "image": "", "group": group,
@@ -122,14 +132,10 @@ def _generate(source: ResolvedSource, encoder: ConversationTokenizer, system_pro
             entry.update(row_id=error.row, cause=error.cause, message=str(error))
         if position != WHOLE_FILE:
             index_in_file += 1
-            rows_seen += 1
         pending.append(entry)
         if len(pending) >= COUNT_CHUNK:
             yield from flush()
     yield from flush()
-    if source.expected_rows is not None and rows_seen != source.expected_rows:
-        log.warning("the dataset card says %d rows, its shards hold %d: a partial download? (%d shards)",
-                    source.expected_rows, rows_seen, len(source.files))
 
 
 def load_index(source: ResolvedSource, encoder: ConversationTokenizer, system_prompt: str | None,
@@ -139,6 +145,10 @@ def load_index(source: ResolvedSource, encoder: ConversationTokenizer, system_pr
     from datasets import Dataset
 
     key = index_fingerprint(source, counting_key(encoder, system_prompt, count_tokens))
+    size = sum(f.stat().st_size for f in source.files)
+    processes = min(len(source.files), os.cpu_count() or 1, MAX_PROCESSES) if size >= PARALLEL_BYTES else 1
     return Dataset.from_generator(_generate, features=features(), fingerprint=key,
-                                  gen_kwargs={"source": source, "encoder": encoder, "system_prompt": system_prompt,
+                                  num_proc=processes if processes > 1 else None,
+                                  gen_kwargs={"files": list(range(len(source.files))), "source": source,
+                                              "encoder": encoder, "system_prompt": system_prompt,
                                               "count_tokens": count_tokens})
