@@ -16,6 +16,7 @@ IMAGE_PLACEHOLDER = "<image>"
 IGNORE_INDEX = -100
 ROLES = ("system", "user", "assistant")
 _SENTINEL = "\ue000{}\ue001"  # private-use code points: never in real text, never trimmed
+MAX_PROBES = 4096  # distinct role sequences whose template rendering is kept
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class ChatTemplateFormat:
         self.tokenizer = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
         self.end_of_turn = end_of_turn or tokenizer.eos_token
+        self._probes: dict[tuple, str] = {}
         probe = self.render([{"role": "user", "content": " " + _SENTINEL.format(0) + " "}], False)
         self.trims_content = " " + _SENTINEL.format(0) + " " not in probe
 
@@ -56,8 +58,15 @@ class ChatTemplateFormat:
         )
 
     def segments(self, messages: list[dict], add_generation_prompt: bool = False) -> list[Segment]:
-        probe = [{"role": m["role"], "content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
-        text = self.render(probe, add_generation_prompt)
+        # The probe holds sentinels, not contents, so its rendering depends on the roles alone:
+        # rendered once per sequence of roles (Jinja costs more than tokenising the row).
+        roles = (tuple(m["role"] for m in messages), add_generation_prompt)
+        text = self._probes.get(roles)
+        if text is None:
+            probe = [{"role": m["role"], "content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
+            text = self.render(probe, add_generation_prompt)
+            if len(self._probes) < MAX_PROBES:
+                self._probes[roles] = text
         out: list[Segment] = []
         pos, after_assistant = 0, False
         for i, message in enumerate(messages):
