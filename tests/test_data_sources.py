@@ -39,7 +39,7 @@ def corpus(tmp_path):
 
 
 def _same_samples(a: SupervisedDataset, b: SupervisedDataset) -> None:
-    assert len(a) == len(b) and a.modality_lengths == b.modality_lengths
+    assert len(a) == len(b) and a.modality_lengths.tolist() == b.modality_lengths.tolist()
     for i in range(len(a)):
         x, y = a[i], b[i]
         assert (x.sample_id, x.input_ids, x.labels) == (y.sample_id, y.input_ids, y.labels)
@@ -156,3 +156,31 @@ def test_memory_holds_positions_not_rows(bundle, corpus):
     assert dataset.where.dtype.kind == "i" and dataset.lengths.shape == (len(dataset),)
     assert not hasattr(dataset, "__dict__") or not any(isinstance(v, list) and len(v) == len(dataset)
                                                        for k, v in vars(dataset).items() if k != "rejected")
+
+
+def test_records_fingerprint_globs_and_hub_snapshots(tiny_dir, corpus, tmp_path, monkeypatch):
+    """A run's provenance sees a changed shard behind a glob or a hub id (pipeline reuse rests on it)."""
+    from llava_norm.config import load_config
+    from llava_norm.provenance import differences
+    from llava_norm.train.record import training_record
+
+    data, images, next_dir = corpus
+    _hub_cache(tmp_path, monkeypatch, next_dir)
+    snapshot = tmp_path / "hub" / "datasets--org--next" / "snapshots" / COMMIT
+    base = [f"model.vision_tower={tiny_dir}/siglip", f"model.llm={tiny_dir}/llama", f"train.output_dir={tmp_path}/out",
+            "model.pretrained_projector=null"]
+
+    def record(source: str):
+        return training_record(load_config("configs/tiny/none/stage2.yaml", [*base, f"data.mixture=[{source}]"]), 1)
+
+    by_glob, by_hub = record(f"{{path: '{next_dir}/data/*.parquet'}}"), record("{hub: org/next, revision: main}")
+    assert by_hub.inputs["data.mixture.0.hub"]["path"] == str(snapshot)
+    assert by_hub.config["data.mixture.0.revision"] == "main"
+    shard = next((snapshot / "data").glob("*.parquet"))
+    shard.write_bytes(shard.read_bytes() + b"\0")
+    for shard in (next_dir / "data").glob("*.parquet"):
+        shard.write_bytes(shard.read_bytes() + b"\0")
+    assert [d.split(" (")[0] for d in differences(by_glob, record(f"{{path: '{next_dir}/data/*.parquet'}}"))] == [
+        "input data.mixture.0.path changed"]
+    assert [d.split(" (")[0] for d in differences(by_hub, record("{hub: org/next, revision: main}"))] == [
+        "input data.mixture.0.hub changed"]

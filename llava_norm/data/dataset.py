@@ -178,11 +178,11 @@ class SupervisedDataset(Dataset):
                    int(self.lengths[i]))
 
     @cached_property
-    def modality_lengths(self) -> list[int]:
+    def modality_lengths(self) -> np.ndarray:
         """Positive for samples with an image, negative for text-only (the grouped sampler's
         convention); token counts are cut at max_length, as the samples are."""
         lengths = np.minimum(self.lengths, self.max_length) if self.length_estimate == "tokens" else self.lengths
-        return np.where(self.has_image, lengths, -lengths).tolist()
+        return np.where(self.has_image, lengths, -lengths)
 
     def build(self, row: Row) -> Example:
         where = dict(file=row.source, row=row.row_id)

@@ -143,7 +143,8 @@ def parquet_rows(shard: Path) -> Iterator[tuple[str, object, int, int]]:
         first += n
 
 
-_OPEN: dict[str, object] = {}  # per process (each data-loader worker has its own): open shards
+_OPEN: dict[tuple[int, str], object] = {}  # (process id, shard) -> its open reader, oldest first
+MAX_OPEN_SHARDS = 64  # per process: 8 workers x 250 shards would pass the usual 1024 descriptors
 
 
 @dataclass(frozen=True)
@@ -157,11 +158,16 @@ class EmbeddedImage:
     def read_bytes(self) -> bytes:
         import pyarrow.parquet as pq
 
-        reader = _OPEN.get(self.shard)
+        key = (os.getpid(), self.shard)  # a reader opened before a fork stays with its process
+        reader = _OPEN.get(key)
         if reader is None:
-            reader = _OPEN[self.shard] = pq.ParquetFile(self.shard, memory_map=True)
-        # Parquet's smallest readable unit is a row group's column chunk (hub shards: ~100 rows)
-        value = reader.read_row_group(self.group, columns=[IMAGE_COLUMN]).column(0)[self.row].as_py()
+            if len(_OPEN) >= MAX_OPEN_SHARDS:  # each open shard holds a file descriptor
+                _OPEN.pop(next(iter(_OPEN))).close()
+            reader = _OPEN[key] = pq.ParquetFile(self.shard, memory_map=True)
+        # Parquet's smallest readable unit is a row group's column chunk (hub shards: ~100 rows);
+        # one column of one group gains nothing from Arrow's thread pool
+        table = reader.read_row_group(self.group, columns=[IMAGE_COLUMN], use_threads=False)
+        value = table.column(0)[self.row].as_py()
         data = (value or {}).get("bytes")
         if data is None:
             raise FileNotFoundError(f"{self} has no embedded bytes")
