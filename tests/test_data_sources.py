@@ -184,3 +184,18 @@ def test_records_fingerprint_globs_and_hub_snapshots(tiny_dir, corpus, tmp_path,
         "input data.mixture.0.path changed"]
     assert [d.split(" (")[0] for d in differences(by_hub, record("{hub: org/next, revision: main}"))] == [
         "input data.mixture.0.hub changed"]
+
+
+def test_an_image_folder_without_the_images_is_refused_at_load(bundle, tmp_path, caplog):
+    """The 558K check of the image folder: none of the sampled images there is a config error
+    (before any step), some missing a warning (those rows are skipped when drawn)."""
+    data, images = write_dataset(tmp_path / "json", n=6)
+    nested = tmp_path / "unzipped"
+    (nested / "images").parent.mkdir()
+    images.rename(nested / "images")  # the unzip added a level of folders
+    with pytest.raises(ConfigError, match=r"data.mixture\[0\].image_folder': none of 6 images sampled .* under "):
+        _dataset(bundle, DataSource(path=str(data), image_folder=str(nested)))
+    (nested / "images" / "0003.png").unlink()
+    with caplog.at_level("WARNING"):
+        dataset = _dataset(bundle, DataSource(path=str(data), image_folder=str(nested / "images")))
+    assert "1 of 6 images sampled" in caplog.text and len(dataset) == 6

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from torch.utils.data import Dataset
 
 from llava_norm.config import DataSource, parse_take
-from llava_norm.config_schema import LENGTH_ESTIMATES
+from llava_norm.config_schema import LENGTH_ESTIMATES, ConfigError
 from llava_norm.data.collate import Example
 from llava_norm.data.conversation import ConversationTokenizer, conversation_tokenizer
 from llava_norm.data.images import BadImageError
@@ -41,6 +41,7 @@ from llava_norm.data.sources import EMBEDDED, EmbeddedImage, ResolvedSource, res
 
 log = logging.getLogger(__name__)
 MAX_REPLACEMENTS = 32
+IMAGE_PROBES = 64  # rows whose image file is looked for at every start
 
 
 @dataclass
@@ -65,6 +66,26 @@ def take_count(total: int, take: str, key: str) -> int:
 def _flags(values) -> np.ndarray:
     """An Arrow boolean column as a numpy bool array."""
     return values.to_numpy(zero_copy_only=False).astype(bool) if len(values) else np.zeros(0, bool)
+
+
+def _probe_image_folder(index, source: ResolvedSource, with_image: np.ndarray, key: str) -> None:
+    """The 558K check of the image folder, at every start and cheaply: are the images of
+    IMAGE_PROBES rows, spread over the source, where the rows say? None found is a wrong
+    ``image_folder`` (an unzip that added a level of folders, say): an error now rather than
+    every row skipped when drawn. Some missing is a warning: those rows are skipped when drawn."""
+    if source.kind != "llava_json" or not len(with_image):
+        return
+    picks = with_image[np.linspace(0, len(with_image) - 1, min(IMAGE_PROBES, len(with_image))).astype(np.int64)]
+    folder = Path(source.image_folder or source.files[0].parent)
+    names = index.select(picks)["image"]
+    missing = [name for name in names if not (folder / name).is_file()]
+    if len(missing) == len(names):
+        raise ConfigError(f"key '{key}.image_folder': none of {len(names)} images sampled from {source.files[0]} is "
+                          f"under {folder} (e.g. {folder / missing[0]}); point image_folder at the folder that "
+                          "holds the rows' image paths")
+    if missing:
+        log.warning("%s: %d of %d images sampled from %s are missing under %s (e.g. %s); rows without their image "
+                    "are skipped when drawn", key, len(missing), len(names), source.files[0], folder, missing[0])
 
 
 class Rows:
@@ -127,6 +148,7 @@ class SupervisedDataset(Dataset):
             good = np.setdiff1d(taken, bad, assume_unique=True)
             counts = table.column("tokens" if length_estimate == "tokens" else "words").to_numpy()
             images = ~_flags(pc.equal(table.column("image"), ""))
+            _probe_image_folder(index, resolved, good[images[good]], f"data.mixture[{i}]")
             where_source.append(np.full(len(good), i, dtype=np.int32))
             where_row.append(good.astype(np.int64))
             lengths.append(counts[good].astype(np.int64))

@@ -33,6 +33,7 @@ from llava_norm.data.dataset import MAX_REPLACEMENTS, BadSampleError
 from llava_norm.data.sampler import ShuffledSampler
 
 log = logging.getLogger(__name__)
+LENGTH_CHUNK = 8192  # rows whose exact lengths are taken per batch of tokenizer calls
 
 
 def plan_packs(lengths: list[int], budget: int, seed: int) -> list[list[int]]:
@@ -84,8 +85,11 @@ class PackedDataset(Dataset):
 
     @cached_property
     def lengths(self) -> list[int]:
-        return self.samples.encoder.encoded_lengths([row.messages for row in self.samples.rows],
-                                                    self.samples.max_length)
+        rows, out = self.samples.rows, []
+        for start in range(0, len(rows), LENGTH_CHUNK):  # the rows stay in the index: a chunk at a time
+            part = [rows[i].messages for i in range(start, min(start + LENGTH_CHUNK, len(rows)))]
+            out += self.samples.encoder.encoded_lengths(part, self.samples.max_length)
+        return out
 
     @cached_property
     def packs(self) -> list[list[int]]:
