@@ -4,7 +4,10 @@ dataset id from the local cache; the same samples byte for byte; bad shards and 
 skip|error policy; the row index reused only when files, code and tokenizer match."""
 
 import json
+import os
 import shutil
+
+import numpy as np
 
 import pytest
 import torch
@@ -68,9 +71,10 @@ def test_every_source_kind_gives_the_same_samples(bundle, corpus, tmp_path, monk
         _same_samples(reference, parquet)
         assert all(type(row.image).__name__ == "EmbeddedImage" for row in parquet.rows if row.image)
     monkeypatch.setattr(data_index, "PARALLEL_BYTES", 0)  # shards read by two processes: the order holds
+    monkeypatch.setattr(data_index.os, "cpu_count", lambda: 2)
     _same_samples(_dataset(bundle, DataSource(path=str(data), image_folder=str(images)), system_prompt="Hi."),
                   _dataset(bundle, DataSource(path=str(next_dir)), system_prompt="Hi."))
-    # a single shard and a share of the rows: the first 5 of the shard's rows, in order
+    # a single shard and a share of the rows: the first 3 of the shard's rows, in order
     shard = sorted((next_dir / "data").glob("*.parquet"))[0]
     part = _dataset(bundle, DataSource(path=str(shard), take="first:3"))
     assert [row.row_id for row in part.rows] == [row.row_id for row in reference.rows][:3]
@@ -146,6 +150,10 @@ def test_index_is_reused_only_when_files_code_and_tokenizer_match(bundle, corpus
     monkeypatch.setattr(data_index, "RULE_MODULES", (*data_index.RULE_MODULES, "dataset.py"))  # other code
     _dataset(bundle, source)
     assert builds() == 5
+    shard = next((next_dir / "data").glob("*.parquet"))
+    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 10**9))  # an edit the sampled
+    _dataset(bundle, source)                                   # fingerprint of a big file could miss
+    assert builds() == 6
 
 
 def test_memory_holds_positions_not_rows(bundle, corpus):
@@ -153,9 +161,8 @@ def test_memory_holds_positions_not_rows(bundle, corpus):
     data, images, _ = corpus
     dataset = _dataset(bundle, DataSource(path=str(data), image_folder=str(images)))
     assert all(index.cache_files for index in dataset.indexes)  # memory-mapped from disk, not in memory
-    assert dataset.where.dtype.kind == "i" and dataset.lengths.shape == (len(dataset),)
-    assert not hasattr(dataset, "__dict__") or not any(isinstance(v, list) and len(v) == len(dataset)
-                                                       for k, v in vars(dataset).items() if k != "rejected")
+    held = {k: v for k, v in vars(dataset).items() if isinstance(v, (list, tuple, dict)) and len(v) >= len(dataset)}
+    assert held == {} and isinstance(dataset.modality_lengths, np.ndarray)
 
 
 def test_records_fingerprint_globs_and_hub_snapshots(tiny_dir, corpus, tmp_path, monkeypatch):
@@ -199,3 +206,30 @@ def test_an_image_folder_without_the_images_is_refused_at_load(bundle, tmp_path,
     with caplog.at_level("WARNING"):
         dataset = _dataset(bundle, DataSource(path=str(data), image_folder=str(nested / "images")))
     assert "1 of 6 images sampled" in caplog.text and len(dataset) == 6
+
+
+def test_hub_layout_problems_are_named(bundle, corpus, tmp_path, monkeypatch):
+    """A card whose row count the shards do not reach (a partial download), and a shard whose
+    image column is not the hub's struct, follow the bad-sample policy like any bad input."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data, images, next_dir = corpus
+    card = next_dir / "README.md"
+    card.write_text(card.read_text().replace("num_examples: 14", "num_examples: 20"))
+    _hub_cache(tmp_path, monkeypatch, next_dir)
+    dataset = _dataset(bundle, DataSource(hub="org/next"))
+    assert [(r["row"], r["cause"]) for r in dataset.rejected] == [("*", "rows_missing")] and len(dataset) == 14
+    assert "the dataset card says 20 rows, its 3 shards in" in dataset.rejected[0]["message"]
+    with pytest.raises(BadSampleError, match="hold 14: a partial download"):
+        _dataset(bundle, DataSource(hub="org/next"), policy="error")
+
+    odd = tmp_path / "odd" / "[v1] shards"  # brackets in a real folder name: not a glob
+    odd.mkdir(parents=True)
+    pq.write_table(pa.table({"id": ["x"], "conversations": [[{"from": "human", "value": "<image>\nhi"},
+                                                              {"from": "gpt", "value": "yo"}]],
+                             "image": [b"raw bytes"]}), odd / "part.parquet")
+    shutil.copy(sorted((next_dir / "data").glob("*.parquet"))[0], odd / "good.parquet")
+    dataset = _dataset(bundle, DataSource(path=str(odd)))
+    assert [(r["row"], r["cause"]) for r in dataset.rejected] == [("*", "bad_columns")]
+    assert "column 'image' is binary, not the hub's image struct" in dataset.rejected[0]["message"]

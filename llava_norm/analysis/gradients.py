@@ -34,7 +34,8 @@ def training_batch(bundle, data: str | Path, image_folder: str | Path | None = N
     """The first ``batch_size`` samples of a LLaVA json, tokenised and collated as training does,
     with ``settings`` (a checkpoint's training-run prompt settings; None: the training defaults)."""
     source = DataSource(path=str(data), image_folder=str(image_folder) if image_folder else None)
-    dataset = SupervisedDataset.from_settings([source], bundle, settings or PromptSettings(), max_length=4096)
+    dataset = SupervisedDataset.from_settings([source], bundle, settings or PromptSettings(), max_length=4096,
+                                              length_estimate="words")  # a few samples: no token counts needed
     return collate([dataset[i] for i in range(min(batch_size, len(dataset)))], bundle.tokenizer.pad_token_id)
 
 

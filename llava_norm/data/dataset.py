@@ -37,7 +37,7 @@ from llava_norm.data.index import load_index
 from llava_norm.data.prompts import PromptEncoder, PromptSettings, with_system
 from llava_norm.data.rows import (ROLE_MAP, SKIP_CAUSES, WHOLE_FILE, BadSampleError, check_row,  # noqa: F401 (re-exported)
                                   count_by_cause, read_entries, read_rows_file)
-from llava_norm.data.sources import EMBEDDED, EmbeddedImage, ResolvedSource, resolve
+from llava_norm.data.sources import EmbeddedImage, ResolvedSource, resolve
 
 log = logging.getLogger(__name__)
 MAX_REPLACEMENTS = 32
@@ -143,8 +143,11 @@ class SupervisedDataset(Dataset):
                 self.reject(BadSampleError(entry["message"], file=str(resolved.files[entry["file"]]),
                                            row=entry["row_id"], cause=entry["cause"]))
             if resolved.expected_rows is not None and len(position_rows) != resolved.expected_rows:
-                log.warning("data.mixture[%d]: its card says %d rows, its %d shards hold %d: a partial download?",
-                            i, resolved.expected_rows, len(resolved.files), len(position_rows))
+                self.reject(BadSampleError(  # bad input like any other: an error, or a warning and a record
+                    f"data.mixture[{i}]: the dataset card says {resolved.expected_rows} rows, its {len(resolved.files)} "
+                    f"shards in {resolved.files[0].parent} hold {len(position_rows)}: a partial download? Run the "
+                    "download again (data/README.md)", file=str(resolved.files[0].parent), row=WHOLE_FILE,
+                    cause="rows_missing"))
             good = np.setdiff1d(taken, bad, assume_unique=True)
             counts = table.column("tokens" if length_estimate == "tokens" else "words").to_numpy()
             images = ~_flags(pc.equal(table.column("image"), ""))
@@ -190,7 +193,7 @@ class SupervisedDataset(Dataset):
         source, entry = self.sources[s], self.indexes[s][int(self.where[i])]
         file = source.files[entry["file"]]
         image = None
-        if entry["image"] == EMBEDDED:
+        if entry["image"] and source.kind == "parquet":
             image = EmbeddedImage(str(file), entry["group"], entry["group_row"],
                                   f"{file}: row {entry['row_id']} ({entry['position']}), embedded image")
         elif entry["image"]:

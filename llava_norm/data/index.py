@@ -74,7 +74,9 @@ def index_fingerprint(source: ResolvedSource, counting: dict) -> str:
     here = Path(__file__).resolve().parent
     for name in RULE_MODULES:
         code.update((here / name).read_bytes())
-    spec = {"kind": source.kind, "files": [[str(f), fingerprint(f)] for f in source.files],
+    # the content fingerprint samples a big file; its size and modification time catch an edit in between
+    spec = {"kind": source.kind,
+            "files": [[str(f), fingerprint(f), f.stat().st_size, f.stat().st_mtime_ns] for f in source.files],
             "image_folder": source.image_folder, "code": code.hexdigest(), "counting": counting}
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:32]
 

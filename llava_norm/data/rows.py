@@ -35,6 +35,7 @@ SKIP_CAUSES = (
     *IMAGE_CAUSES,  # missing, empty, unreadable, too large, truncated, corrupt image (when drawn)
     "shard_unreadable",  # a parquet shard that cannot be opened or read (row "*", or its row group)
     "bad_columns",  # a parquet shard without the hub layout's columns (row "*")
+    "rows_missing",  # a hub dataset's shards hold fewer rows than its card says (row "*": a partial download)
 )
 WHOLE_FILE = "*"  # the ``row`` of a record that drops a whole file
 
@@ -125,7 +126,7 @@ def read_rows_file(path: Path) -> list:
 def check_row(raw, source: str, index: int, position: str | None = None) -> CheckedRow:
     """Validate one LLaVA row; raises BadSampleError naming the file and row id (and its
     position in the file, a JSONL line or a parquet row, where the format has one)."""
-    row_id = str(raw.get("id", f"#{index}")) if isinstance(raw, dict) else f"#{index}"
+    row_id = str(raw["id"]) if isinstance(raw, dict) and raw.get("id") is not None else f"#{index}"
     where = f"{source}: row {row_id}" + (f" ({position})" if position else "")
 
     def bad(message: str, cause: str = "bad_conversation") -> BadSampleError:

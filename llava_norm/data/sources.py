@@ -48,7 +48,8 @@ def resolve(source: DataSource, key: str) -> ResolvedSource:
     if source.hub:
         return _resolve_hub(source, key)
     path = os.path.expanduser(source.path)
-    if Path(path).suffix in JSON_SUFFIXES and not _glob_chars(path):
+    pattern = _glob_chars(path) and not Path(path).exists()  # an existing path is itself, brackets and all
+    if Path(path).suffix in JSON_SUFFIXES and not pattern:
         if not Path(path).is_file():
             raise ConfigError(f"key '{key}.path': file not found: {path}")
         return ResolvedSource("llava_json", (Path(path),), source.image_folder)
@@ -56,7 +57,7 @@ def resolve(source: DataSource, key: str) -> ResolvedSource:
         raise ConfigError(f"key '{key}.image_folder': {path} is parquet, whose images are embedded; remove it")
     if Path(path).is_dir():
         files = sorted(Path(path).rglob("*.parquet"))
-    elif _glob_chars(path):
+    elif pattern:
         files = sorted(Path(p) for p in glob.glob(path, recursive=True) if Path(p).is_file())
     elif Path(path).is_file() and Path(path).suffix == ".parquet":
         files = [Path(path)]
@@ -125,6 +126,11 @@ def parquet_rows(shard: Path) -> Iterator[tuple[str, object, int, int]]:
     if missing:
         raise BadSampleError(f"{shard}: no column {missing[0]!r} (columns: {names}); expected the hub layout of "
                              "lmms-lab/LLaVA-NeXT-Data", file=str(shard), row=WHOLE_FILE, cause="bad_columns")
+    if IMAGE_COLUMN in names:
+        image = reader.schema_arrow.field(IMAGE_COLUMN).type
+        if not pa.types.is_struct(image) or image.get_field_index("bytes") < 0 or image.get_field_index("path") < 0:
+            raise BadSampleError(f"{shard}: column 'image' is {image}, not the hub's image struct<bytes, path>",
+                                 file=str(shard), row=WHOLE_FILE, cause="bad_columns")
     columns = [*TEXT_COLUMNS, *([f"{IMAGE_COLUMN}.path"] if IMAGE_COLUMN in names else [])]
     first = 0
     for group in range(reader.num_row_groups):
