@@ -141,12 +141,57 @@ def show(label: str, reports: list[dict]) -> None:
               f"memory: anon {m['anon']:7.1f} MiB, mapped {m['file']:7.1f} MiB, peak {m['peak']:7.1f} MiB")
 
 
+def draw_cost(work: Path, tokenizer_dir: Path, rows: int = 1000, draws: int = 300) -> tuple[float, float]:
+    """Milliseconds per sample drawn (image read, decoded, preprocessed to 384 x 384; tokens
+    encoded) from JSON + an image folder and from the same rows as parquet shards, with
+    photo-sized JPEGs (~100 KB; the hub's shards hold ~100 images per row group, all read for one)."""
+    from PIL import Image
+    from transformers import SiglipImageProcessorPil
+
+    from llava_norm.config import DataSource
+    from llava_norm.data.conversation import IMAGE_PLACEHOLDER, ConversationTokenizer, make_prompt_format
+    from llava_norm.data.dataset import SupervisedDataset
+    from llava_norm.model.builder import load_tokenizer
+    from llava_norm_demo.synth.next_parquet import write_next_layout
+
+    folder, rng = work / "draw", np.random.default_rng(1)
+    if not (folder / "next" / "README.md").is_file():
+        (folder / "images").mkdir(parents=True, exist_ok=True)
+        table = []
+        for i in range(rows):
+            pixels = rng.integers(0, 256, (48, 48, 3), np.uint8).repeat(10, 0).repeat(10, 1)  # 480 x 480, blocky
+            Image.fromarray(pixels).save(folder / "images" / f"{i:05d}.jpg", quality=90)
+            table.append({"id": f"d{i}", "image": f"{i:05d}.jpg", "conversations": [
+                {"from": "human", "value": "<image>\nDescribe the image."}, {"from": "gpt", "value": "Squares."}]})
+        (folder / "rows.json").write_text(json.dumps(table))
+        write_next_layout(table, folder / "images", folder / "next", shards=2)
+    tokenizer = load_tokenizer(str(tokenizer_dir))
+    encoder = ConversationTokenizer(tokenizer, make_prompt_format(tokenizer, "chat", {"date_string": "26 Jul 2024"}),
+                                    tokenizer.convert_tokens_to_ids(IMAGE_PLACEHOLDER), 729)
+    processor = SiglipImageProcessorPil(size={"height": 384, "width": 384})
+    datasets = [SupervisedDataset([source], encoder, processor, 4096, length_estimate="words") for source in
+                (DataSource(path=str(folder / "rows.json"), image_folder=str(folder / "images")),
+                 DataSource(path=str(folder / "next")))]
+    order, spent = rng.permutation(rows)[:draws].tolist(), [0.0, 0.0]
+    for i in order:  # interleaved, so load from elsewhere hits both alike
+        for k, dataset in enumerate(datasets):
+            t = time.perf_counter()
+            dataset[i]
+            spent[k] += time.perf_counter() - t
+    kib = sum(f.stat().st_size for f in (folder / "images").iterdir()) / rows / 1024
+    print(f"drawing a sample ({kib:.0f} KiB JPEG, 384 x 384 preprocessing), {draws} random rows of {rows}: "
+          f"{1000 * spent[0] / draws:.1f} ms from JSON + folder, {1000 * spent[1] / draws:.1f} ms from parquet "
+          f"(ratio {spent[1] / spent[0]:.2f})")
+    return spent[0] / draws, spent[1] / draws
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=779_289)
     parser.add_argument("--shards", type=int, default=250)
     parser.add_argument("--ranks", type=int, default=2, help="warm processes started at once")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--draw-only", action="store_true", help="only the per-sample draw cost (a minute)")
     parser.add_argument("--work", type=Path, help="where the corpora go (kept between runs); default a temp dir")
     parser.add_argument("--rank", help=argparse.SUPPRESS)
     parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
@@ -159,6 +204,10 @@ def main() -> None:
 
     if not (work / "tiny" / "llama" / "config.json").is_file():
         make_tiny(work / "tiny", seed=0)
+    if args.draw_only:
+        os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="datasets-cache-")
+        draw_cost(work, work / "tiny" / "llama")
+        return
     small = max(1, args.rows // 10), max(1, args.shards // 10)
     warm_firsts, anon = [], {}
     for rows, shards in (small, (args.rows, args.shards)):
@@ -184,6 +233,9 @@ def main() -> None:
     print(f"anon memory per rank: {anon[rows_small]:,.0f} MiB at {rows_small:,} rows, {anon[rows_big]:,.0f} MiB "
           f"at {rows_big:,} rows: {per_row:.0f} bytes per row (the sampler's lengths and order, the good rows' "
           "positions); the rows themselves stay memory-mapped")
+    with tempfile.TemporaryDirectory(prefix="datasets-cache-") as cache:
+        os.environ["HF_DATASETS_CACHE"] = cache  # read when datasets is imported, which draw_cost does first
+        draw_cost(work, work / "tiny" / "llama")
     print(f"(one measurement on this machine: {os.cpu_count()} CPUs; REPO {REPO_ROOT.name})")
 
 
