@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import os
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Iterator
 
@@ -150,6 +151,7 @@ def parquet_rows(shard: Path) -> Iterator[tuple[str, object, int, int]]:
 
 
 _OPEN: dict[tuple[int, str], object] = {}  # (process id, shard) -> its open reader, oldest first
+READ_BATCH = 8  # rows per batch when reading up to an embedded image
 MAX_OPEN_SHARDS = 64  # per process: 8 workers x 250 shards would pass the usual 1024 descriptors
 
 
@@ -170,10 +172,11 @@ class EmbeddedImage:
             if len(_OPEN) >= MAX_OPEN_SHARDS:  # each open shard holds a file descriptor
                 _OPEN.pop(next(iter(_OPEN))).close()
             reader = _OPEN[key] = pq.ParquetFile(self.shard, memory_map=True)
-        # Parquet's smallest readable unit is a row group's column chunk (hub shards: ~100 rows);
-        # one column of one group gains nothing from Arrow's thread pool
-        table = reader.read_row_group(self.group, columns=[IMAGE_COLUMN], use_threads=False)
-        value = table.column(0)[self.row].as_py()
+        # Batches of the one column, up to the row's: reading the whole row group would read all
+        # its images (hub shards: ~100 a group, stored uncompressed), this reads up to the row's page
+        batches = reader.iter_batches(batch_size=READ_BATCH, row_groups=[self.group],
+                                      columns=[f"{IMAGE_COLUMN}.bytes"], use_threads=False)
+        value = next(islice(batches, self.row // READ_BATCH, None)).column(0)[self.row % READ_BATCH].as_py()
         data = (value or {}).get("bytes")
         if data is None:
             raise FileNotFoundError(f"{self} has no embedded bytes")
