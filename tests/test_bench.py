@@ -1,5 +1,5 @@
 """The bench/ scripts' logic (never their timings): the GPU kit's CPU run (which runs gpu_step,
-fused_loss and packing small), the FLOP model, padding count, the dry run's checks."""
+fused_loss and packing small), the FLOP model, padding count, the dry run's checks, data start-up."""
 
 import json
 import os
@@ -116,3 +116,17 @@ def test_dry_run_gwc_check_fails_without_compensation(tiny_dir, monkeypatch):
     monkeypatch.setattr(norm_align._ScaleGradient, "apply", staticmethod(lambda x, factor: x))
     with pytest.raises(AssertionError, match="not equal"):  # the GWC check, the only tensor comparison it breaks
         check_stack(tiny_dir / "siglip", tiny_dir / "llama", dtype="float32")
+
+
+def test_data_startup_measures_a_rank_on_the_next_layout(tmp_path, tiny_dir, capsys):
+    """bench/data_startup.py's pieces at a few rows (its timings are never asserted): the corpus
+    is in the hub layout, a rank reaches its first batch, and both draw paths give samples."""
+    import data_startup
+
+    data_startup.write_corpus(tmp_path / "next", rows=40, shards=2)
+    assert sorted(p.name for p in (tmp_path / "next" / "data").iterdir()) == [
+        "train-00000-of-00002.parquet", "train-00001-of-00002.parquet"]
+    report = data_startup.rank(str(tmp_path / "next" / "data"), workers=0, tokenizer_dir=str(tiny_dir / "llama"))
+    assert report["rows"] == 40 and report["batch_rows"] == 8 and report["mib"]["anon"] > 0
+    json_ms, parquet_ms = data_startup.draw_cost(tmp_path, tiny_dir / "llama", rows=12, draws=4)
+    assert json_ms > 0 and parquet_ms > 0 and "ms from parquet" in capsys.readouterr().out
