@@ -12,8 +12,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-from llava_norm.config_schema import (NORM_ARMS, ConfigError, RunConfig, effective_grad_accum, packing_llm_problem,
-                                      world_size)
+from llava_norm.config_schema import (NORM_ARMS, ConfigError, RunConfig, effective_grad_accum, is_glob,
+                                      packing_llm_problem, world_size)
 from llava_norm.layout import PROJECTOR_PREFIX
 
 
@@ -24,7 +24,7 @@ def check_paths(config: RunConfig) -> None:
     for i, source in enumerate(config.data.mixture):
         if source.hub and not source.path:  # resolved (and downloaded, when online) by the run itself
             continue
-        if any(ch in source.path for ch in "*?[") and not Path(source.path).expanduser().exists():  # shards by glob
+        if is_glob(source.path):  # parquet shards
             if not glob.glob(str(Path(source.path).expanduser()), recursive=True):
                 raise ConfigError(f"key 'data.mixture[{i}].path': no file matches {source.path}")
         else:  # a .json/.jsonl file, or parquet: a shard or a folder of shards (data.sources reads which)

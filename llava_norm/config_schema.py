@@ -40,6 +40,12 @@ class ModelConfig:
     pretrained_projector: Optional[str] = None  # stage 2: projector.safetensors written by stage 1
 
 
+def is_glob(path: str) -> bool:
+    """Whether a data path is a glob: it holds *, ? or [ and names no existing file or folder
+    (an existing path is itself, brackets and all)."""
+    return any(ch in str(path) for ch in "*?[") and not Path(path).expanduser().exists()
+
+
 @dataclass
 class DataSource:
     """One mixture entry (data.sources): ``path`` or ``hub``, never both."""

@@ -39,6 +39,8 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from llava_norm.config_schema import is_glob
+
 RECORD = "provenance.json"
 WHOLE_FILE_BYTES = 16 << 20
 SAMPLED_BLOCKS = 16
@@ -106,7 +108,7 @@ def fingerprint(path: str | Path) -> str:
         return file_fingerprint(p)
     if p.is_dir():
         return folder_fingerprint(p)
-    if any(ch in str(path) for ch in "*?["):
+    if is_glob(str(path)):
         matches = sorted(Path(m) for m in glob.glob(str(path), recursive=True) if Path(m).is_file())
         if matches:
             return hashlib.sha256("".join(f"{m.name}:{file_fingerprint(m)};" for m in matches).encode()).hexdigest()[:20]

@@ -20,7 +20,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Iterator
 
-from llava_norm.config_schema import ConfigError, DataSource
+from llava_norm.config_schema import ConfigError, DataSource, is_glob
 from llava_norm.data.rows import WHOLE_FILE, BadSampleError
 
 JSON_SUFFIXES = (".json", ".jsonl")
@@ -38,10 +38,6 @@ class ResolvedSource:
     expected_rows: int | None = None  # a hub card's row count for the split, to catch a partial download
 
 
-def _glob_chars(text: str) -> bool:
-    return any(ch in text for ch in "*?[")
-
-
 def resolve(source: DataSource, key: str) -> ResolvedSource:
     """The files behind a mixture entry; a ConfigError naming ``key`` when there are none."""
     if bool(source.path) == bool(source.hub):
@@ -49,7 +45,7 @@ def resolve(source: DataSource, key: str) -> ResolvedSource:
     if source.hub:
         return _resolve_hub(source, key)
     path = os.path.expanduser(source.path)
-    pattern = _glob_chars(path) and not Path(path).exists()  # an existing path is itself, brackets and all
+    pattern = is_glob(path)
     if Path(path).suffix in JSON_SUFFIXES and not pattern:
         if not Path(path).is_file():
             raise ConfigError(f"key '{key}.path': file not found: {path}")
