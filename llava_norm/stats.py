@@ -105,6 +105,16 @@ def _as_rows(rows) -> np.ndarray:
     return arr
 
 
+def _same_units(blocks: Sequence[np.ndarray], counts) -> int:
+    """The unit count every seed (and arm) shares. One benchmark scores the same units in every
+    run, so a mismatch means missing results; the resampling would also index past the shorter
+    seeds' rows, or silently ignore the longer ones' extra units."""
+    n = len(blocks[0])
+    if any(len(rows) != n for rows in blocks):
+        raise ValueError(f"every seed and arm must score the same units, got counts {counts}")
+    return n
+
+
 def _resample(arms: Sequence[Sequence[np.ndarray]], statistic: Statistic, resamples: int, seed: int) -> np.ndarray:
     """Bootstrap draws of ``statistic`` for each arm, shape ``(n_arms, resamples)``.
 
@@ -164,10 +174,7 @@ def seed_paired_bootstrap(pairs, statistic: Statistic, *, level: float = 0.95, r
     pairs = [(_as_rows(a), _as_rows(b)) for a, b in pairs]
     if not pairs:
         raise ValueError("no seeds given")
-    n = len(pairs[0][0])
-    if any(len(rows) != n for pair in pairs for rows in pair):  # one benchmark: a mismatch = missing results
-        counts = [(len(a), len(b)) for a, b in pairs]
-        raise ValueError(f"every seed and arm must score the same units, got counts {counts}")
+    n = _same_units([rows for pair in pairs for rows in pair], [(len(a), len(b)) for a, b in pairs])
     draws = _resample([[a for a, _ in pairs], [b for _, b in pairs]], statistic, resamples, seed)
     deltas = draws[1] - draws[0]
     low, high = np.quantile(deltas, [(1 - level) / 2, (1 + level) / 2])
@@ -216,6 +223,9 @@ def seeds_interval(rows_per_seed, statistic: Statistic, *, level: float = 0.95, 
     each), so that neither the seeds' spread nor the units' is left out (identical seeds still
     have item noise). One seed: the bootstrap over units alone."""
     rows = [_as_rows(r) for r in rows_per_seed]
+    if not rows:
+        raise ValueError("no seeds given")
+    _same_units(rows, [len(r) for r in rows])
     if len(rows) == 1:
         return bootstrap_interval(rows[0], statistic, level=level, resamples=resamples, seed=seed)
     draws = _resample([rows], statistic, resamples, seed)[0]

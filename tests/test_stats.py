@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from llava_norm.stats import (
+    _resample,
     Delta,
     Interval,
     binomial_tail,
@@ -68,8 +69,9 @@ def test_planted_effect_is_found_over_seeds():
 
 
 def test_seed_level_spread_widens_the_interval():
-    # Seeds that disagree (true deltas +0.25, 0, +0.05) must give a much wider interval than
-    # pooling their units as if they came from one seed: this fails if seeds are not resampled.
+    # Seeds that disagree (true deltas +0.25, 0, +0.05) give a much wider interval than pooling
+    # their units as if they came from one seed. Either seed resampling or the t widening alone
+    # passes this; the two tests below each catch the loss of one of them.
     rng = np.random.default_rng(3)
     pairs = [_two_arms(rng, p_a=0.5, p_b=0.5 + shift) for shift in (0.25, 0.0, 0.05)]
     hier = seed_paired_bootstrap(pairs, mean_of(0), resamples=1000)
@@ -79,6 +81,35 @@ def test_seed_level_spread_widens_the_interval():
     assert hier.high - hier.low > 1.5 * (pooled.high - pooled.low)
 
 
+@pytest.mark.parametrize("statistic", [mean_of(0), _column_mean], ids=["fast_path", "general_path"])
+def test_the_bootstrap_draws_resample_seeds(statistic):
+    # Every unit of a seed scores the same, so resampling units within a seed changes nothing:
+    # the draws can vary only if the seeds themselves are drawn with replacement. Without seed
+    # resampling every draw is the mean of the five seeds, exactly.
+    seeds = [np.full((40, 1), value) for value in (0.1, 0.3, 0.5, 0.7, 0.9)]
+    draws = _resample([seeds], statistic, resamples=400, seed=0)[0]
+    assert draws.std() == pytest.approx(np.std([0.1, 0.3, 0.5, 0.7, 0.9]) / math.sqrt(5), rel=0.2)
+    # both arms take the same seed draws: a constant shift between arms gives a constant delta
+    shifted = [s + 0.05 for s in seeds]
+    both = _resample([seeds, shifted], statistic, resamples=400, seed=0)
+    np.testing.assert_allclose(both[1] - both[0], 0.05)
+
+
+def test_several_seeds_widen_to_students_t_of_the_per_seed_deltas():
+    # Three seeds with no item noise: the bootstrap over 3 seeds shows their spread only as far
+    # as three values can (about 0.8 sd / sqrt 3 each way); Student's t at df = 2 reaches
+    # 4.3 sd / sqrt 3. The interval must hold the t interval, and the p-value is t's.
+    deltas = (0.02, 0.10, 0.18)
+    pairs = [(np.zeros((30, 1)), np.full((30, 1), d)) for d in deltas]
+    d = seed_paired_bootstrap(pairs, mean_of(0), resamples=2000)
+    t = mean_over_seeds(deltas)
+    assert d.low <= t.low + 1e-12 and d.high >= t.high - 1e-12
+    assert t.low < 0 < d.estimate  # here the t interval, not the bootstrap, is what covers 0
+    assert d.covers_zero and d.p_value == pytest.approx(t_two_sided_p(0.10 / (0.08 / math.sqrt(3)), 2))
+    one_column = seeds_interval([b for _, b in pairs], mean_of(0))
+    assert one_column.low <= t.low + 1e-12 and one_column.high >= t.high - 1e-12
+
+
 def test_one_seed_is_the_paired_bootstrap():
     a, b = _two_arms(np.random.default_rng(4))
     assert seed_paired_bootstrap([(a, b)], mean_of(0), seed=7) == paired_bootstrap(a, b, mean_of(0), seed=7)
@@ -86,8 +117,11 @@ def test_one_seed_is_the_paired_bootstrap():
 
 def test_mismatched_units_are_refused():
     a, b = _two_arms(np.random.default_rng(5))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="same units"):
         seed_paired_bootstrap([(a, b), (a[:-1], b[:-1])], mean_of(0))
+    for rows in ([a, a[:-1], a], [a[:-1], a]):  # a later seed longer or shorter than the first
+        with pytest.raises(ValueError, match="same units"):
+            seeds_interval(rows, mean_of(0))
 
 
 # -- coverage under no effect ----------------------------------------------------------------
