@@ -101,6 +101,7 @@ class OptimConfig:
     max_grad_norm: float = 1.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8  # AdamW's eps, as transformers' and LLaVA's default
     # LoRA adapters (LLM and, if adapted, vision tower). LLaVA-1.5 uses 2e-4; users have found
     # >1e-4 unstable in some setups, so lower it first if the loss spikes.
     lr_lora: float = 2e-4
@@ -274,7 +275,7 @@ RANGES = {
     "optim.lr": ">= 0", "optim.lr_vision_tower": ">= 0", "optim.lr_projector": ">= 0", "optim.lr_norm": ">= 0",
     "optim.lr_lora": "> 0", "optim.weight_decay": ">= 0", "optim.max_grad_norm": ">= 0",
     "optim.warmup_ratio": "[0, 1)",  # transformers reads a warmup >= 1 as a number of steps
-    "optim.adam_beta1": "[0, 1)", "optim.adam_beta2": "[0, 1)",
+    "optim.adam_beta1": "[0, 1)", "optim.adam_beta2": "[0, 1)", "optim.adam_epsilon": "> 0",
     "train.per_device_batch_size": ">= 1", "train.grad_accum": ">= 1", "train.global_batch_size": ">= 1",
     "train.save_steps": ">= 1", "train.logging_steps": ">= 1", "train.norm_stats_steps": ">= 0",
     # 0 would let checkpoint pruning delete the newest complete checkpoint, leaving nothing to resume.

@@ -136,7 +136,7 @@ class LlavaNormTrainer(Trainer):
         if self.optimizer is None:
             o = self.optim_config
             self.optimizer = torch.optim.AdamW(parameter_groups(self.model, o), betas=(o.adam_beta1, o.adam_beta2),
-                                               eps=1e-8)
+                                               eps=o.adam_epsilon)
         return self.optimizer
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
