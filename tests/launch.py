@@ -128,3 +128,50 @@ def kill_at_checkpoint(launches: list[tuple[list[str], dict]], out: Path, step: 
 def kill_after_checkpoint(config: Path, overrides: list[str], step: int, timeout: int = 240) -> dict:
     """A 2-process torchrun run killed right after checkpoint-<step> (see kill_at_checkpoint)."""
     return kill_at_checkpoint([(torchrun_command(config, overrides), env())], output_dir(overrides), step, timeout)
+
+
+STOPPER = Path(__file__).resolve().parent / "stopper"  # sitecustomize.py: stops a launch inside a checkpoint write
+
+
+def stopping_env(environment: dict, step: int, phase: str, flag: Path) -> dict:
+    """``environment`` for a launch that stops itself at ``phase`` of writing checkpoint-<step>
+    (tests/stopper/sitecustomize.py) and says so in ``flag``."""
+    path = os.pathsep.join(p for p in (str(STOPPER), environment.get("PYTHONPATH", "")) if p)
+    return {**environment, "PYTHONPATH": path, "LLAVA_TEST_STOP_AT": f"checkpoint-{step}:{phase}",
+            "LLAVA_TEST_STOP_FLAG": str(flag)}
+
+
+def kill_during_save(launches: list[tuple[list[str], dict]], out: Path, step: int, phase: str,
+                     timeout: int = 240) -> tuple[str, str]:
+    """Start the launchers with the stopper set for ``phase`` of checkpoint-<step>'s write and
+    SIGKILL every process group once a process stopped there. Proves the kill as
+    kill_at_checkpoint does, and that checkpoint-<step> was left incomplete. Returns (the file
+    the write stopped in, what the launchers printed)."""
+    flag = out.parent / f"{out.name}.stopped-{step}-{phase}"
+    flag.unlink(missing_ok=True)
+    logs = [tempfile.TemporaryFile(mode="w+") for _ in launches]
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=stopping_env(e, step, phase, flag), stdout=log,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+             for (cmd, e), log in zip(launches, logs)]
+    deadline = time.time() + timeout
+    while not flag.exists():
+        assert all(p.poll() is None for p in procs) and time.time() < deadline, \
+            f"the run ended before it stopped in checkpoint-{step} ({phase})"
+        time.sleep(0.02)
+    for p in procs:
+        os.killpg(p.pid, signal.SIGKILL)
+    for p in procs:
+        p.wait()
+    time.sleep(0.25)
+    assert not processes_of(out), f"processes outlived the kill: {processes_of(out)}"
+    before = snapshot(out)
+    time.sleep(1.0)
+    assert snapshot(out) == before, "files changed after the kill"
+    assert not (out / "train_summary.json").exists(), "the run finished before it was killed"
+    assert not (out / f"checkpoint-{step}" / "checkpoint_complete").exists()
+    printed = ""
+    for log in logs:
+        log.seek(0)
+        printed += log.read()
+        log.close()
+    return flag.read_text().split()[2], printed

@@ -15,9 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from launch import (REPO, env, free_port, kill_at_checkpoint, run_launches, script_command, snapshot,
-                    torchrun_command)
+from launch import (REPO, env, free_port, kill_at_checkpoint, kill_during_save, run_launches, script_command,
+                    snapshot, torchrun_command)
 from tinydata import write_dataset, write_next_dataset
+
+from llava_norm.train.rundir import complete_checkpoints
 
 ZERO = {2: REPO / "configs/deepspeed/zero2.json", 3: REPO / "configs/deepspeed/zero3.json"}
 STEPS_PER_EPOCH = 3  # every case: 3 optimizer steps of 2 micro-batches per rank per epoch
@@ -148,3 +150,47 @@ def test_killed_run_resumes_exactly(tmp_path, tiny_dir, references, case):
     text = run_launches(launches, out, return_output=True)
     assert f"complete at step {MAX_STEPS}" in text
     assert snapshot(out) == before
+
+
+# A kill while a checkpoint is being written: early (its first file half-written), in the middle
+# (a rank's optimizer partition half-written, after the weights) and late (every file written
+# but the completion marker). Each relaunch of the same command must resume from the checkpoint
+# before it; the kill at checkpoint-3 makes the run resume from checkpoint-2, the folder the
+# first relaunch wrote over a half-written one.
+SAVE_KILLS = [(2, "early"), (3, "middle"), (5, "late")]
+
+
+def test_a_kill_during_a_save_resumes_from_the_checkpoint_before(tmp_path, tiny_dir, references):
+    config = _config(tmp_path, tiny_dir, 2, STEPS_PER_EPOCH * 2 * 2 * 2)
+    common = [f"train.deepspeed={ZERO[2]}"]
+    ref_out, reference = references((2, 2, 2, False, False, *common), lambda o: _launches(
+        "torchrun", config, [f"train.output_dir={o}", *common], 2))
+    out = tmp_path / "killed"
+    launches = _launches("torchrun", config, [f"train.output_dir={out}", *common], 2)
+    resumed_from = None
+    for step, phase in SAVE_KILLS:
+        stopped_in, printed = kill_during_save(launches, out, step, phase)
+        if resumed_from is not None:  # this launch continued from the one before the previous half-written one
+            assert f"resuming from {resumed_from}" in printed, printed[-3000:]
+        folder = out / f"checkpoint-{step}"
+        written = {p.relative_to(folder).as_posix(): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
+        name = Path(stopped_in).name
+        if phase == "late":  # everything but the marker
+            assert stopped_in.endswith("checkpoint_complete") and "data_state.json" in written
+        else:  # the file it stopped in holds half the bytes the uninterrupted run wrote there
+            whole = ref_out / Path(stopped_in).relative_to(out)
+            assert Path(stopped_in).stat().st_size == whole.stat().st_size // 2 > 0
+            assert "data_state.json" not in written
+            if phase == "early":
+                assert not any("optim" in f for f in written), written
+            else:
+                assert "optim" in name and any(f.endswith("model.safetensors") for f in written), written
+        assert [p.name for p in complete_checkpoints(out)][-1] == f"checkpoint-{step - 1}"
+        resumed_from = out / f"checkpoint-{step - 1}"
+    resumed = run_launches(launches, out)
+    assert resumed["resumed_from"] == str(resumed_from)
+    assert resumed["steps_this_launch"] == MAX_STEPS - (SAVE_KILLS[-1][0] - 1)
+    assert _per_step(resumed) == _per_step(reference)  # losses and every group's lr, bit-exact on CPU
+    final, expected = load_file(str(out / "model/model.safetensors")), load_file(str(ref_out / "model/model.safetensors"))
+    assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in final)
+    assert [p.name for p in complete_checkpoints(out)][-1] == f"checkpoint-{MAX_STEPS}"

@@ -1,0 +1,85 @@
+"""Stops a launched training process at a chosen point of a checkpoint write, for the kill tests.
+
+Put this folder on PYTHONPATH and set ``LLAVA_TEST_STOP_AT=checkpoint-N:PHASE`` and
+``LLAVA_TEST_STOP_FLAG=PATH``; every Python process of the launch then imports it at start-up.
+The first process of the launch to reach PHASE while writing ``checkpoint-N`` writes PATH (its
+pid and the file it stopped in) and sleeps until the test kills it; the other ranks run on
+until they wait for it. PHASE is where in the write:
+
+- ``early``: the checkpoint's first weights or state file, half of its bytes written;
+- ``middle``: an optimizer-state file (DeepSpeed's per-rank ZeRO partition, or the Trainer's
+  ``optimizer.pt``), half of its bytes written, after the model weights;
+- ``late``: every file written, right before the completion marker is put in place.
+
+Test-only: the training code knows nothing of it. It patches the three calls that write a
+checkpoint's files (``torch.save``, safetensors' ``save_file``, and ``os.replace`` for the
+marker) before transformers or DeepSpeed import them.
+"""
+
+import os
+import time
+
+_WHERE = os.environ.get("LLAVA_TEST_STOP_AT", "")
+_FLAG = os.environ.get("LLAVA_TEST_STOP_FLAG", "")
+
+
+def _install(folder: str, phase: str) -> None:
+    import safetensors.torch
+    import torch
+
+    def stop(path: str, cut: bool) -> None:
+        if cut:  # a write cut short: the file as the real call wrote it, then only its first half
+            size = os.path.getsize(path)
+            os.truncate(path, size // 2)
+            with open(path, "rb+") as f:
+                os.fsync(f.fileno())
+        tmp = f"{_FLAG}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(f"{os.getpid()} {phase} {path}\n")
+        os.replace(tmp, _FLAG)
+        while True:
+            time.sleep(60)
+
+    def inside(path) -> bool:
+        return isinstance(path, (str, os.PathLike)) and f"{os.sep}{folder}{os.sep}" in os.fspath(path)
+
+    def wanted(path) -> bool:
+        if not inside(path) or os.path.exists(_FLAG):
+            return False
+        name = os.path.basename(os.fspath(path))
+        return phase == "early" or (phase == "middle" and "optim" in name)
+
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        result = real_save(obj, f, *args, **kwargs)
+        if wanted(f):
+            stop(os.fspath(f), cut=True)
+        return result
+
+    real_save_file = safetensors.torch.save_file
+
+    def save_file(tensors, filename, metadata=None):
+        result = real_save_file(tensors, filename, metadata=metadata)
+        if wanted(filename):
+            stop(os.fspath(filename), cut=True)
+        return result
+
+    real_replace = os.replace
+
+    def replace(src, dst, *args, **kwargs):
+        if phase == "late" and inside(dst) and os.path.basename(os.fspath(dst)) == "checkpoint_complete" \
+                and not os.path.exists(_FLAG):
+            stop(os.fspath(dst), cut=False)
+        return real_replace(src, dst, *args, **kwargs)
+
+    torch.save = save
+    safetensors.torch.save_file = save_file
+    os.replace = replace
+
+
+if _WHERE and _FLAG:
+    _folder, _phase = _WHERE.split(":")
+    if _phase not in ("early", "middle", "late"):
+        raise ValueError(f"LLAVA_TEST_STOP_AT: unknown phase {_phase!r}")
+    _install(_folder, _phase)
