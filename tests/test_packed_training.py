@@ -9,7 +9,6 @@ dropped or double-counted positions, would move the weights apart.
 """
 
 import json
-from pathlib import Path
 
 import pytest
 import torch

@@ -10,21 +10,19 @@ back what it changed.
 import contextlib
 import csv
 import json
-import os
 import shutil
-import signal
 import subprocess
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from launch import REPO, env, processes_of, snapshot
+from launch import REPO, env, kill_during_save
 from safetensors.torch import load_file, save_file
 from tinydata import write_dataset
 
 from llava_norm.pipeline import PipelineConfig, plan, run_steps
 from llava_norm.provenance import RECORD, fingerprint, read_record
+from llava_norm.train.rundir import complete_checkpoints
 from llava_norm_demo.synth import build_world
 
 ARMS = ("none", "ln_textnorm_gwc")
@@ -47,7 +45,7 @@ def project(tmp_path_factory, tiny_dir):
     # One process without DeepSpeed keeps it quick (the multi-process paths have their own tests).
     common = [f"model.vision_tower={tiny_dir}/siglip", f"model.llm={root}/llama",
               f"data.mixture=[{{path: {data}, image_folder: {images}}}]", "train.max_steps=2",
-              "train.deepspeed=null", "train.per_device_batch_size=2", "train.save_steps=2"]
+              "train.deepspeed=null", "train.per_device_batch_size=2", "train.save_steps=1"]
     runs = root / "runs"
     arms = [str(root / "configs/tiny" / arm) for arm in ARMS]
     eval_args = ["--limit=2", "--max-new-tokens-cap=4"]
@@ -77,27 +75,14 @@ def project(tmp_path_factory, tiny_dir):
                            first=first, command=command, environment=environment)
 
 
-def kill_when_started(project, out: Path, timeout: int = 300) -> None:
-    """Launch the pipeline and SIGKILL its process group as soon as the training run in ``out``
-    has written its starting record. Proves the kill: the pipeline is gone, no process of the run
-    survives, no file in ``out`` changes afterwards, and the run had not finished."""
-    proc = subprocess.Popen(project.command, cwd=REPO, env=project.environment, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + timeout
-    while True:
-        record = read_record(out) if (out / RECORD).is_file() else None
-        if record is not None and not record.complete:
-            break
-        assert proc.poll() is None and time.time() < deadline, "the pipeline ended before the stage started"
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    time.sleep(0.25)
-    assert not processes_of(out), f"processes outlived the kill: {processes_of(out)}"
-    before = snapshot(out)
-    time.sleep(1.0)
-    assert snapshot(out) == before, "files changed after the kill"
-    assert not read_record(out).complete and not (out / "train_summary.json").exists()
+def kill_in_stage(project, out: Path) -> str:
+    """Launch the pipeline and SIGKILL its process group while the training run in ``out`` writes
+    checkpoint-2, its last (checkpoint-1 complete). Proves the kill (launch.kill_during_save: no
+    process survives, no file changes afterwards, the run had not finished); returns the output."""
+    _, printed = kill_during_save([(project.command, project.environment)], out, 2, "early")
+    assert not read_record(out).complete
+    assert [p.name for p in complete_checkpoints(out)] == ["checkpoint-1"]
+    return printed
 
 
 @contextlib.contextmanager
@@ -283,14 +268,16 @@ def test_a_yaml_edit_to_stage_2_reruns_that_stage_and_its_evaluation_only(projec
         assert [r.split(":")[0] for r in reruns["ln_textnorm_gwc: stage 2"]] == ["optim.lr"]
         assert reruns["ln_textnorm_gwc: eval"] == ["an earlier step of this arm would run"]
         before = json.loads((project.runs / "ln_textnorm_gwc/eval/pope.json").read_text())
-        kill_when_started(project, project.runs / "ln_textnorm_gwc/stage2")  # interrupted in the stale stage
+        kill_in_stage(project, project.runs / "ln_textnorm_gwc/stage2")  # interrupted in the stale stage
         decision = project.decide()["ln_textnorm_gwc: stage 2"]
         assert decision.reasons == ["interrupted: resuming it"] and not decision.stale
         result = project.launch()  # the same command continues at the interrupted stage
         statuses = _statuses(result.stdout)
         assert [statuses[f"ln_textnorm_gwc: {s}"] for s in ("stage 1", "stage 2", "eval")] == ["reused", "done", "done"]
-        assert json.loads((project.runs / "ln_textnorm_gwc/stage2/train_summary.json").read_text())[
-            "steps_this_launch"] == 2
+        summary = json.loads((project.runs / "ln_textnorm_gwc/stage2/train_summary.json").read_text())
+        # continued from the checkpoint the killed launch completed: only the remaining step trained
+        assert summary["resumed_from"] == str(project.runs / "ln_textnorm_gwc/stage2/checkpoint-1")
+        assert (summary["global_step"], summary["steps_this_launch"]) == (2, 1)
         assert all(statuses[f"none: {s}"] == "reused" for s in ("stage 1", "stage 2", "eval"))
         assert "stage 2: running (interrupted: resuming it)" in result.stdout  # not restarted: continued
         after = json.loads((project.runs / "ln_textnorm_gwc/eval/pope.json").read_text())
