@@ -144,3 +144,18 @@ def test_the_guest_subcommands_are_registered_and_the_core_loads_without_them():
             "print(sorted(m for m in sys.modules if m.startswith('llava_norm_demo')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "[]", f"importing the core loaded guest modules: {loaded}"
+
+
+HEAVY = ("torch", "transformers", "deepspeed", "datasets", "matplotlib")
+
+
+def test_the_command_line_starts_without_the_heavy_libraries():
+    """Building ``llava-norm``'s parser (so ``--help`` and every argument error) and importing the
+    package load none of torch, transformers, DeepSpeed, datasets or matplotlib (a fresh
+    interpreter); the model module loads them and registers the Auto classes."""
+    code = ("import sys\nimport llava_norm\nfrom llava_norm.cli import build_parser\nbuild_parser()\n"
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+            "import llava_norm.model\nfrom transformers.models.auto.configuration_auto import CONFIG_MAPPING\n"
+            "print('llava_norm' in CONFIG_MAPPING)")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert loaded[:2] == ["[]", "True"], loaded

@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 from transformers import AutoModelForImageTextToText, LlavaConfig, LlavaForConditionalGeneration
 
-import llava_norm  # noqa: F401  (registers the Auto classes)
+import llava_norm.model  # noqa: F401  (registers the Auto classes)
 from llava_norm.inference import Predictor, Prompt
 from llava_norm.model.builder import ModelSpec, build_model, load_bundle
 from llava_norm.model.norm_align import text_embedding_norm

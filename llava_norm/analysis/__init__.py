@@ -5,26 +5,27 @@ Python API (each returns the result dict and, given ``out_dir``, writes ``<kind>
 (Tables 1-2), ``top_norm_result`` (App. C), ``layer_curves`` (Fig. 3-4), ``dynamics`` (App. F),
 ``gain_stats`` (Table 5), ``gradient_flow`` (GWC), ``attention_maps`` (App. G), ``write_report``,
 and ``run_suite`` (all of them over finished runs, for ``make demo``).
+
+Names load on first use: the command line registers its subcommands without loading torch or
+matplotlib.
 """
 
-from llava_norm.analysis.attention import attention_maps
-from llava_norm.analysis.common import Labeled, load_analysis_bundle, parse_labeled
-from llava_norm.analysis.gains import gain_stats
-from llava_norm.analysis.gradients import arm_bundles, gradient_flow, training_batch
-from llava_norm.analysis.interface import (
-    backbone_interface_norms,
-    checkpoint_interface_norms,
-    interface_norms,
-    top_norm_result,
-)
-from llava_norm.analysis.layers import dynamics, layer_curves, layer_statistics
-from llava_norm.analysis.report import write_report
-from llava_norm.analysis.samples import SampleSet, load_samples
-from llava_norm.analysis.suite import SuiteInputs, run_suite
+from importlib import import_module
 
-__all__ = [
-    "Labeled", "SampleSet", "SuiteInputs", "arm_bundles", "attention_maps", "backbone_interface_norms",
-    "checkpoint_interface_norms", "dynamics", "gain_stats", "gradient_flow", "interface_norms", "layer_curves",
-    "layer_statistics", "load_analysis_bundle", "load_samples", "parse_labeled", "run_suite", "top_norm_result",
-    "training_batch", "write_report",
-]
+_EXPORTS = {
+    "attention_maps": "attention", "Labeled": "common", "load_analysis_bundle": "common", "parse_labeled": "common",
+    "gain_stats": "gains", "arm_bundles": "gradients", "gradient_flow": "gradients", "training_batch": "gradients",
+    "backbone_interface_norms": "interface", "checkpoint_interface_norms": "interface",
+    "interface_norms": "interface", "top_norm_result": "interface", "dynamics": "layers", "layer_curves": "layers",
+    "layer_statistics": "layers", "write_report": "report", "SampleSet": "samples", "load_samples": "samples",
+    "SuiteInputs": "suite", "run_suite": "suite",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(import_module(f"llava_norm.analysis.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'llava_norm.analysis' has no attribute {name!r}")

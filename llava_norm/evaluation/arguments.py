@@ -13,7 +13,6 @@ from pathlib import Path
 import yaml
 
 from llava_norm.config_schema import PROMPT_FORMATS
-from llava_norm.evaluation.runner import EvalConfig, default_run_name, resolve_benchmarks, training_prompt_settings
 
 
 DEFAULT_DATA_ROOT = "data/eval"  # where scripts/eval.sh and the pipeline look without EVAL_DATA / --data-root
@@ -64,8 +63,11 @@ def benchmark_options(pairs: list[str]) -> dict[str, dict]:
     return options
 
 
-def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
-    """Raises ValueError / FileNotFoundError naming the bad argument or missing data."""
+def eval_config_from_args(args: argparse.Namespace):
+    """The ``EvalConfig``; raises ValueError / FileNotFoundError naming the bad argument or missing data."""
+    # lazy: the runner loads torch and the model code; building the parser must not
+    from llava_norm.evaluation.runner import EvalConfig, default_run_name, resolve_benchmarks, training_prompt_settings
+
     options = benchmark_options(args.option)
     requests = resolve_benchmarks(args.benchmarks.split(","), args.data_root, key_values(args.data, "--data"), options)
     prompt = training_prompt_settings(args.checkpoint)
@@ -80,5 +82,5 @@ def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
         overwrite=args.overwrite, replace_stale=args.replace_stale, trust_remote_code=args.trust_remote_code)
 
 
-def parse_eval_args(argv: list[str]) -> EvalConfig:
+def parse_eval_args(argv: list[str]):
     return eval_config_from_args(add_eval_arguments(argparse.ArgumentParser(prog="llava-norm eval")).parse_args(argv))
