@@ -285,6 +285,15 @@ RANGES = {
 LORA_VISION_MODES = ("frozen", "full", "lora")
 
 
+def resolve_dtype(name: str, device) -> str:
+    """A dtype setting's name for a device (a ``torch.device`` or its type): ``auto`` -> bf16 on
+    an accelerator (what the models train in), fp32 on CPU (bf16 matmuls are slow there); any
+    other name is returned as given."""
+    if name == "auto":
+        return "bfloat16" if getattr(device, "type", device) == "cuda" else "float32"
+    return name
+
+
 def world_size() -> int:
     """Processes in this launch: torchrun and the deepspeed launcher export WORLD_SIZE to every worker."""
     return int(os.environ.get("WORLD_SIZE", "1"))

@@ -31,7 +31,7 @@ from tqdm import tqdm
 from llava_norm.analysis.ablation import run_name, write_ablation
 from llava_norm.config import load_config
 from llava_norm.evaluation.arguments import DEFAULT_DATA_ROOT, parse_eval_args
-from llava_norm.evaluation.runner import benchmark_settings, settings_differences
+from llava_norm.evaluation.settings import benchmark_settings, settings_differences
 from llava_norm.evaluation.table import EVAL_SUMMARY, write_table
 from llava_norm.layout import PROJECTOR_FILE
 from llava_norm.provenance import (

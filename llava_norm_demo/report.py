@@ -24,7 +24,9 @@ import numpy as np
 
 from llava_norm.analysis import SuiteInputs, run_suite
 from llava_norm.analysis.plots import forest_figure, plt, training_figure
-from llava_norm.evaluation.runner import EvalConfig, PromptSettings, resolve_benchmarks, run_evaluation
+from llava_norm.data.prompts import PromptSettings
+from llava_norm.evaluation.runner import run_evaluation
+from llava_norm.evaluation.settings import EvalConfig, resolve_benchmarks
 from llava_norm.evaluation.table import build_table
 from llava_norm.evaluation.units import Units, read_units
 from llava_norm.model.builder import ModelSpec, build_model

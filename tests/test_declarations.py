@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from llava_norm.evaluation.benchmarks import BENCHMARKS, Declaration, GenerationItem, get_benchmark
-from llava_norm.evaluation.runner import resolve_benchmarks
+from llava_norm.evaluation.settings import resolve_benchmarks
 from llava_norm.evaluation.table import build_table, to_markdown
 from llava_norm.evaluation.units import units_of
 from llava_norm_demo.synth import build_world

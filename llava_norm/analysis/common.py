@@ -19,7 +19,8 @@ import torch
 
 from llava_norm.data.prompts import PromptSettings, training_prompt_settings
 from llava_norm.layout import CONFIG_FILE
-from llava_norm.model.builder import Bundle, load_bundle, load_tokenizer, resolve_dtype, torch_dtype
+from llava_norm.config_schema import resolve_dtype
+from llava_norm.model.builder import Bundle, load_bundle, load_tokenizer, torch_dtype
 from llava_norm.provenance import make_record
 
 

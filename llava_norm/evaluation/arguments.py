@@ -65,8 +65,9 @@ def benchmark_options(pairs: list[str]) -> dict[str, dict]:
 
 def eval_config_from_args(args: argparse.Namespace):
     """The ``EvalConfig``; raises ValueError / FileNotFoundError naming the bad argument or missing data."""
-    # lazy: the runner loads torch and the model code; building the parser must not
-    from llava_norm.evaluation.runner import EvalConfig, default_run_name, resolve_benchmarks, training_prompt_settings
+    # lazy: the settings load torch; building the parser must not
+    from llava_norm.data.prompts import training_prompt_settings
+    from llava_norm.evaluation.settings import EvalConfig, default_run_name, resolve_benchmarks
 
     options = benchmark_options(args.option)
     requests = resolve_benchmarks(args.benchmarks.split(","), args.data_root, key_values(args.data, "--data"), options)

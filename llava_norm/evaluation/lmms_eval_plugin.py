@@ -22,7 +22,8 @@ from lmms_eval.api.model import lmms
 
 from llava_norm.data.prompts import Prompt, training_prompt_settings
 from llava_norm.inference import Predictor
-from llava_norm.model.builder import load_bundle, resolve_dtype
+from llava_norm.config_schema import resolve_dtype
+from llava_norm.model.builder import load_bundle
 
 MODEL_ID = "llava_norm"
 DEFAULT_BATCH_SIZE = 8

@@ -64,14 +64,6 @@ class Bundle:
         self.image_processor.save_pretrained(out_dir)
 
 
-def resolve_dtype(name: str, device: torch.device) -> str:
-    """``auto`` -> bf16 on an accelerator (what the models train in), fp32 on CPU (bf16 matmuls
-    are slow there); any other name is returned as given."""
-    if name == "auto":
-        return "bfloat16" if device.type == "cuda" else "float32"
-    return name
-
-
 def torch_dtype(name: str) -> torch.dtype:
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if name not in dtypes:
