@@ -60,14 +60,17 @@ def vision_part(config: PretrainedConfig) -> PretrainedConfig:
     return getattr(config, "vision_config", config)
 
 
-def meta_model(model: ModelConfig, attn_implementation: str | None = None, dtype: torch.dtype = torch.bfloat16):
-    """(LlavaNorm model on the meta device, tokens per image, sources of the two configs)."""
+def meta_model(model: ModelConfig, attn_implementation: str | None = None, dtype: torch.dtype = torch.bfloat16,
+               device: str = "meta"):
+    """(LlavaNorm model on the meta device, tokens per image, sources of the two configs). Any other
+    ``device`` gives the same model with real, randomly initialised tensors (what the tests hold
+    the plan's trace against)."""
     vision = backbone_config(model.vision_tower, "model.vision_tower", model.trust_remote_code)
     llm = backbone_config(model.llm, "model.llm", model.trust_remote_code)
     attn = attn_implementation or model.attn_implementation
     vision_config, text_config = vision_part(vision.config), llm.config
     vision_config._attn_implementation = text_config._attn_implementation = attn
-    with torch.device("meta"):
+    with torch.device(device):
         tower = AutoModel.from_config(vision_config, trust_remote_code=model.trust_remote_code).to(dtype)
         strategy, tokens_per_image = select_strategy(tower, model.vision_feature_select_strategy)
         config = llava_norm_config(model, tower.config, text_config, image_token_id=0,

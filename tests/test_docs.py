@@ -1,0 +1,88 @@
+"""The figures in the README and docs that the code can compute, held against the code.
+
+Each figure is produced by the command its doc names; a change to the plan, the configs or the
+FLOP model that moves a figure fails here until the doc says the new one.
+"""
+
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from llava_norm.config import load_config
+from llava_norm.plan import format_plan, gpu_memory, make_plan
+from llava_norm.plan.backbones import backbone_config, vision_part
+from llava_norm.stats import t_quantile
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+RECIPE = (ROOT / "docs/one_gpu_recipe.md").read_text()
+
+
+def _plan(config: str, gpus: int, gpu: str, *overrides: str):
+    return make_plan(load_config(ROOT / config, list(overrides), check_paths=False), gpus, 1, gpu_memory(gpu), gpu)
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading)
+    end = text.find("\n#", start + len(heading))
+    return text[start:end if end > 0 else None]
+
+
+def test_the_readmes_plan_output_is_what_the_command_prints(monkeypatch):
+    section = _section(README, "### Before launch: `llava-norm plan`")
+    blocks = re.findall(r"```(\w*)\n(.*?)```", section, re.S)
+    command = blocks[0][1].splitlines()[0].split()
+    assert command[:2] == ["llava-norm", "plan"] and command[3:] == ["--gpus", "8", "--gpu", "h100-80gb"]
+    monkeypatch.chdir(ROOT)  # the config names the DeepSpeed file relative to the checkout
+    printed = format_plan(_plan(command[2], 8, "h100-80gb")).splitlines()
+    shown = blocks[1][1].rstrip("\n").splitlines()
+    # The README abbreviates long lines with "(...)"; every line it shows is the start of a printed one.
+    for line in shown:
+        head = line.split("(...)")[0].rstrip() if "(...)" in line else line.rstrip()
+        assert any(p.rstrip().startswith(head) for p in printed), f"README line not printed:\n{line}\n" + \
+            "\n".join(printed)
+
+
+RECIPE_ARMS = ["none", "ln_default", "ln_textnorm", "ln_textnorm_gwc", "rms_textnorm", "rms_textnorm_gwc",
+               "scale_to_t", "scale_fixed", "scale_learned"]
+
+
+def test_the_recipes_memory_is_the_plans_worst_arm(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    line = next(line for line in RECIPE.splitlines() if line.startswith("| memory |"))
+    assert "llava-norm plan configs/recipe-1gpu/<arm>/stage{1,2}.yaml --gpus 1 --gpu h100-80gb" in line
+    shown = [float(x) for x in re.search(r"at most ([\d.]+) / ([\d.]+) GiB", line).groups()]
+    for stage, figure in zip((1, 2), shown):
+        peaks = [_plan(f"configs/recipe-1gpu/{arm}/stage{stage}.yaml", 1, "h100-80gb").peak() / 2 ** 30
+                 for arm in RECIPE_ARMS]
+        assert figure == round(max(peaks), 1), (stage, peaks)
+
+
+def test_the_recipes_steps_image_tokens_and_t_factor():
+    for stage, shown in ((1, 195), (2, 312)):
+        config = load_config(ROOT / f"configs/recipe-1gpu/none/stage{stage}.yaml", check_paths=False)
+        t, take = config.train, config.data.mixture[0].take
+        rows = int(take.split(":")[1])
+        # the Trainer's optimizer steps per epoch on one GPU: micro-batches, then whole accumulations
+        steps = math.ceil(rows / t.per_device_batch_size) // (t.global_batch_size // t.per_device_batch_size)
+        assert steps == shown and f"{shown} steps" in RECIPE
+    vision = vision_part(backbone_config("google/siglip-base-patch16-224", "model.vision_tower").config)
+    tokens = (vision.image_size // vision.patch_size) ** 2
+    assert tokens == 196 and f"SigLIP-base-patch16-224 ({tokens} image tokens)" in RECIPE
+    factor = t_quantile(0.975, 2) / math.sqrt(3)  # a 95% t interval's half-width over 3 seeds, in sds
+    assert f"about {factor:.1f} times the standard deviation" in RECIPE
+
+
+def test_the_recipes_time_table_is_what_recipe_time_prints(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import recipe_time  # bench/, on the path for this test only
+
+    for mfu in (0.30, 0.15):
+        per_chain = sum(recipe_time.chain_seconds(mfu).values())
+        row = f"| {mfu:.2f} | {per_chain / 60:.1f} min | {recipe_time.ARMS * recipe_time.SEEDS * per_chain / 3600:.1f} h |"
+        assert row in RECIPE, row
+    sys.modules.pop("recipe_time", None)
+    sys.modules.pop("gpu_step", None)
