@@ -18,8 +18,12 @@ $(STAMP): requirements.txt requirements-plugin-test.txt pyproject.toml
 
 install: $(STAMP)
 
+# Three pytest-xdist workers on two cores: the launch-bound tests spend much of their time
+# waiting (process start-up, collectives, kill-and-relaunch), so a third worker fills it.
+TEST_JOBS ?= 3
+
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup tests
 
 demo: $(STAMP)
 	$(PY) -m llava_norm.cli demo
