@@ -14,7 +14,7 @@ from pathlib import Path
 
 from llava_norm.config_schema import (NORM_ARMS, ConfigError, RunConfig, effective_grad_accum, is_glob,
                                       packing_llm_problem, world_size)
-from llava_norm.layout import PROJECTOR_PREFIX
+from llava_norm.layout import PROJECTOR_ORIGIN, PROJECTOR_PREFIX
 
 
 def check_paths(config: RunConfig) -> None:
@@ -102,6 +102,26 @@ def _check_projector(config: RunConfig) -> None:
         raise ConfigError(f"key '{key}': {path} holds projector modules {sorted(found)}, but projector_type "
                           f"{m.projector_type!r} with norm_alignment {m.norm_alignment!r} needs {sorted(want)} "
                           "(use the stage-1 run of the same arm)")
+    if m.allow_projector_mismatch:
+        return
+    recorded = header.get("__metadata__") or {}
+    if not all(name in recorded for name in PROJECTOR_ORIGIN[:4]):
+        raise ConfigError(f"key '{key}': {path} does not record the arm and backbones it was trained with (not "
+                          "written by a llava-norm stage 1); set model.allow_projector_mismatch=true to use it anyway")
+    ours = {"norm_alignment": m.norm_alignment, "projector_type": m.projector_type,
+            "vision_tower": backbone_name(m.vision_tower), "llm": backbone_name(m.llm)}
+    differ = [f"{name} {recorded[name]!r} (projector) vs {ours[name]!r} (this config)" for name in PROJECTOR_ORIGIN[:4]
+              if recorded[name] != ours[name]]
+    if differ:
+        raise ConfigError(f"key '{key}': {path} was trained for another run: " + "; ".join(differ) +
+                          ". Point it at the stage-1 run of this arm and backbones, or set "
+                          "model.allow_projector_mismatch=true to use it anyway")
+
+
+def backbone_name(value: str) -> str:
+    """A backbone as a projector file records it: a hub id as given, a local folder as its
+    absolute path (the same folder named two ways is one backbone)."""
+    return str(Path(value).expanduser().resolve()) if _looks_local(value) else value
 
 
 def _check_deepspeed(config: RunConfig) -> None:

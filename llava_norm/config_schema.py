@@ -38,6 +38,9 @@ class ModelConfig:
     attn_implementation: str = "sdpa"  # sdpa | flash_attention_2 | eager
     trust_remote_code: bool = False
     pretrained_projector: Optional[str] = None  # stage 2: projector.safetensors written by stage 1
+    # Stage 2 refuses a projector whose recorded arm, projector type or backbones differ from this
+    # config's (a mis-pointed path would silently mislabel an ablation); true accepts it anyway.
+    allow_projector_mismatch: bool = False
 
 
 def is_glob(path: str) -> bool:

@@ -11,3 +11,6 @@ PROJECTOR_FILE = "projector.safetensors"  # in a run's output_dir: projector + n
 PROJECTOR_MODULE = "multi_modal_projector"  # the projector (and its norm layer) inside LlavaNormModel
 PROJECTOR_PREFIX = f"model.{PROJECTOR_MODULE}."  # its parameters' names in a saved model
 NORM_PREFIX = f"{PROJECTOR_PREFIX}norm."  # the norm-alignment layer's parameters
+# What a projector file records of the run that trained it (safetensors metadata, all strings):
+# stage 2 compares the first four with its own config.
+PROJECTOR_ORIGIN = ("norm_alignment", "projector_type", "vision_tower", "llm", "text_norm")

@@ -101,9 +101,16 @@ def setup(tmp_path, tiny_dir):
     (d / "ds_fixed.json").write_text(json.dumps({**ds, "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True}}))
     prefix = "model.multi_modal_projector."
     mlp = {f"{prefix}linear_{i}.{p}": torch.zeros(2) for i in (1, 2) for p in ("weight", "bias")}
-    save_file(mlp, str(d / "mlp_projector.safetensors"))
-    save_file({**mlp, f"{prefix}norm.weight": torch.ones(2), f"{prefix}norm.bias": torch.zeros(2)},
-              str(d / "mlp_norm_projector.safetensors"))
+    mlp_norm = {**mlp, f"{prefix}norm.weight": torch.ones(2), f"{prefix}norm.bias": torch.zeros(2)}
+
+    def origin(arm, llm="llama"):  # what a stage 1 records of its run (llava_norm.train.run.save_final)
+        return {"norm_alignment": arm, "projector_type": "mlp2x_gelu", "vision_tower": str((tiny_dir / "siglip").resolve()),
+                "llm": str((tiny_dir / llm).resolve()), "text_norm": "1.0"}
+
+    save_file(mlp, str(d / "mlp_projector.safetensors"), metadata=origin("none"))
+    save_file(mlp_norm, str(d / "mlp_norm_projector.safetensors"), metadata=origin("ln_textnorm_gwc"))
+    save_file(mlp_norm, str(d / "qwen_projector.safetensors"), metadata=origin("ln_textnorm_gwc", "qwen2"))
+    save_file(mlp_norm, str(d / "unrecorded_projector.safetensors"))
     (d / "checkpoint-2").mkdir()
     (d / "checkpoint-2/trainer_state.json").write_text("{}")
     (d / "not_a_checkpoint").mkdir()
@@ -139,6 +146,20 @@ VALID = [
 def test_valid_settings_pass(setup, overrides, monkeypatch):
     monkeypatch.chdir(REPO)  # shipped DeepSpeed paths are relative to the repository root
     load_config(setup["base"], _expand(overrides, setup))
+
+
+def test_a_projector_from_another_arm_or_llm_is_refused_naming_both(setup):
+    arm = _expand(["model.pretrained_projector={d}/mlp_norm_projector.safetensors", "model.norm_alignment=ln_textnorm"],
+                  setup)
+    with pytest.raises(ConfigError, match="norm_alignment 'ln_textnorm_gwc' \\(projector\\) vs 'ln_textnorm' "
+                                          "\\(this config\\)"):
+        load_config(setup["base"], arm)
+    llm = _expand(["model.pretrained_projector={d}/qwen_projector.safetensors", "model.norm_alignment=ln_textnorm_gwc"],
+                  setup)
+    with pytest.raises(ConfigError, match=r"llm '\S*qwen2' \(projector\) vs '\S*llama' \(this config\)"):
+        load_config(setup["base"], llm)
+    for overrides in (arm, llm):  # said explicitly, it is used
+        load_config(setup["base"], [*overrides, "model.allow_projector_mismatch=true"])
 
 
 def _bad(value: str) -> str:
@@ -193,6 +214,13 @@ CASES = [
      "model.pretrained_projector", None),  # a stage-1 projector of another arm
     (["model.pretrained_projector={d}/mlp_norm_projector.safetensors", "model.projector_type=linear",
       "model.norm_alignment=ln_default"], "model.pretrained_projector", None),
+    # the GWC arm's stage-1 projector has the same tensors as ln_textnorm's and ln_default's
+    (["model.pretrained_projector={d}/mlp_norm_projector.safetensors", "model.norm_alignment=ln_textnorm"],
+     "model.pretrained_projector", None),
+    (["model.pretrained_projector={d}/qwen_projector.safetensors", "model.norm_alignment=ln_textnorm_gwc"],
+     "model.pretrained_projector", None),  # trained with another LLM
+    (["model.pretrained_projector={d}/unrecorded_projector.safetensors", "model.norm_alignment=ln_textnorm_gwc"],
+     "model.pretrained_projector", None),  # records no arm or backbones
     (["train.global_batch_size=7"], "train.global_batch_size", None),  # not a multiple of 2 x 1
     (["train.max_steps=0"], "train.max_steps", None),
     (["train.epochs=0"], "train.epochs", None),

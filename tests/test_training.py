@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from launch import REPO, env, free_port, run_train, step_losses
@@ -56,6 +57,11 @@ def test_stage1_then_stage2_under_deepspeed(tmp_path, tiny_dir, zero):
     assert changed == {"projector", "norm"}, changed
     assert set(load_file(str(out1 / "projector.safetensors"))) == {
         k for k in start if module_of(k) in ("projector", "norm")}
+    with safe_open(str(out1 / "projector.safetensors"), "pt") as f:  # where it came from, for stage 2's check
+        origin = f.metadata()
+    assert (origin["norm_alignment"], origin["llm"], origin["vision_tower"]) == (
+        "ln_textnorm_gwc", str((tiny_dir / "llama").resolve()), str((tiny_dir / "siglip").resolve()))
+    assert float(origin["text_norm"]) > 0
     logged = next(e for e in s1["log_history"] if "lr/projector" in e)
     assert {k for k in logged if k.startswith("lr/")} == {"lr/projector", "lr/norm"}
     assert "norm/gain_abs_mean" in next(e for e in s1["log_history"] if e.get("step") == 2)

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 OPERATIONAL_KEYS = frozenset({
     "train.output_dir", "train.resume", "train.save_steps", "train.save_total_limit", "train.logging_steps",
     "train.report_to", "train.run_name", "train.norm_stats_steps", "train.restart", "train.extend",
-    "train.allow_config_change", "data.num_workers",
+    "train.allow_config_change", "data.num_workers", "model.allow_projector_mismatch",
 })
 SCHEDULE_KEYS = frozenset({"train.max_steps", "train.epochs"})  # what train.extend may raise
 # What a run writes into output_dir, and so what train.restart removes (nothing else is touched).

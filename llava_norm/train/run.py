@@ -29,7 +29,8 @@ from llava_norm.data.collate import collate
 from llava_norm.data.conversation import conversation_tokenizer
 from llava_norm.data.dataset import SupervisedDataset, count_by_cause
 from llava_norm.data.packing import PackedDataset, collate_packed
-from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE, PROJECTOR_PREFIX
+from llava_norm.config_checks import backbone_name
+from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE, PROJECTOR_ORIGIN, PROJECTOR_PREFIX
 from llava_norm.model.builder import Bundle, ModelSpec, build_model
 from llava_norm.model.lora import split_saved_model
 from llava_norm.plan import format_plan, make_plan
@@ -201,7 +202,12 @@ def save_final(trainer: LlavaNormTrainer, bundle: Bundle, config: RunConfig) -> 
         bundle.tokenizer.save_pretrained(model_dir)
         bundle.image_processor.save_pretrained(model_dir)
         state = load_file(str(model_dir / SAFE_WEIGHTS_NAME))
-        save_file({k: v for k, v in state.items() if k.startswith(PROJECTOR_PREFIX)}, str(out / PROJECTOR_FILE))
+        m = config.model
+        origin = {"norm_alignment": m.norm_alignment, "projector_type": m.projector_type,
+                  "vision_tower": backbone_name(m.vision_tower), "llm": backbone_name(m.llm),
+                  "text_norm": repr(float(bundle.model.config.text_norm))}
+        save_file({k: v for k, v in state.items() if k.startswith(PROJECTOR_PREFIX)}, str(out / PROJECTOR_FILE),
+                  metadata={key: origin[key] for key in PROJECTOR_ORIGIN})
     return model_dir
 
 
