@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.installed
 TORCH   ?= torch==2.13.0
 
-.PHONY: install test demo ablation bench-gpu clean
+.PHONY: install test check-breaks demo ablation bench-gpu clean
 
 $(STAMP): requirements.txt requirements-plugin-test.txt pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -24,6 +24,10 @@ TEST_JOBS ?= 3
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup tests
+
+# Each named break of tests/breaks.py applied in turn: the test that names it must fail.
+check-breaks: $(STAMP)
+	$(PY) tests/breaks.py
 
 demo: $(STAMP)
 	$(PY) -m llava_norm.cli demo

@@ -1,0 +1,93 @@
+"""Break a feature on purpose and watch the test that names the break fail.
+
+Each entry below edits one line of the package (the break), runs the test said to catch it, and
+puts the line back. The run passes only if every test fails under its break, so the claims in
+tests/README.md are checked, not just written. Not part of ``make test`` (each entry is a test
+run of its own, about 10 minutes in all on a 2-core machine): ``make check-breaks``, or
+``python tests/breaks.py NAME ...`` for some of them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Break:
+    name: str
+    path: str  # the file edited, from the repository root
+    old: str  # a line (or lines) that must occur exactly once
+    new: str
+    test: str  # the pytest node that must fail
+
+
+BREAKS = [
+    Break("seeds not resampled", "llava_norm/stats.py",
+          "seeds = rng.integers(0, n_seeds, size=(m, n_seeds)) if n_seeds > 1 else np.zeros((m, 1), dtype=np.int64)",
+          "seeds = np.tile(np.arange(n_seeds), (m, 1))",
+          "tests/test_stats.py::test_the_bootstrap_draws_resample_seeds"),
+    Break("no Student-t widening over seeds", "llava_norm/stats.py",
+          "        low, high = min(low, t_interval.low), max(high, t_interval.high)", "        pass",
+          "tests/test_stats.py::test_several_seeds_widen_to_students_t_of_the_per_seed_deltas"),
+    Break("seeds_interval takes unequal unit counts", "llava_norm/stats.py",
+          "    _same_units(rows, [len(r) for r in rows])", "    pass",
+          "tests/test_stats.py::test_mismatched_units_are_refused"),
+    Break("packed positions run on across samples", "llava_norm/data/packing.py",
+          "            position_ids[r, at:at + n] = torch.arange(n)",
+          "            position_ids[r, at:at + n] = torch.arange(at, at + n)",
+          "tests/test_packing.py::test_changing_one_sample_leaves_the_others_unchanged"),
+    Break("fused loss averaged per micro-batch", "llava_norm/model/loss.py",
+          "    return total / num_items_in_batch", "    return total / max(len(targets), 1)",
+          "tests/test_packed_training.py::test_packed_fused_training_equals_plain_training[full]"),
+    Break("fused loss's hidden-state gradient scaled", "llava_norm/model/loss.py",
+          "        return grad_hidden, grad_weight, None, None", "        return grad_hidden * 1.5, grad_weight, None, None",
+          "tests/test_packed_training.py::test_packed_fused_training_equals_plain_training[full]"),
+    Break("a checkpoint without its marker counts as complete", "llava_norm/train/rundir.py",
+          "    return [p for _, p in sorted(found) if (p / COMPLETE_MARKER).is_file()]",
+          "    return [p for _, p in sorted(found)]",
+          "tests/test_resume.py::test_a_kill_during_a_save_resumes_from_the_checkpoint_before"),
+    Break("a relaunch restarts instead of resuming", "llava_norm/train/run.py",
+          "    result = trainer.train(resume_from_checkpoint=str(plan.checkpoint) if plan.checkpoint else None)",
+          "    result = trainer.train(resume_from_checkpoint=None)",
+          "tests/test_pipeline.py::test_a_yaml_edit_to_stage_2_reruns_that_stage_and_its_evaluation_only"),
+    Break("the plan loses a layer's activations", "llava_norm/plan/memory.py",
+          "            return self.outside_layers + sum(saved for saved, _ in self.layers)\n",
+          "            return self.outside_layers + sum(saved for saved, _ in self.layers[:-1])\n",
+          "tests/test_plan_measured.py::test_the_plan_matches_a_measured_forward_at_real_width"),
+]
+
+
+def check(brk: Break) -> bool:
+    """True if the test fails under the break (and the file is put back either way)."""
+    path = ROOT / brk.path
+    original = path.read_text()
+    if original.count(brk.old) != 1:
+        raise SystemExit(f"{brk.name}: {brk.path} no longer holds the line to break exactly once: {brk.old!r}")
+    path.write_text(original.replace(brk.old, brk.new))
+    try:
+        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:xdist", brk.test], cwd=ROOT,
+                             capture_output=True, text=True)
+    finally:
+        path.write_text(original)
+    return run.returncode == 1  # tests failed (not a usage error or an interrupted run)
+
+
+def main(names: list[str]) -> None:
+    chosen = [b for b in BREAKS if not names or b.name in names]
+    missed = []
+    for brk in chosen:
+        caught = check(brk)
+        print(f"{'caught' if caught else 'MISSED'}: {brk.name} -> {brk.test}", flush=True)
+        if not caught:
+            missed.append(brk.name)
+    if missed:
+        raise SystemExit(f"{len(missed)} break(s) no test caught: {missed}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
