@@ -77,6 +77,9 @@ class DataConfig:
     # str-typed dict would fail silently (false would arrive as the string "False").
     template_kwargs: dict[str, Any] = field(default_factory=lambda: dict(TEMPLATE_KWARGS))
     system_prompt: Optional[str] = None
+    # front: a row's '<image>' moves to the start of its turn, then a newline, as LLaVA's
+    # training code does (data/README.md); keep: where the data puts it
+    image_placement: str = "front"
     image_aspect: str = "resize"  # resize | pad (LLaVA-1.5 pad-to-square)
     max_length: int = 2048
     on_bad_sample: str = "skip"  # skip | error
@@ -170,6 +173,7 @@ class RunConfig:
 
 PROMPT_FORMATS = ("plain", "chat")  # data.conversation: bare text (stage 1), or the tokenizer's chat template
 IMAGE_ASPECTS = ("resize", "pad")  # data.images: plain resize, or LLaVA-1.5 pad-to-square
+IMAGE_PLACEMENTS = ("front", "keep")  # data.image_placement (data.rows says what each does)
 # How the length-grouped sampler measures a row (data.dataset): "tokens" tokenises every row once, when
 # the sampler first asks (batched calls; ~0.1 ms per row on one core), "words" counts whitespace words
 # (free, but words per token vary between rows, which left 7% padding at per-device batch 16 in
@@ -265,6 +269,7 @@ CHOICES = {
     "model.vision_feature_select_strategy": (None, "default", "full"),
     "data.prompt_format": PROMPT_FORMATS,
     "data.image_aspect": IMAGE_ASPECTS,
+    "data.image_placement": IMAGE_PLACEMENTS,
     "data.on_bad_sample": ("skip", "error"),
     "data.length_estimate": LENGTH_ESTIMATES,
     "optim.scheduler": SCHEDULERS,

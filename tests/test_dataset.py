@@ -148,3 +148,40 @@ def test_grouped_sampler_lookahead_sorts_across_megabatches():
     assert all(len({lengths[i] > 0 for i in wide[i:i + 4]}) == 1 for i in range(0, 400, 4))  # modality kept apart
     with pytest.raises(ValueError, match="lookahead"):
         grouped_order(lengths, 4, seed=3, epoch=0, lookahead=0)
+
+
+# LLaVA-665K-style rows: the image placeholder after the question, and a conversation that
+# opens with a gpt turn (both occur in liuhaotian/LLaVA-Instruct-150K / the 665K mix).
+IMAGE_LAST = {"id": "000000033471", "image": "0001.png", "conversations": [
+    {"from": "human", "value": "What are the colors of the bus in the image?\n<image>"},
+    {"from": "gpt", "value": "The bus in the image is white and red."},
+    {"from": "human", "value": "What feature can be seen on the back of the bus?"},
+    {"from": "gpt", "value": "The back of the bus features an advertisement."}]}
+GPT_FIRST = {"id": "gpt-first", "image": "0002.png", "conversations": [
+    {"from": "gpt", "value": "Hello! Ask me about the picture."},
+    {"from": "human", "value": "<image>\nWhat colour is it?"}, {"from": "gpt", "value": "Blue."}]}
+
+
+def test_llava_conventions_image_to_the_front_and_a_first_gpt_turn_dropped(bundle, tmp_path):
+    _, dataset = _dataset(bundle, [IMAGE_LAST, GPT_FIRST, GOOD], tmp_path, "error")
+    assert len(dataset) == 3 and not dataset.rejected
+    rows = {dataset.rows[i].row_id: dataset.rows[i].messages for i in range(3)}
+    # as LLaVA's preprocess_multimodal: '<image>' + newline + the rest of the turn, stripped
+    assert rows["000000033471"][0]["content"] == "<image>\nWhat are the colors of the bus in the image?"
+    assert [m["content"] for m in rows["000000033471"][1:]] == [t["value"] for t in IMAGE_LAST["conversations"][1:]]
+    # the opening gpt turn goes (LLaVA drops that one turn), the rest of the row stays
+    assert [m["role"] for m in rows["gpt-first"]] == ["user", "assistant"]
+    assert rows["ok"][0]["content"] == GOOD["conversations"][0]["value"]  # already at the front: unchanged
+    assert dataset.adjusted == {"image_moved_to_front": 1, "first_gpt_turn_dropped": 1}
+    # the training sample then opens as evaluation's prompt does: the image's tokens, then the question
+    image_token = bundle.model.config.image_token_id
+    ids = dataset[0].input_ids
+    first_image = ids.index(image_token)
+    question = bundle.tokenizer.decode(ids[first_image + bundle.model.config.image_seq_length:][:20])
+    assert question.lstrip().startswith("What are the colors")
+
+
+def test_keep_leaves_the_placeholder_where_the_data_puts_it(bundle, tmp_path):
+    _, dataset = _dataset(bundle, [IMAGE_LAST, GOOD], tmp_path, "error", image_placement="keep")
+    assert dataset.rows[0].messages[0]["content"] == IMAGE_LAST["conversations"][0]["value"]
+    assert dataset.adjusted == {}

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 from torch.utils.data import Dataset
 
@@ -109,7 +111,7 @@ class Rows:
 class SupervisedDataset(Dataset):
     def __init__(self, mixture: list[DataSource], encoder: ConversationTokenizer, image_processor,
                  max_length: int, image_aspect: str = "resize", on_bad_sample: str = "skip",
-                 length_estimate: str = "tokens", system_prompt: str | None = None):
+                 length_estimate: str = "tokens", system_prompt: str | None = None, image_placement: str = "front"):
         """``system_prompt``: a system turn for every row that has none of its own, the same
         one evaluation puts in its prompts (``data.system_prompt``); None keeps the template's.
         Samples are built by ``data.prompts.PromptEncoder``, the path evaluation and the
@@ -129,10 +131,12 @@ class SupervisedDataset(Dataset):
         self.sources: list[ResolvedSource] = []
         self.indexes = []  # one memory-mapped datasets.Dataset per source (data.index)
         self.rejected: list[dict] = []  # skip records (see BadSampleError.record) of rows dropped at load time
+        self.adjusted: dict[str, int] = {}  # rows the row rules changed as LLaVA does (rows.ADJUSTMENTS), by kind
         where_source, where_row, lengths, has_image = [], [], [], []
         for i, source in enumerate(mixture):
             resolved = resolve(source, f"data.mixture[{i}]")
-            index = load_index(resolved, encoder, system_prompt, count_tokens=length_estimate == "tokens")
+            index = load_index(resolved, encoder, system_prompt, count_tokens=length_estimate == "tokens",
+                               image_placement=image_placement)
             table = index.data  # Arrow columns, memory-mapped: no row or string becomes a Python object here
             whole = _flags(pc.equal(table.column("position"), WHOLE_FILE))
             position_rows = np.flatnonzero(~whole)
@@ -149,6 +153,9 @@ class SupervisedDataset(Dataset):
                     "download again (data/README.md)", file=str(resolved.files[0].parent), row=WHOLE_FILE,
                     cause="rows_missing"))
             good = np.setdiff1d(taken, bad, assume_unique=True)
+            for kinds, n in Counter(table.column("adjusted").take(pa.array(good)).to_pylist()).items():
+                for kind in filter(None, kinds.split(",")):
+                    self.adjusted[kind] = self.adjusted.get(kind, 0) + n
             counts = table.column("tokens" if length_estimate == "tokens" else "words").to_numpy()
             images = ~_flags(pc.equal(table.column("image"), ""))
             _probe_image_folder(index, resolved, good[images[good]], f"data.mixture[{i}]")
@@ -163,6 +170,8 @@ class SupervisedDataset(Dataset):
         self.lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
         self.has_image = np.concatenate(has_image) if has_image else np.zeros(0, bool)
         self.rows = Rows(self)
+        for kind, n in self.adjusted.items():
+            log.info("%d rows: %s, as LLaVA's training code does (data/README.md)", n, kind.replace("_", " "))
         if self.rejected:
             log.warning("skipped %d bad rows at load time %s; first: %s", len(self.rejected),
                         count_by_cause(self.rejected), self.rejected[0]["message"])

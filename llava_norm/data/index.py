@@ -49,6 +49,7 @@ def features():
         "words": Value("int32"),  # words + the image's tokens: the cheap length estimate
         "tokens": Value("int32"),  # encoded length, image tokens included (-1 when not counted)
         "cause": Value("string"),  # "" for a good row, else a rows.SKIP_CAUSES entry
+        "adjusted": Value("string"),  # what the row rules changed in a good row: rows.ADJUSTMENTS, comma-joined
         "message": Value("string"),
     })
 
@@ -69,7 +70,7 @@ def counting_key(encoder: ConversationTokenizer, system_prompt: str | None, coun
     return key
 
 
-def index_fingerprint(source: ResolvedSource, counting: dict) -> str:
+def index_fingerprint(source: ResolvedSource, counting: dict, image_placement: str = "front") -> str:
     code = hashlib.sha256()
     here = Path(__file__).resolve().parent
     for name in RULE_MODULES:
@@ -77,7 +78,8 @@ def index_fingerprint(source: ResolvedSource, counting: dict) -> str:
     # the content fingerprint samples a big file; its size and modification time catch an edit in between
     spec = {"kind": source.kind,
             "files": [[str(f), fingerprint(f), f.stat().st_size, f.stat().st_mtime_ns] for f in source.files],
-            "image_folder": source.image_folder, "code": code.hexdigest(), "counting": counting}
+            "image_folder": source.image_folder, "code": code.hexdigest(), "counting": counting,
+            "image_placement": image_placement}
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -97,7 +99,7 @@ def _entries(source: ResolvedSource, files: list[int]):
 
 
 def _generate(files: list[int], source: ResolvedSource, encoder: ConversationTokenizer, system_prompt: str | None,
-              count_tokens: bool):
+              count_tokens: bool, image_placement: str = "front"):
     """The entries of ``files`` (indexes into ``source.files``); datasets splits the list into
     contiguous runs, one per process, and keeps their order."""
     first = source.files[0] if len(source.files) == 1 else f"{len(source.files)} files in {source.files[0].parent}"
@@ -123,13 +125,14 @@ def _generate(files: list[int], source: ResolvedSource, encoder: ConversationTok
         if f != current:
             current, index_in_file = f, 0
         entry = {"file": f, "position": position, "row_id": "", "messages": [], "image": "", "group": group,
-                 "group_row": group_row, "words": 0, "tokens": -1, "cause": "", "message": ""}
+                 "group_row": group_row, "words": 0, "tokens": -1, "cause": "", "message": "", "adjusted": ""}
         try:
             if isinstance(raw, BadSampleError):
                 raise raw
-            row = check_row(raw, str(source.files[f]), index_in_file, position or None)
+            row = check_row(raw, str(source.files[f]), index_in_file, position or None, image_placement)
             entry.update(row_id=row.row_id, messages=row.messages, image=row.image or "",
-                         words=row.words + (encoder.tokens_per_image if row.image else 0))
+                         words=row.words + (encoder.tokens_per_image if row.image else 0),
+                         adjusted=",".join(row.adjustments))
         except BadSampleError as error:
             entry.update(row_id=error.row, cause=error.cause, message=str(error))
         if position != WHOLE_FILE:
@@ -141,16 +144,16 @@ def _generate(files: list[int], source: ResolvedSource, encoder: ConversationTok
 
 
 def load_index(source: ResolvedSource, encoder: ConversationTokenizer, system_prompt: str | None,
-               count_tokens: bool):
+               count_tokens: bool, image_placement: str = "front"):
     """The source's index as a ``datasets.Dataset`` (memory-mapped): built and cached by the
     first process that asks for it (under ``datasets``' own file lock), mapped by the rest."""
     from datasets import Dataset
 
-    key = index_fingerprint(source, counting_key(encoder, system_prompt, count_tokens))
+    key = index_fingerprint(source, counting_key(encoder, system_prompt, count_tokens), image_placement)
     size = sum(f.stat().st_size for f in source.files)
     processes = min(len(source.files), os.cpu_count() or 1, MAX_PROCESSES) if size >= PARALLEL_BYTES else 1
     return Dataset.from_generator(_generate, features=features(), fingerprint=key,
                                   num_proc=processes if processes > 1 else None,
                                   gen_kwargs={"files": list(range(len(source.files))), "source": source,
                                               "encoder": encoder, "system_prompt": system_prompt,
-                                              "count_tokens": count_tokens})
+                                              "count_tokens": count_tokens, "image_placement": image_placement})

@@ -38,6 +38,13 @@ SKIP_CAUSES = (
     "rows_missing",  # a hub dataset's shards hold fewer rows than its card says (row "*": a partial download)
 )
 WHOLE_FILE = "*"  # the ``row`` of a record that drops a whole file
+# data.image_placement (config_schema.IMAGE_PLACEMENTS): "front" moves a row's '<image>' to the
+# start of its turn, followed by a newline, as LLaVA-1.5's and LLaVA-NeXT's preprocess_multimodal
+# do (some LLaVA-665K rows end in "...?\n<image>", while every evaluation prompt starts
+# "<image>\n"); "keep" leaves it in place.
+# What the row rules changed in a row they kept (counted at load, never a skip): LLaVA's own
+# adjustments, so the same rows train the same way here.
+ADJUSTMENTS = ("first_gpt_turn_dropped", "image_moved_to_front")
 
 
 class BadSampleError(ValueError):
@@ -65,6 +72,7 @@ class CheckedRow:
     row_id: str
     messages: list[dict]
     image: str | None
+    adjustments: tuple[str, ...] = ()  # entries of ADJUSTMENTS
 
     @property
     def words(self) -> int:
@@ -123,9 +131,11 @@ def read_rows_file(path: Path) -> list:
     return rows
 
 
-def check_row(raw, source: str, index: int, position: str | None = None) -> CheckedRow:
+def check_row(raw, source: str, index: int, position: str | None = None, image_placement: str = "front") -> CheckedRow:
     """Validate one LLaVA row; raises BadSampleError naming the file and row id (and its
-    position in the file, a JSONL line or a parquet row, where the format has one)."""
+    position in the file, a JSONL line or a parquet row, where the format has one). As LLaVA's
+    training code does, a first turn from gpt is dropped (that turn only) and, with
+    ``image_placement`` "front", the '<image>' moves to the front of its turn."""
     row_id = str(raw["id"]) if isinstance(raw, dict) and raw.get("id") is not None else f"#{index}"
     where = f"{source}: row {row_id}" + (f" ({position})" if position else "")
 
@@ -147,9 +157,15 @@ def check_row(raw, source: str, index: int, position: str | None = None) -> Chec
         if not turn["value"].strip():  # an empty answer trains nothing; an empty question teaches the wrong thing
             raise bad(f"turn {t} ({turn['from']}) is empty", "empty_turn")
         messages.append({"role": role, "content": turn["value"]})
+    adjustments = []
+    first = next((i for i, m in enumerate(messages) if m["role"] != "system"), None)
+    if first is not None and messages[first]["role"] == "assistant":  # LLaVA drops it: a reply to nothing
+        messages = messages[:first] + messages[first + 1:]
+        adjustments.append("first_gpt_turn_dropped")
     dialogue = [m for m in messages if m["role"] != "system"]
     if not dialogue or dialogue[0]["role"] != "user" or not any(m["role"] == "assistant" for m in dialogue):
-        raise bad("conversation must start with a human turn and have a gpt turn")
+        raise bad("conversation must start with a human turn (after a first gpt turn, which is dropped) and have "
+                  "a gpt turn")
     n_placeholders = sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages)
     image = raw.get("image")
     if image is not None and not isinstance(image, str):
@@ -158,4 +174,10 @@ def check_row(raw, source: str, index: int, position: str | None = None) -> Chec
         raise bad(f"{n_placeholders} '<image>' placeholders for {1 if image else 0} image(s)", "image_count_mismatch")
     if image and IMAGE_PLACEHOLDER not in dialogue[0]["content"]:
         raise bad("'<image>' must be in the first human turn", "image_placeholder_misplaced")
-    return CheckedRow(row_id, messages, image or None)
+    if image and image_placement == "front":
+        turn = dialogue[0]
+        moved = IMAGE_PLACEHOLDER + "\n" + turn["content"].replace(IMAGE_PLACEHOLDER, "").strip()
+        if moved != turn["content"]:
+            messages = [{**m, "content": moved} if m is turn else m for m in messages]
+            adjustments.append("image_moved_to_front")
+    return CheckedRow(row_id, messages, image or None, tuple(adjustments))

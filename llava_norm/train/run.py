@@ -258,7 +258,8 @@ def run_training(config: RunConfig) -> Path | None:
     # wait, then map what it wrote from the datasets cache (its file lock covers a shared cache).
     with args.main_process_first(local=True, desc="data index"):
         dataset = SupervisedDataset(d.mixture, encoder, bundle.image_processor, max_length, d.image_aspect,
-                                    d.on_bad_sample, d.length_estimate, system_prompt=d.system_prompt)
+                                    d.on_bad_sample, d.length_estimate, system_prompt=d.system_prompt,
+                                    image_placement=d.image_placement)
     pad_id = bundle.tokenizer.pad_token_id
 
     def collate_fn(examples):
@@ -306,7 +307,7 @@ def run_training(config: RunConfig) -> Path | None:
         summary = {"complete": True, "global_step": trainer.state.global_step,
                    "steps_this_launch": trainer.state.global_step - trainer._initial_global_step,
                    "resumed_from": str(plan.checkpoint) if plan.checkpoint else None, "train_loss": result.training_loss,
-                   "rows_rejected_at_load": len(dataset.rejected), "rows_skipped_when_drawn": len(skipped) - len(dataset.rejected),
+                   "rows_rejected_at_load": len(dataset.rejected), "rows_adjusted_at_load": dataset.adjusted, "rows_skipped_when_drawn": len(skipped) - len(dataset.rejected),
                    "skipped_by_cause": by_cause, "log_history": trainer.state.log_history}
         (out / SUMMARY).write_text(json.dumps(summary, indent=2))
         finish_record(config, record, {"model": model_dir, "projector": out / PROJECTOR_FILE})
