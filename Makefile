@@ -18,12 +18,13 @@ $(STAMP): requirements.txt requirements-plugin-test.txt pyproject.toml
 
 install: $(STAMP)
 
-# Three pytest-xdist workers on two cores: the launch-bound tests spend much of their time
-# waiting (process start-up, collectives, kill-and-relaunch), so a third worker fills it.
+# pytest-xdist, one test module per worker at a time (its module-scoped runs built once). Three
+# workers on two cores: the launch-bound modules wait on process start-up and collectives,
+# and the in-process modules fill those waits.
 TEST_JOBS ?= 3
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
 
 # Each named break of tests/breaks.py applied in turn: the test that names it must fail.
 check-breaks: $(STAMP)

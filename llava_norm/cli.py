@@ -18,16 +18,22 @@ def _train(args) -> None:
     # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.config import ConfigError, load_config
     from llava_norm.data.dataset import BadSampleError
+    from llava_norm.train.preflight import preflight
     from llava_norm.train.relaunch import RelaunchError
-    from llava_norm.train.run import run_training
+    from llava_norm.train.run import LaunchCheckError, run_training
     from llava_norm.train.trainer import ResumeError
 
-    try:
-        config = load_config(args.config, args.overrides)
+    try:  # what the config names on this machine is the launch check's (below): every problem at once
+        config = load_config(args.config, args.overrides, check_paths=False)
     except ConfigError as error:
         sys.exit(f"config error: {error}")
-    try:
-        run_training(config)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    try:  # the checks of `llava-norm check`, on this launch's shape (the start-up plan is printed apart)
+        run_training(config, check=lambda: preflight(args.config, args.overrides, per_node, max(1, world // per_node),
+                                                      plan=False))
+    except LaunchCheckError as error:  # one line per problem, as `llava-norm check` lists them before a launch
+        sys.exit("\n".join(f"config error: {problem}" for problem in str(error).splitlines()))
     except (RelaunchError, ResumeError) as error:
         sys.exit(f"relaunch refused: {error}")
     except ConfigError as error:  # what only the backbones' own configs can tell (data.packing's LLM family)
@@ -37,6 +43,27 @@ def _train(args) -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # leave together: no rank tears the group down under one still saving
         dist.destroy_process_group()
+
+
+def _check(args) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
+    from llava_norm.plan import gpu_memory
+    from llava_norm.train.preflight import json_report, preflight, print_report
+
+    for name in ("gpus", "nodes"):
+        if getattr(args, name) < 1:
+            sys.exit(f"check: --{name} must be at least 1")
+    try:
+        memory = gpu_memory(args.gpu) if args.gpu else args.gpu_memory
+    except ValueError as error:
+        sys.exit(f"check: {error}")
+    report = preflight(args.config, args.overrides, args.gpus, args.nodes, memory, args.gpu)
+    if args.json:
+        print(json_report(report))
+    else:
+        print_report(report)
+    if not report.ok:
+        sys.exit(1)
 
 
 def _plan(args) -> None:
@@ -194,7 +221,7 @@ def _sweep_argv(args) -> list[str]:
 
 def _sweep(args) -> None:
     # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.sweep import SlurmSettings, arm_dirs, parse_seeds, write_slurm
+    from llava_norm.sweep import GridProblems, SlurmSettings, arm_dirs, parse_seeds, write_slurm
 
     try:
         config = _chain_config(args, arm_dirs(args.backbone, args.arms, args.baseline), seeds=parse_seeds(args.seeds),
@@ -202,10 +229,15 @@ def _sweep(args) -> None:
         if args.slurm:
             if args.task is not None or args.table_only:
                 raise ValueError("--slurm writes the whole grid's files; --task and --table-only are what they run")
-            settings = SlurmSettings(args.slurm_gpus, time=args.slurm_time, extra=args.slurm_arg)
+            settings = SlurmSettings(args.slurm_gpus, args.slurm_cpus_per_task, args.slurm_time, args.slurm_arg,
+                                     args.slurm_mem)
             for path in write_slurm(config, _sweep_argv(args), args.slurm, settings):
                 print(f"written: {path}")
             return
+    except GridProblems as error:
+        for problem in error.problems:
+            print(f"problem: {problem}")
+        sys.exit(f"sweep: {len(error.problems)} problem(s) a launch would meet (llava-norm check); nothing written")
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"sweep: {error}")
     _run_chain(config, "sweep", args.dry_run)
@@ -243,6 +275,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=2e-5 train.max_steps=10")
     p.set_defaults(func=_train)
+
+    p = sub.add_parser("check", help="everything that can fail at launch, one line each: config, environment, "
+                                     "world size, DeepSpeed JSON, data, backbones, the plan's fit")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, as for train")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs (processes) per node (default 1)")
+    p.add_argument("--nodes", type=int, default=1)
+    memory = p.add_mutually_exclusive_group()
+    memory.add_argument("--gpu", help="GPU by name, e.g. h100-80gb: the plan's fit is checked against it")
+    memory.add_argument("--gpu-memory", type=float, help="GPU memory in GiB")
+    p.add_argument("--json", action="store_true", help="problems and summary as JSON")
+    p.set_defaults(func=_check)
 
     p = sub.add_parser("plan", help="memory and compute per GPU of a config before launch (configs only, no weights)")
     p.add_argument("config")
@@ -290,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slurm", metavar="DIR", help="write DIR/sweep.sbatch (an array, one task per chain), "
                                                   "DIR/table.sbatch and DIR/submit.sh instead of running")
     p.add_argument("--slurm-gpus", type=int, default=1, help="GPUs (processes) per array task (default 1)")
+    p.add_argument("--slurm-cpus-per-task", type=int, help="CPUs per array task (default 8 per GPU)")
+    p.add_argument("--slurm-mem", help="host memory per array task, e.g. 400G (default: the plan's start-up "
+                                       "estimate for the task's processes, plus a quarter)")
     p.add_argument("--slurm-time", default="24:00:00", help="time limit per array task")
     p.add_argument("--slurm-arg", action="append", default=[], metavar="FLAG",
                    help="extra #SBATCH line, e.g. --slurm-arg=--partition=gpu")
@@ -327,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # `plan CONFIG --gpus 8 train.loss=fused`: overrides may follow the options
-        if args.command != "plan" or any(e.startswith("-") or "=" not in e for e in extra):
+        if args.command not in ("plan", "check") or any(e.startswith("-") or "=" not in e for e in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides += extra
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

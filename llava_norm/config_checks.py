@@ -19,8 +19,23 @@ from llava_norm.layout import PROJECTOR_ORIGIN, PROJECTOR_PREFIX
 
 def check_paths(config: RunConfig) -> None:
     """What the config names on this machine: files, directories, packages. Reads headers and
-    small JSON files only, never weights or data rows."""
-    m, t = config.model, config.train
+    small JSON files only, never weights or data rows. Raises the first problem found."""
+    for check in PATH_CHECKS:
+        check(config)
+
+
+def path_problems(config: RunConfig) -> list[str]:
+    """Every problem ``check_paths`` would raise, one line each (``llava-norm check``)."""
+    problems = []
+    for check in PATH_CHECKS:
+        try:
+            check(config)
+        except ConfigError as error:
+            problems.append(str(error))
+    return problems
+
+
+def _data_paths(config: RunConfig) -> None:
     for i, source in enumerate(config.data.mixture):
         if source.hub and not source.path:  # resolved (and downloaded, when online) by the run itself
             continue
@@ -36,20 +51,35 @@ def check_paths(config: RunConfig) -> None:
                 raise ConfigError(f"key 'data.mixture[{i}].path': {source.path} is not .json, .jsonl or .parquet")
         if source.image_folder:
             _must_exist(source.image_folder, f"data.mixture[{i}].image_folder", kind="dir")
+
+
+def _backbone_dirs(config: RunConfig) -> None:
+    m = config.model
     for key in ("vision_tower", "llm"):
         if _looks_local(getattr(m, key)):
             _must_exist(getattr(m, key), f"model.{key}", kind="dir")
             if not (Path(getattr(m, key)).expanduser() / "config.json").is_file():
                 raise ConfigError(f"key 'model.{key}': {getattr(m, key)} has no config.json (not a model directory)")
-    if m.attn_implementation == "flash_attention_2":
+
+
+def _attention(config: RunConfig) -> None:
+    if config.model.attn_implementation == "flash_attention_2":
         from transformers.utils import is_flash_attn_2_available
 
         if not is_flash_attn_2_available():
             raise ConfigError("key 'model.attn_implementation': flash_attention_2 needs the flash-attn package "
                               "and a CUDA GPU; use sdpa")
+
+
+def _chat_template(config: RunConfig) -> None:
+    m = config.model
     if config.data.prompt_format == "chat" and _looks_local(m.llm) and not _has_chat_template(Path(m.llm).expanduser()):
         raise ConfigError(f"key 'data.prompt_format': 'chat' needs a chat template, but the tokenizer in {m.llm} "
                           "has none; use 'plain' or a chat model")
+
+
+def _packing_family(config: RunConfig) -> None:
+    m = config.model
     if config.data.packing and _looks_local(m.llm):
         try:
             model_type = json.loads((Path(m.llm).expanduser() / "config.json").read_text()).get("model_type", "")
@@ -58,10 +88,20 @@ def check_paths(config: RunConfig) -> None:
         problem = packing_llm_problem(model_type) if model_type is not None else None
         if problem:
             raise ConfigError(problem)
-    if m.pretrained_projector:
+
+
+def _projector(config: RunConfig) -> None:
+    if config.model.pretrained_projector:
         _check_projector(config)
-    if t.deepspeed:
+
+
+def _deepspeed(config: RunConfig) -> None:
+    if config.train.deepspeed:
         _check_deepspeed(config)
+
+
+def _resume_and_output(config: RunConfig) -> None:
+    t = config.train
     if t.resume not in ("auto", "none"):
         _must_exist(t.resume, "train.resume", kind="dir")
         if not (Path(t.resume).expanduser() / "trainer_state.json").is_file():
@@ -69,7 +109,11 @@ def check_paths(config: RunConfig) -> None:
                               "use auto, none or a checkpoint dir")
     if Path(t.output_dir).expanduser().exists() and not Path(t.output_dir).expanduser().is_dir():
         raise ConfigError(f"key 'train.output_dir': {t.output_dir} exists and is not a directory")
-    if config.lora.enabled and (config.lora.lm_head or config.lora.target_modules) and _looks_local(m.llm):
+
+
+def _lora_targets(config: RunConfig) -> None:
+    lora = config.lora
+    if lora.enabled and (lora.lm_head or lora.target_modules) and _looks_local(config.model.llm):
         _check_lora_targets(config)
 
 
@@ -201,3 +245,6 @@ def _must_exist(path: str, key: str, kind: str = "") -> None:
         raise ConfigError(f"key '{key}': not a {'directory' if kind == 'dir' else 'file'}: {path}")
 
 
+# check_paths' steps, in order; each raises its own ConfigError
+PATH_CHECKS = (_data_paths, _backbone_dirs, _attention, _chat_template, _packing_family, _projector, _deepspeed,
+               _resume_and_output, _lora_targets)

@@ -10,6 +10,7 @@ or reuses its steps by their provenance records, exactly as a local rerun does.
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import sys
@@ -23,6 +24,14 @@ from llava_norm.pipeline import REPO, PipelineConfig, runs
 # from its array job and task ids. A one-GPU task leaves MASTER_PORT unset, so its single
 # process picks a free port itself (``train.run``).
 BASE_PORT, PORT_RANGE = 20000, 40000
+
+
+class GridProblems(ValueError):
+    """Problems ``llava-norm check`` found in a grid's stage configs; nothing was written."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
 DATA_VARIABLES = ("LLAVA_DATA", "EVAL_DATA")
 
 
@@ -63,9 +72,51 @@ def parse_seeds(text: str) -> list[int]:
 @dataclass
 class SlurmSettings:
     gpus: int = 1  # per task: one node, this many processes (>= 1)
-    cpus_per_gpu: int = 8
+    cpus_per_task: int | None = None  # None: 8 per GPU
     time: str = "24:00:00"
     extra: list[str] = field(default_factory=list)  # more #SBATCH lines, e.g. "--partition=gpu"
+    mem: str | None = None  # per task, e.g. "400G"; None: from the plan (``check_grid``)
+
+
+# A task's host memory: the plan's start-up estimate (every process holds the fp32 model before
+# DeepSpeed partitions it) and a quarter more for the Python processes, data workers and buffers.
+MEMORY_MARGIN = 1.25
+
+
+def check_grid(config: PipelineConfig, gpus: int) -> tuple[list[str], float | None]:
+    """What the grid's launches would meet on one node of ``gpus`` processes (``llava-norm check``
+    for every arm's two stage configs; seeds change nothing it reads), each problem prefixed with
+    the arm and stage, and the host memory a task needs in GiB (None without a plan)."""
+    # lazy: the checks load the configs, the data sources' footers and the plan
+    from llava_norm.evaluation.settings import resolve_benchmarks
+    from llava_norm.train.preflight import preflight
+
+    problems, host, sources = [], None, {}
+    try:
+        resolve_benchmarks(config.benchmarks.split(","), config.data_root, {}, {})
+    except (ValueError, FileNotFoundError) as error:
+        where = "" if "EVAL_DATA" in os.environ else " (EVAL_DATA is unset)"
+        problems.append(f"evaluation: {error}{where}")
+    for i, arm in enumerate(config.arms):
+        for stage in (1, 2):
+            # stage 2 starts from the projector its chain's stage 1 writes: checked when stage 2 starts
+            overrides = [*config.stage1_overrides] if stage == 1 else [*config.stage2_overrides,
+                                                                     "model.pretrained_projector=null"]
+            report = preflight(Path(arm) / f"stage{stage}.yaml", overrides, gpus, plan=i == 0, sources=sources)
+            problems += [f"{Path(arm).name} stage {stage}: {p}" for p in report.problems]
+            if report.plan is not None:
+                host = max(host or 0.0, report.plan.host_memory_gib())
+    return problems, host
+
+
+def launch_dir() -> Path:
+    """Where the Slurm jobs run: the checkout this command runs in, which must be the one the
+    package is installed from (its scripts and code are what the jobs run)."""
+    here = Path.cwd().resolve()
+    if (here / "llava_norm" / "__init__.py").is_file() and here != REPO.resolve():
+        raise ValueError(f"this command runs in the checkout {here}, but the llava_norm package is installed from "
+                         f"{REPO}: install this checkout (pip install -e .) or run the command from {REPO}")
+    return here
 
 
 def write_slurm(config: PipelineConfig, argv: list[str], out_dir: str | Path, slurm: SlurmSettings) -> list[Path]:
@@ -75,6 +126,12 @@ def write_slurm(config: PipelineConfig, argv: list[str], out_dir: str | Path, sl
     task runs them with ``--task``, the table job with ``--table-only``."""
     if slurm.gpus < 1:
         raise ValueError(f"--slurm-gpus must be at least 1, got {slurm.gpus}")
+    workdir = launch_dir()
+    problems, host = check_grid(config, slurm.gpus)
+    if problems:
+        raise GridProblems(problems)
+    mem = slurm.mem or (f"{math.ceil(host * MEMORY_MARGIN)}G" if host else None)
+    cpus = slurm.cpus_per_task or 8 * slurm.gpus
     out = Path(out_dir).resolve()
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -91,9 +148,9 @@ def write_slurm(config: PipelineConfig, argv: list[str], out_dir: str | Path, sl
         f"{header}# {len(grid)} tasks, one (arm, seed) chain each:\n{listing}\n"
         f"#SBATCH --job-name=llava-norm-sweep\n#SBATCH --array=0-{len(grid) - 1}\n#SBATCH --nodes=1\n"
         f"#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node={slurm.gpus}\n"
-        f"#SBATCH --cpus-per-task={slurm.cpus_per_gpu * slurm.gpus}\n#SBATCH --time={slurm.time}\n"
+        f"#SBATCH --cpus-per-task={cpus}\n{f'#SBATCH --mem={mem}' + chr(10) if mem else ''}#SBATCH --time={slurm.time}\n"
         f"#SBATCH --requeue\n#SBATCH --output=\"{logs}/task_%a_job_%A.out\"\n{extra}"
-        f"set -euo pipefail\ncd {shlex.quote(str(REPO))}\n{data_env}"
+        f"set -euo pipefail\ncd {shlex.quote(str(workdir))}\n{data_env}"
         f"export GPUS_PER_NODE={slurm.gpus}\n{port}"
         f'exec {command} --task "$SLURM_ARRAY_TASK_ID"\n'
     )
@@ -101,7 +158,7 @@ def write_slurm(config: PipelineConfig, argv: list[str], out_dir: str | Path, sl
         f"{header}# The statistics table of whatever tasks finished.\n#SBATCH --job-name=llava-norm-table\n"
         f"#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=4\n#SBATCH --time=01:00:00\n"
         f"#SBATCH --output=\"{logs}/table_job_%j.out\"\n{extra}"
-        f"set -euo pipefail\ncd {shlex.quote(str(REPO))}\n{data_env}"
+        f"set -euo pipefail\ncd {shlex.quote(str(workdir))}\n{data_env}"
         # The tasks' process count: what each run's record is checked against.
         f"export GPUS_PER_NODE={slurm.gpus}\nexec {command} --table-only\n"
     )

@@ -102,13 +102,7 @@ def references(tmp_path_factory):
     return get
 
 
-# The cases that share one uninterrupted reference (ZeRO-2 stage 2 on 2 processes) stay on one
-# pytest-xdist worker, so it is trained once.
-SHARED_REFERENCE = pytest.mark.xdist_group("zero2-stage2-reference")
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, marks=SHARED_REFERENCE) if CASES[c][1:3] == (2, 2) and
-                                  "packed" not in c else c for c in CASES])
+@pytest.mark.parametrize("case", list(CASES))
 def test_killed_run_resumes_exactly(tmp_path, tiny_dir, references, case):
     shape, stage, zero, kills = CASES[case]
     world, bad = (1 if shape == "one-process" else 2), "bad-rows" in case
@@ -166,7 +160,6 @@ def test_killed_run_resumes_exactly(tmp_path, tiny_dir, references, case):
 SAVE_KILLS = [(2, "early"), (3, "middle"), (5, "late")]
 
 
-@SHARED_REFERENCE
 def test_a_kill_during_a_save_resumes_from_the_checkpoint_before(tmp_path, tiny_dir, references):
     config = _config(tmp_path, tiny_dir, 2, STEPS_PER_EPOCH * 2 * 2 * 2)
     common = [f"train.deepspeed={ZERO[2]}"]

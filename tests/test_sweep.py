@@ -8,6 +8,7 @@ statistics on models that differ.
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,10 @@ def test_slurm_files_name_every_chain_and_a_port_per_task(sweep):
     assert '--task "$SLURM_ARRAY_TASK_ID"' in array and f'--output="{sweep.slurm}/logs/task_%a_job_%A.out"' in array
     assert "--table-only" in (sweep.slurm / "table.sbatch").read_text()
     assert f"sweep {REPO / 'configs/recipe-1gpu'} " in array and "--eval-arg=--limit=500" in array
+    # checked before it was written: the tasks run where the command ran, with the plan's host memory
+    assert f"\ncd {REPO}\n" in array and "#SBATCH --cpus-per-task=8\n" in array
+    mem = re.search(r"#SBATCH --mem=(\d+)G\n", array)
+    assert mem and int(mem.group(1)) >= 1
 
 
 def test_multi_gpu_tasks_take_a_port_from_their_job_and_task(sweep, tmp_path):
@@ -84,6 +89,7 @@ def test_multi_gpu_tasks_take_a_port_from_their_job_and_task(sweep, tmp_path):
     assert done.returncode == 0, done.stderr
     array = (tmp_path / "sweep.sbatch").read_text()
     assert "#SBATCH --gpus-per-node=2" in array and "export GPUS_PER_NODE=2" in array
+    assert "#SBATCH --cpus-per-task=16\n" in array
     assert "MASTER_PORT=$((20000 + (SLURM_ARRAY_JOB_ID * 97 + SLURM_ARRAY_TASK_ID) % 40000))" in array
     assert "export GPUS_PER_NODE=2" in (tmp_path / "table.sbatch").read_text()  # records are checked at 2
 

@@ -90,6 +90,12 @@ class Plan:
     def checkpointing(self) -> bool:
         return self.config.train.gradient_checkpointing
 
+    def host_memory_gib(self) -> float:
+        """Host memory per node at start-up: each of the node's processes builds the whole model in
+        fp32 on the CPU (4 bytes a parameter) before DeepSpeed partitions it (README, "Training on a
+        cluster"). Data workers and the Python processes themselves come on top."""
+        return self.gpus * 4 * self.total_params / 2 ** 30
+
     @property
     def tokens_per_step(self) -> int:
         return self.batch * self.seq * self.grad_accum * self.world

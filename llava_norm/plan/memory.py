@@ -15,6 +15,7 @@ Owns three estimates, each from the meta-device model (no weights, no data):
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass
 
@@ -98,6 +99,9 @@ def model_states(trained: int, frozen: int, largest: int, layout: str, gpus: int
     DDP's gradient buckets, a second fp32 copy of the gradients when several processes run),
     bf16_adamw (bf16 weights, gradients and Adam moments, as bench/gpu_step.py trains)."""
     world = gpus * nodes
+    if layout in ("zero2", "zero3") and not torch.cuda.is_available():
+        # a plan made on a machine without a GPU: DeepSpeed would warn that it found none
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if layout == "zero2":
         from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 

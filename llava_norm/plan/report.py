@@ -85,6 +85,8 @@ def format_plan(plan: Plan, config_name: str = "") -> str:
     lines.append(f"  per optimizer step: {plan.tokens_per_step:,} token slots (rows padded to {plan.seq}), "
                  f"{flops.total / 1e15:.2f} PFLOP of model FLOPs (vision {flops.vision / 1e15:.2f}, "
                  f"projector {flops.projector / 1e15:.3f}, llm {flops.llm / 1e15:.2f})")
+    lines.append(f"  host memory per node at start-up: {plan.host_memory_gib():.1f} GiB (each of the node's "
+                 f"{_n(plan.gpus, 'process')} holds the fp32 model before DeepSpeed partitions it)")
     lines.append("  " + verdict(plan))
     if plan.fits(plan.peak()) is False:
         if plan.alternatives:
@@ -111,4 +113,5 @@ def plan_dict(plan: Plan) -> dict:
         "configured_peak_bytes": plan.peak(), "fits": plan.fits(plan.peak()),
         "tokens_per_step": plan.tokens_per_step, "model_flops_per_step": plan.step_flops.total,
         "alternatives": [{"change": change, "peak_gib": peak} for change, peak in plan.alternatives],
+        "host_memory_gib_per_node": plan.host_memory_gib(),
     }

@@ -211,10 +211,20 @@ def save_final(trainer: LlavaNormTrainer, bundle: Bundle, config: RunConfig) -> 
     return model_dir
 
 
-def run_training(config: RunConfig) -> Path | None:
-    """Train, resume or (for a finished run) do nothing; returns the model dir, or None if done already."""
+class LaunchCheckError(RuntimeError):
+    """What ``llava-norm check`` found wrong with this launch, one problem per line."""
+
+
+def run_training(config: RunConfig, check=None) -> Path | None:
+    """Train, resume or (for a finished run) do nothing; returns the model dir, or None if done already.
+    ``check``: the launch's preflight (``llava_norm.train.preflight``), run by each node's first
+    process before anything loads; its problems stop the launch."""
     t = config.train
     plan = plan_launch(config)  # before any model or data loads: refusals cost nothing
+    if check is not None and plan.action != "done" and int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        report = check()
+        if not report.ok:
+            raise LaunchCheckError("\n".join(report.problems))
     if plan.action == "done":
         if int(os.environ.get("RANK", "0")) == 0:
             out = Path(t.output_dir)

@@ -1,0 +1,247 @@
+"""``llava-norm check``: what can fail at launch, found before a job is queued.
+
+Owns the preflight of one config on a given launch shape: the config itself and the
+environment variables its YAML files read; the world size against the global batch; the
+DeepSpeed JSON and the paths the config names; each data source (a sample of a JSON source's
+images in their folder, every parquet shard's footer, a hub card's row count); each backbone
+(a local folder, or the hub cache when offline, and a gated id without a token); and the plan's
+verdict on the GPU named. Every problem is one line naming the key, file or variable.
+``llava-norm train`` runs it on rank 0 before anything loads, and ``llava-norm sweep --slurm``
+for every stage config of its grid before it writes a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llava_norm.config import _read_yaml_chain, load_config
+from llava_norm.config_checks import path_problems
+from llava_norm.config_schema import ConfigError, DataSource, RunConfig, effective_grad_accum
+from llava_norm.data.rows import read_rows_file
+from llava_norm.data.sources import resolve
+
+# ${oc.env:NAME} or ${oc.env:NAME,default} in a YAML file
+ENV_REFERENCE = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
+# Hub organisations whose models are gated: a licence accepted on the hub, then a token.
+GATED_ORGANISATIONS = ("meta-llama/",)
+IMAGE_SAMPLE = 64  # images of a JSON source looked for in its image folder
+MAX_SHARD_LINES = 5  # unreadable shards named one by one; the rest are counted
+
+
+@dataclass
+class Report:
+    problems: list[str] = field(default_factory=list)
+    summary: list[str] = field(default_factory=list)
+    config: RunConfig | None = None
+    plan: object | None = None  # llava_norm.plan.Plan, when one could be made
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _values(tree, prefix: str = ""):
+    """(dotted key, string value) of every string in a config tree; list items as key[i]."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _values(value, f"{prefix}.{key}" if prefix else key)
+    elif isinstance(tree, list):
+        for i, value in enumerate(tree):
+            yield from _values(value, f"{prefix}[{i}]")
+    elif isinstance(tree, str):
+        yield prefix, tree
+
+
+def unset_variables(path: Path, config: RunConfig) -> list[str]:
+    """A problem line for each environment variable the config's YAML chain reads, that is
+    unset, and whose fallback the resolved config still uses (an override may have replaced it)."""
+    values = list(_values(dataclasses.asdict(config)))
+    problems, seen = [], set()
+    for source, _ in _read_yaml_chain(Path(path)):
+        for name, default in ENV_REFERENCE.findall(source.read_text()):
+            if name in os.environ or name in seen or not default:
+                continue  # no fallback: the config does not resolve, and loading it said so
+            used = [(key, value) for key, value in values if value.startswith(default)]
+            if used:
+                seen.add(name)
+                key, value = used[0]
+                problems.append(f"environment variable {name} is unset: key '{key}' falls back to {value} "
+                                f"({source} reads it)")
+    return problems
+
+
+@contextlib.contextmanager
+def _world(size: int):
+    """WORLD_SIZE as the launch will set it, for the checks that read it."""
+    before = os.environ.get("WORLD_SIZE")
+    os.environ["WORLD_SIZE"] = str(size)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("WORLD_SIZE", None)
+        else:
+            os.environ["WORLD_SIZE"] = before
+
+
+def _sizes_that_divide(config: RunConfig, upto: int = 64) -> list[int]:
+    t = config.train
+    return [w for w in range(1, upto + 1) if t.global_batch_size % (t.per_device_batch_size * w) == 0]
+
+
+def source_problems(source: DataSource, key: str) -> tuple[list[str], int | None]:
+    """(problems, rows) of one mixture entry, reading footers and a sample of images only."""
+    try:
+        resolved = resolve(source, key)
+    except ConfigError as error:
+        return [str(error)], None
+    if resolved.kind == "parquet":
+        import pyarrow.parquet as pq
+
+        rows, problems, unreadable = 0, [], 0
+        for path in resolved.files:
+            try:
+                rows += pq.ParquetFile(path).metadata.num_rows
+            except Exception as error:  # noqa: BLE001 - any unreadable footer is the same problem
+                unreadable += 1
+                if unreadable <= MAX_SHARD_LINES:
+                    problems.append(f"key '{key}': {path} cannot be read as parquet ({type(error).__name__}: "
+                                    f"{str(error).splitlines()[0]}): a download cut short? Download it again")
+        if unreadable > MAX_SHARD_LINES:
+            problems.append(f"key '{key}': {unreadable - MAX_SHARD_LINES} more unreadable shards")
+        if resolved.expected_rows is not None and not problems and rows != resolved.expected_rows:
+            problems.append(f"key '{key}': the dataset card says {resolved.expected_rows} rows, the "
+                            f"{len(resolved.files)} shards hold {rows}: a partial download? Download it again")
+        return problems, rows
+    rows_total, problems = 0, []
+    for path in resolved.files:
+        try:
+            rows = read_rows_file(path)
+        except Exception as error:  # noqa: BLE001 - BadSampleError or OSError: the file as a whole
+            problems.append(f"key '{key}': {error}")
+            continue
+        rows_total += len(rows)
+        with_image = [r["image"] for r in rows if isinstance(r, dict) and isinstance(r.get("image"), str)]
+        if not with_image or not resolved.image_folder:
+            continue
+        step = max(1, len(with_image) // IMAGE_SAMPLE)
+        sample = with_image[::step][:IMAGE_SAMPLE]
+        folder = Path(resolved.image_folder).expanduser()
+        missing = [name for name in sample if not (folder / name).is_file()]
+        if len(missing) == len(sample):
+            problems.append(f"key '{key}.image_folder': none of {len(sample)} sampled images of {path} is under "
+                            f"{folder} (first looked for: {missing[0]}): the wrong folder, or the images not unpacked")
+    return problems, rows_total
+
+
+def backbone_problems(name: str, key: str) -> tuple[list[str], str]:
+    """(problems, where it will be read from) for a backbone named by ``key``."""
+    if Path(name).expanduser().exists() or name.startswith(("/", ".", "~")):
+        return [], f"local {name}"
+    from huggingface_hub import get_token, try_to_load_from_cache
+
+    cached = try_to_load_from_cache(name, "config.json")
+    if isinstance(cached, str):
+        return [], "hub cache"
+    problems = []
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        problems.append(f"key '{key}': {name} is not in the Hugging Face cache and HF_HUB_OFFLINE is set: "
+                        f"download it first (hf download {name})")
+    elif name.startswith(GATED_ORGANISATIONS) and not get_token():
+        problems.append(f"key '{key}': {name} is gated: accept its licence on huggingface.co, then set HF_TOKEN "
+                        "(or run `hf auth login`) before the launch downloads it")
+    return problems, "hub (downloaded at start-up)"
+
+
+def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1, gpu_memory_gib: float | None = None,
+              gpu_name: str | None = None, plan: bool = True, sources: dict | None = None) -> Report:
+    """The problems a launch of ``path`` with ``overrides`` on ``nodes`` x ``gpus`` processes
+    would meet, and a summary; ``plan``: also the plan's verdict (training prints its own);
+    ``sources``: results of data sources already read, by source (a grid's configs share them)."""
+    report = Report()
+    try:
+        config = load_config(path, overrides, check_paths=False)
+        report.problems += unset_variables(Path(path), config)
+    except ConfigError as error:
+        report.problems.append(str(error))
+        return report
+    report.config, world, t = config, gpus * nodes, config.train
+    try:
+        accum = effective_grad_accum(t, world)
+    except ConfigError:
+        report.problems.append(f"{path}: key 'train.global_batch_size': {t.global_batch_size} rows per step cannot be "
+                               f"split over {nodes} node(s) x {gpus} GPUs at {t.per_device_batch_size} per GPU; world "
+                               f"sizes that work: {_sizes_that_divide(config)}")
+        accum = None
+    rows = 0
+    sources = {} if sources is None else sources
+    for i, source in enumerate(config.data.mixture):
+        seen = (repr(source), i)
+        if seen not in sources:
+            sources[seen] = source_problems(source, f"data.mixture[{i}]")
+        problems, found = sources[seen]
+        report.problems += problems
+        rows += found or 0
+    with _world(world):  # the DeepSpeed JSON and the other paths the config names, as the launch checks them
+        for problem in path_problems(config):
+            key = re.search(r"key '([^']+)'", problem)
+            if not (key and any(f"'{key.group(1)}" in p for p in report.problems)):  # said already
+                report.problems.append(f"{path}: {problem}")
+    where = {}
+    for key in ("vision_tower", "llm"):
+        problems, where[key] = backbone_problems(getattr(config.model, key), f"model.{key}")
+        report.problems += problems
+    report.summary += [
+        f"world size {world} ({nodes} node(s) x {gpus} GPUs), gradient accumulation {accum}, "
+        f"global batch {t.global_batch_size or t.per_device_batch_size * (accum or 1) * world}",
+        f"data: {rows:,} rows in {len(config.data.mixture)} source(s) (before the row rules)",
+        f"backbones: vision {config.model.vision_tower} ({where['vision_tower']}); llm {config.model.llm} ({where['llm']})",
+    ]
+    if plan and accum is not None:  # without a world size that divides the batch there is no launch to plan
+        _plan(report, gpus, nodes, gpu_memory_gib, gpu_name)
+    return report
+
+
+def _plan(report: Report, gpus: int, nodes: int, memory: float | None, name: str | None) -> None:
+    # lazy: the plan builds the meta-device model (transformers' model code); the checks alone do not
+    from llava_norm.plan import make_plan
+
+    try:
+        plan = make_plan(report.config, gpus, nodes, memory, name, alternatives=memory is not None)
+    except Exception as error:  # noqa: BLE001 - a plan that cannot be made is said, in one line
+        report.problems.append(f"plan: {type(error).__name__}: {str(error).splitlines()[0]}")
+        return
+    report.plan, peak = plan, plan.peak() / 2 ** 30
+    host = plan.host_memory_gib()
+    line = f"plan: peak {peak:.1f} GiB per GPU; host memory at start-up about {host:.0f} GiB per node"
+    if plan.fits(plan.peak()) is False:
+        fixes = "; ".join(change for change, _ in plan.alternatives) or "none found"
+        report.problems.append(f"plan: peak {peak:.1f} GiB per GPU does not fit {memory:.1f} GiB "
+                               f"({name or 'given'}); single changes that fit: {fixes}")
+    report.summary.append(line + ("" if memory is None else f" ({'fits' if plan.fits(plan.peak()) else 'does not fit'} "
+                                                           f"{memory:.1f} GiB)"))
+
+
+def print_report(report: Report, out=None) -> None:
+    for problem in report.problems:
+        print(f"problem: {problem}", file=out)
+    if report.ok:
+        for line in report.summary:
+            print(line, file=out)
+        print("check: OK", file=out)
+    else:
+        print(f"check: {len(report.problems)} problem(s)", file=out)
+
+
+def json_report(report: Report) -> str:
+    return json.dumps({"problems": report.problems, "summary": report.summary}, indent=2)
+
+
+__all__ = ["Report", "backbone_problems", "json_report", "preflight", "print_report", "source_problems",
+           "unset_variables"]

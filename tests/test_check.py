@@ -1,0 +1,128 @@
+"""``llava-norm check``: every problem a launch would meet, one line each, before a job is queued;
+and ``train`` stopping on the same problems before anything loads."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from launch import REPO, env
+from tinydata import write_dataset, write_next_dataset
+
+from llava_norm.train.preflight import preflight
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, tiny_dir):
+    root = tmp_path_factory.mktemp("check")
+    data, images = write_dataset(root / "data", n=8, text_only_every=4)
+    shards = write_next_dataset(data, images, root / "next", shards=2) / "data"
+    config = root / "stage2.yaml"
+    config.write_text(f"""
+model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama, norm_alignment: ln_textnorm_gwc}}
+data: {{mixture: [{{path: "${{oc.env:CHECK_DATA,/nowhere}}/data.json", image_folder: {images}}}, {{path: {shards}}}],
+       prompt_format: chat, max_length: 256}}
+train: {{stage: 2, per_device_batch_size: 2, global_batch_size: 8, deepspeed: {REPO}/configs/deepspeed/zero2.json,
+        output_dir: {root}/out, report_to: []}}
+""")
+    return root, config, data, images, shards
+
+
+def test_a_good_launch_passes_with_a_summary(world, monkeypatch):
+    root, config, data, _, _ = world
+    monkeypatch.setenv("CHECK_DATA", str(data.parent))
+    report = preflight(config, [], gpus=2, gpu_memory_gib=80)
+    assert report.ok, report.problems
+    text = "\n".join(report.summary)
+    assert "world size 2 (1 node(s) x 2 GPUs), gradient accumulation 2, global batch 8" in text
+    assert "data: 16 rows in 2 source(s)" in text  # 8 JSON rows + the same 8 in the shards
+    assert "(fits 80.0 GiB)" in text and "host memory at start-up" in text
+
+
+def test_every_problem_is_one_line_naming_its_key_file_or_variable(world, monkeypatch, tmp_path):
+    root, config, data, images, shards = world
+    monkeypatch.delenv("CHECK_DATA", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    broken = tmp_path / "shards"
+    broken.mkdir()
+    for shard in shards.iterdir():
+        broken.joinpath(shard.name).write_bytes(shard.read_bytes()[:99])  # a download cut short
+    empty = tmp_path / "no_images"
+    empty.mkdir()
+    report = preflight(config, ["model.norm_alignment=ln_textnormx"], gpus=1)
+    assert len(report.problems) == 1 and "key 'model.norm_alignment'" in report.problems[0]  # nothing else is read
+    report = preflight(config, [f"data.mixture=[{{path: {data}, image_folder: {empty}}}, {{path: {broken}}}]",
+                                "model.llm=Org/not-downloaded-7B", "train.deepspeed=/nowhere/zero9.json"], gpus=3)
+    problems = "\n".join(report.problems)
+    assert all("\n" not in p for p in report.problems)
+    assert "8 rows per step cannot be split over 1 node(s) x 3 GPUs at 2 per GPU; world sizes that work: [1, 2, 4]" \
+        in problems
+    assert f"key 'data.mixture[0].image_folder': none of 6 sampled images of {data} is under {empty}" in problems
+    assert f"key 'data.mixture[1]': {broken}/train-00000-of-00002.parquet cannot be read as parquet" in problems
+    assert "key 'model.llm': Org/not-downloaded-7B is not in the Hugging Face cache and HF_HUB_OFFLINE is set" \
+        in problems
+    report = preflight(config, ["train.deepspeed=/nowhere/zero9.json"], gpus=2)
+    problems = "\n".join(report.problems)
+    assert "environment variable CHECK_DATA is unset: key 'data.mixture[0].path' falls back to /nowhere/data.json" \
+        in problems
+    assert "key 'train.deepspeed'" in problems
+
+
+def test_a_gated_backbone_without_a_token_is_named(world, monkeypatch, tmp_path):
+    _, config, data, _, _ = world
+    monkeypatch.setenv("CHECK_DATA", str(data.parent))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no cached token, no cached model
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    report = preflight(config, ["model.llm=meta-llama/Llama-3.2-3B-Instruct"], gpus=2, plan=False)
+    assert any("meta-llama/Llama-3.2-3B-Instruct is gated" in p and "HF_TOKEN" in p for p in report.problems), \
+        report.problems
+
+
+def test_the_command_exits_non_zero_and_train_stops_before_loading(world, tmp_path):
+    root, config, data, _, _ = world
+    command = [sys.executable, "-m", "llava_norm.cli", "check", str(config), "--gpus", "3"]
+    done = subprocess.run(command, cwd=REPO, env={**env(), "CHECK_DATA": str(data.parent)}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1 and "problem: " in done.stdout and "check: 1 problem(s)" in done.stdout, done.stdout
+    done = subprocess.run([*command[:-1], "2", "--json"], cwd=REPO, env={**env(), "CHECK_DATA": str(data.parent)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and json.loads(done.stdout)["problems"] == [], done.stdout + done.stderr
+    assert "Setting accelerator" not in done.stdout + done.stderr  # no DeepSpeed warning on a machine without a GPU
+    # train on one process: the same check, before any model or data loads
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "llava_norm.cli", "train", str(config), f"train.output_dir={out}",
+                           "train.deepspeed=null"], cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert "config error: environment variable CHECK_DATA is unset" in done.stderr
+    assert "config error: key 'data.mixture[0].path': file not found: /nowhere/data.json" in done.stderr
+    assert not out.exists() or not any(out.iterdir())  # nothing written
+
+
+def test_a_sweep_is_checked_before_its_slurm_files_are_written(tmp_path):
+    """The new user's trial: an arm typo, six GPUs for a global batch of 128, LLAVA_DATA and
+    EVAL_DATA unset, the backbones not downloaded on an offline node: each said, nothing written."""
+    import shutil
+
+    configs = tmp_path / "configs"
+    shutil.copytree(REPO / "configs", configs)
+    stage1 = configs / "llama3.2-3b/ln_textnorm/stage1.yaml"
+    text = stage1.read_text()
+    assert text.count("norm_alignment: ln_textnorm") == 1
+    stage1.write_text(text.replace("norm_alignment: ln_textnorm", "norm_alignment: nnone"))
+    environment = {k: v for k, v in env().items() if k not in ("LLAVA_DATA", "EVAL_DATA")}
+    out = tmp_path / "slurm"
+    done = subprocess.run([sys.executable, "-m", "llava_norm.cli", "sweep", str(configs / "llama3.2-3b"),
+                           "--arms", "none,ln_textnorm", "--seeds", "0,1", "--slurm", str(out), "--slurm-gpus", "6"],
+                          cwd=REPO, env={**environment, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1 and "nothing written" in done.stderr, done.stdout + done.stderr
+    problems = [line for line in done.stdout.splitlines() if line.startswith("problem: ")]
+    text = "\n".join(problems)
+    assert "ln_textnorm stage 1: " in text and "key 'model.norm_alignment'" in text and "nnone" in text
+    assert "none stage 2: " in text and "cannot be split over 1 node(s) x 6 GPUs" in text
+    assert "environment variable LLAVA_DATA is unset" in text
+    assert "evaluation: " in text and "(EVAL_DATA is unset)" in text
+    assert "meta-llama/Llama-3.2-3B-Instruct is not in the Hugging Face cache" in text
+    assert not out.exists()
