@@ -11,11 +11,13 @@ config mistake stops the run before any model or data loads, as one line:
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import re
 from pathlib import Path
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from llava_norm.config_checks import check_paths as _check_paths
@@ -67,9 +69,26 @@ def load_config(path: str | Path, overrides: list[str] = (), check_paths: bool =
         raise ConfigError(f"{error.file or path}: {message}") from None
 
 
+def _mixture_keys(node, file: Path | None = None) -> None:
+    """An unknown key inside a ``data.mixture`` entry, named with its place in the list (OmegaConf
+    names only the key itself)."""
+    mixture = OmegaConf.select(node, "data.mixture", default=None) if isinstance(node, DictConfig) else None
+    if not isinstance(mixture, ListConfig):
+        return
+    known = {f.name for f in dataclasses.fields(DataSource)}
+    for i, entry in enumerate(mixture):
+        unknown = sorted(set(entry) - known) if isinstance(entry, DictConfig) else []
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"key 'data.mixture[{i}].{unknown[0]}': not a mixture entry key (known: "
+                              f"{', '.join(sorted(known))}){hint}", file=file)
+
+
 def _load(path: Path, overrides: list[str], check_paths: bool) -> RunConfig:
     merged = OmegaConf.structured(RunConfig)
     for source, node in _read_yaml_chain(path):
+        _mixture_keys(node, source)
         try:
             merged = OmegaConf.merge(merged, node)
         except OmegaConfBaseException as error:
@@ -80,7 +99,9 @@ def _load(path: Path, overrides: list[str], check_paths: bool) -> RunConfig:
     where = f" (command-line overrides {overrides})"
     try:
         try:
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(overrides))
+            dotlist = OmegaConf.from_dotlist(overrides)
+            _mixture_keys(dotlist)
+            merged = OmegaConf.merge(merged, dotlist)
         except TypeError:  # omegaconf's message for "list.0.key=..." is unhelpful
             keys = [k for k, _, _ in map(lambda o: o.partition("="), overrides) if re.search(r"\.\d+(\.|$)", k)]
             raise ConfigError(f"key '{(keys or overrides)[0]}': a list (e.g. data.mixture) can only be replaced "

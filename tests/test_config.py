@@ -222,6 +222,8 @@ CASES = [
     (["model.pretrained_projector={d}/unrecorded_projector.safetensors", "model.norm_alignment=ln_textnorm_gwc"],
      "model.pretrained_projector", None),  # records no arm or backbones
     (["train.global_batch_size=7"], "train.global_batch_size", None),  # not a multiple of 2 x 1
+    (["data.mixture=[{{path: {data}}}, {{pth: {data}}}]"], "data.mixture\\[1\\].pth", None),  # a typo inside an entry
+    ([], "data.mixture\\[0\\].image_foldr", "base: base.yaml\ndata: {mixture: [{path: x.json, image_foldr: y}]}\n"),
     (["train.max_steps=0"], "train.max_steps", None),
     (["train.epochs=0"], "train.epochs", None),
     (["optim.scheduler=cosine_with_min_lr"], "optim.scheduler", None),  # needs kwargs transformers lacks here

@@ -26,7 +26,8 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--option", action="append", default=[], metavar="NAME.KEY=VALUE",
                    help="benchmark option, e.g. mmlu.num_fewshot=5, ai2d.variant=no_mask, pope.split=adversarial")
     p.add_argument("--out", help="output directory (default: <checkpoint>/../eval)")
-    p.add_argument("--name", help="run name in the results table (default: the run's arm)")
+    p.add_argument("--name", help="run name in the results table (default: the training run's train.run_name, "
+                                  "else its arm, model.norm_alignment, else the checkpoint folder's name)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--limit", type=int, default=None, help="first N items per benchmark (smoke runs)")
     p.add_argument("--max-new-tokens-cap", type=int, default=None,
