@@ -32,11 +32,15 @@ ENV_REFERENCE = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}
 GATED_ORGANISATIONS = ("meta-llama/",)
 IMAGE_SAMPLE = 64  # images of a JSON source looked for in its image folder
 MAX_SHARD_LINES = 5  # unreadable shards named one by one; the rest are counted
+SKIPPABLE = "(skippable) "  # marks a source problem that data.on_bad_sample: skip steps over
 
 
 @dataclass
 class Report:
     problems: list[str] = field(default_factory=list)
+    # what data.on_bad_sample: skip lets the run step over (an unreadable shard, rows missing
+    # from a download): said, recorded by the run, not a reason to stop it
+    warnings: list[str] = field(default_factory=list)
     summary: list[str] = field(default_factory=list)
     config: RunConfig | None = None
     plan: object | None = None  # llava_norm.plan.Plan, when one could be made
@@ -96,7 +100,8 @@ def _sizes_that_divide(config: RunConfig, upto: int = 64) -> list[int]:
 
 
 def source_problems(source: DataSource, key: str) -> tuple[list[str], int | None]:
-    """(problems, rows) of one mixture entry, reading footers and a sample of images only."""
+    """(problems, rows) of one mixture entry, reading footers and a sample of images only. A
+    problem that the bad-sample policy can step over starts with SKIPPABLE."""
     try:
         resolved = resolve(source, key)
     except ConfigError as error:
@@ -111,12 +116,12 @@ def source_problems(source: DataSource, key: str) -> tuple[list[str], int | None
             except Exception as error:  # noqa: BLE001 - any unreadable footer is the same problem
                 unreadable += 1
                 if unreadable <= MAX_SHARD_LINES:
-                    problems.append(f"key '{key}': {path} cannot be read as parquet ({type(error).__name__}: "
+                    problems.append(f"{SKIPPABLE}key '{key}': {path} cannot be read as parquet ({type(error).__name__}: "
                                     f"{str(error).splitlines()[0]}): a download cut short? Download it again")
         if unreadable > MAX_SHARD_LINES:
-            problems.append(f"key '{key}': {unreadable - MAX_SHARD_LINES} more unreadable shards")
+            problems.append(f"{SKIPPABLE}key '{key}': {unreadable - MAX_SHARD_LINES} more unreadable shards")
         if resolved.expected_rows is not None and not problems and rows != resolved.expected_rows:
-            problems.append(f"key '{key}': the dataset card says {resolved.expected_rows} rows, the "
+            problems.append(f"{SKIPPABLE}key '{key}': the dataset card says {resolved.expected_rows} rows, the "
                             f"{len(resolved.files)} shards hold {rows}: a partial download? Download it again")
         return problems, rows
     rows_total, problems = 0, []
@@ -186,7 +191,12 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
         if seen not in sources:
             sources[seen] = source_problems(source, f"data.mixture[{i}]")
         problems, found = sources[seen]
-        report.problems += problems
+        for problem in problems:
+            if problem.startswith(SKIPPABLE) and config.data.on_bad_sample == "skip":
+                report.warnings.append(problem[len(SKIPPABLE):] + " (data.on_bad_sample: skip: the run skips it "
+                                       "and records it in skipped.jsonl)")
+            else:
+                report.problems.append(problem.removeprefix(SKIPPABLE))
         rows += found or 0
     with _world(world):  # the DeepSpeed JSON and the other paths the config names, as the launch checks them
         for problem in path_problems(config):
@@ -231,6 +241,8 @@ def _plan(report: Report, gpus: int, nodes: int, memory: float | None, name: str
 def print_report(report: Report, out=None) -> None:
     for problem in report.problems:
         print(f"problem: {problem}", file=out)
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=out)
     if report.ok:
         for line in report.summary:
             print(line, file=out)
@@ -240,7 +252,7 @@ def print_report(report: Report, out=None) -> None:
 
 
 def json_report(report: Report) -> str:
-    return json.dumps({"problems": report.problems, "summary": report.summary}, indent=2)
+    return json.dumps({"problems": report.problems, "warnings": report.warnings, "summary": report.summary}, indent=2)
 
 
 __all__ = ["Report", "backbone_problems", "json_report", "preflight", "print_report", "source_problems",

@@ -225,6 +225,8 @@ def run_training(config: RunConfig, check=None) -> Path | None:
         report = check()
         if not report.ok:
             raise LaunchCheckError("\n".join(report.problems))
+        for warning in report.warnings:
+            log.warning("launch check: %s", warning)
     if plan.action == "done":
         if int(os.environ.get("RANK", "0")) == 0:
             out = Path(t.output_dir)
