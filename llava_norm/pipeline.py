@@ -121,9 +121,21 @@ def runs(config: PipelineConfig) -> list[RunSpec]:
     return [RunSpec(arm, seed) for arm in config.arms for seed in (config.seeds or [None])]
 
 
+def on_every_node(command: list[str], environment: dict[str, str]) -> list[str]:
+    """``command`` as one task on each node of a multi-node Slurm allocation (``srun``, with
+    NODE_RANK from Slurm), or as it is: the pipeline itself runs on the first node only, and each
+    launch spans the job's nodes."""
+    nodes = int(environment.get("NNODES") or environment.get("SLURM_NNODES") or 1)
+    if nodes == 1 or "SLURM_JOB_ID" not in environment:
+        return command
+    return ["srun", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", "-c",
+            'NODE_RANK="$SLURM_NODEID" exec "$@"', "_", *command]
+
+
 def launch(command: list[str], log: Path | None, env: dict | None = None) -> None:
     """Run a launch script from the repo root; on failure, show the log's tail and stop."""
     environment_vars = {**os.environ, "PYTHON": sys.executable, **(env or {})}
+    command = on_every_node(command, environment_vars)
     if log is None:
         subprocess.run(command, cwd=REPO, env=environment_vars, check=True)
         return

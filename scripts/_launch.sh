@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Shared launcher: single process, or torchrun over GPUS_PER_NODE x NNODES (Slurm sets the rest).
 #   GPUS_PER_NODE  processes per node (default: visible GPUs, else 1; set 2 on CPU to test DeepSpeed)
-#   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT  multi-node rendezvous (defaults: 1, 0, 127.0.0.1, 29500)
+#   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT  multi-node rendezvous (defaults: 1, 0, -, 29500;
+#   several nodes need MASTER_ADDR, the first node's address: scripts/slurm/_nodes.sh sets it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -13,6 +14,11 @@ NNODES=${NNODES:-${SLURM_NNODES:-1}}
 NODE_RANK=${NODE_RANK:-${SLURM_NODEID:-0}}
 if [ "$GPUS_PER_NODE" -eq 1 ] && [ "$NNODES" -eq 1 ]; then
   exec "$PY" -m llava_norm.cli "$@"
+fi
+if [ "$NNODES" -gt 1 ] && [ -z "${MASTER_ADDR:-}" ]; then
+  echo "$(basename "$0"): NNODES=$NNODES needs MASTER_ADDR, the first node's address (under Slurm:" \
+       "scontrol show hostnames \"\$SLURM_JOB_NODELIST\" | head -n 1; scripts/slurm/_nodes.sh sets it)" >&2
+  exit 2
 fi
 exec "$PY" -m torch.distributed.run --nproc_per_node="$GPUS_PER_NODE" --nnodes="$NNODES" \
   --node_rank="$NODE_RANK" --master_addr="${MASTER_ADDR:-127.0.0.1}" --master_port="${MASTER_PORT:-29500}" \

@@ -1,0 +1,13 @@
+# Sourced by the sbatch examples in this folder: the rendezvous every node's torchrun agent joins.
+# MASTER_ADDR is the job's first node; MASTER_PORT is the job's own, so jobs sharing a node do
+# not collide; a requeued job gets the same port and resumes from its last complete checkpoint.
+: "${SLURM_JOB_ID:?submit this with sbatch}"
+export MASTER_ADDR=${MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)}
+export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 40000))}
+export NNODES=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
+export GPUS_PER_NODE=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}
+
+# one task per node, each a torchrun agent of GPUS_PER_NODE processes (scripts/_launch.sh)
+on_every_node() {
+  srun --nodes="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c 'NODE_RANK="$SLURM_NODEID" exec "$@"' _ "$@"
+}
