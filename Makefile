@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.installed
 TORCH   ?= torch==2.13.0
 
-.PHONY: install test check-breaks demo ablation bench-gpu clean
+.PHONY: install install-gpu test check-breaks demo ablation bench-gpu clean
 
 $(STAMP): requirements.txt requirements-plugin-test.txt pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -17,6 +17,15 @@ $(STAMP): requirements.txt requirements-plugin-test.txt pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# On a CUDA machine: liger-kernel, then flash-attn built against the installed torch
+# (docs/cluster.md). MAX_JOBS bounds the build's parallel compilers (each takes several GB).
+MAX_JOBS ?= 4
+
+install-gpu: $(STAMP)
+	$(PY) -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "install-gpu: torch sees no CUDA GPU here")'
+	$(PY) -m pip install -q -r requirements-gpu.txt
+	MAX_JOBS=$(MAX_JOBS) $(PY) -m pip install --no-build-isolation -r requirements-flash-attn.txt
 
 # pytest-xdist, one test module per worker at a time (its module-scoped runs built once). Three
 # workers on two cores: the launch-bound modules wait on process start-up and collectives,

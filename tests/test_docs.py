@@ -86,3 +86,29 @@ def test_the_recipes_time_table_is_what_recipe_time_prints(monkeypatch):
         assert row in RECIPE, row
     sys.modules.pop("recipe_time", None)
     sys.modules.pop("gpu_step", None)
+
+
+def _pins(text: str) -> dict[str, str]:
+    return {name.lower(): version for name, version in re.findall(r"([A-Za-z][\w.-]*)==([\w.+-]+)", text)}
+
+
+def test_the_cluster_docs_pin_what_the_requirements_files_and_makefile_pin():
+    doc = _pins((ROOT / "docs/cluster.md").read_text())
+    pinned = {}
+    for name in ("requirements.txt", "requirements-gpu.txt", "requirements-flash-attn.txt", "Makefile"):
+        pinned.update(_pins("\n".join(line.split("#")[0] for line in (ROOT / name).read_text().splitlines())))
+    assert {"torch", "liger-kernel", "flash-attn", "ninja", "packaging"} <= set(doc)
+    assert {name: doc[name] for name in doc} == {name: pinned.get(name) for name in doc}
+
+
+def test_the_cluster_docs_download_every_shipped_backbone():
+    from llava_norm.plan.backbones import SHIPPED_BACKBONES
+
+    shipped = {str(p.parent.relative_to(SHIPPED_BACKBONES)) for p in SHIPPED_BACKBONES.glob("*/*/config.json")}
+    text = (ROOT / "docs/cluster.md").read_text()
+    models = set(re.findall(r"^hf download (\S+)$", text, re.M))
+    assert models == shipped
+    # the two datasets, with the commands data/README.md gives (one source of how to fetch them)
+    data_readme = (ROOT / "data/README.md").read_text()
+    for line in (line for line in data_readme.splitlines() if line.startswith("hf download")):
+        assert line in text, line
