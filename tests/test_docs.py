@@ -112,3 +112,14 @@ def test_the_cluster_docs_download_every_shipped_backbone():
     data_readme = (ROOT / "data/README.md").read_text()
     for line in (line for line in data_readme.splitlines() if line.startswith("hf download")):
         assert line in text, line
+
+
+def test_the_readmes_run_paths_are_where_the_configs_and_the_pipeline_write():
+    """A run path in the README (runs/<backbone>/<arm>/<stage>) is the output_dir of that config,
+    and so also where `pipeline.sh --runs runs/<backbone>` puts the same step."""
+    paths = set(re.findall(r"runs/([\w.-]+)/(\w+)/(stage1|stage2|stage2_lora)\b", README))
+    assert paths
+    for backbone, arm, stage in sorted(paths):
+        config = load_config(ROOT / f"configs/{backbone}/{arm}/{stage}.yaml", check_paths=False)
+        assert config.train.output_dir == f"runs/{backbone}/{arm}/{stage}", (backbone, arm, stage)
+    assert "scripts/pipeline.sh --runs runs/llama3.2-3b" in README
