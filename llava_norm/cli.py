@@ -66,6 +66,45 @@ def _check(args) -> None:
         sys.exit(1)
 
 
+def _chat(args) -> None:
+    # lazy: start-up; a subcommand loads only the stages it runs
+    import torch
+    from PIL import Image
+
+    from llava_norm.config_schema import resolve_dtype
+    from llava_norm.data.prompts import training_prompt_settings
+    from llava_norm.inference import Predictor, Prompt
+    from llava_norm.model.builder import load_bundle
+
+    if not args.interactive and not args.question:
+        sys.exit("chat: give a question, or --interactive")
+    image = None
+    if args.image:
+        try:
+            image = Image.open(args.image).convert("RGB")
+        except OSError as error:
+            sys.exit(f"chat: --image {args.image}: {error}")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    bundle = load_bundle(args.model_dir, dtype=resolve_dtype(args.dtype, device))
+    bundle.model.to(device)
+    predictor = Predictor.from_settings(bundle, training_prompt_settings(args.model_dir), device=device)
+
+    def ask(question: str) -> None:
+        predictor.stream(Prompt(question, image), args.max_new_tokens, lambda text: print(text, end="", flush=True))
+        print(flush=True)
+
+    if args.question:
+        ask(args.question)
+    while args.interactive:  # each question about the same image, without the earlier turns
+        try:
+            question = input("> ").strip()
+        except EOFError:
+            break
+        if question in ("", "exit", "quit"):
+            break
+        ask(question)
+
+
 def _plan(args) -> None:
     import json
 
@@ -294,6 +333,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="problems and summary as JSON")
     p.set_defaults(func=_check)
 
+    p = sub.add_parser("chat", help="ask a trained model about an image, with its run's own prompt settings "
+                                    "(greedy, as evaluation; the reply streams)")
+    p.add_argument("model_dir", help="a saved model directory (e.g. RUN/model)")
+    p.add_argument("question", nargs="?", help="the question (omit with --interactive)")
+    p.add_argument("--image", help="an image file the question is about")
+    p.add_argument("--interactive", action="store_true", help="then read questions from stdin until EOF or 'exit'")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.set_defaults(func=_chat)
+
     p = _launch_shape(sub.add_parser("plan", help="memory and compute per GPU of a config before launch (configs "
                                                   "only, no weights)"), gpus=8)
     p.add_argument("--seq-len", type=int, help="tokens per row (default: data.max_length, or pack_max_tokens)")
@@ -373,6 +422,9 @@ def main(argv: list[str] | None = None) -> None:
     _die_with_launcher()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "chat" and args.question is None and len(extra) == 1 and \
+            not extra[0].startswith("-"):  # `chat MODEL --image I "question"`: argparse gave it away
+        args.question, extra = extra[0], []
     if extra:  # `plan CONFIG --gpus 8 train.loss=fused`: overrides may follow the options
         if args.command not in ("plan", "check") or any(e.startswith("-") or "=" not in e for e in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -61,8 +61,22 @@ class Predictor:
                 replies[i] = text
         return replies
 
+    def stream(self, prompt: Prompt, max_new_tokens: int, write) -> str:
+        """One greedy reply, its text handed to ``write`` piece by piece as it is decoded (what
+        ``llava-norm chat`` prints); returns the reply as ``generate`` returns it."""
+        from transformers import TextStreamer
+
+        class Pieces(TextStreamer):
+            def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
+                write(text)
+
+        streamer = Pieces(self.bundle.tokenizer, skip_prompt=True, skip_special_tokens=True)
+        ids = self.generate_ids([prompt], max_new_tokens, batch_size=1, streamer=streamer)[0]
+        return self.bundle.tokenizer.decode(ids, skip_special_tokens=True).strip()
+
     @torch.no_grad()
-    def generate_ids(self, prompts: list[Prompt], max_new_tokens: int, batch_size: int = 8) -> list[list[int]]:
+    def generate_ids(self, prompts: list[Prompt], max_new_tokens: int, batch_size: int = 8,
+                     streamer=None) -> list[list[int]]:
         """Greedy continuations, cut before the first stop token."""
         tokenizer = self.bundle.tokenizer
         replies: list[list[int]] = []
@@ -70,7 +84,7 @@ class Predictor:
             batch = self._to_device(self.prompts.prompt_batch(prompts[start:start + batch_size]))
             output = self.model.generate(
                 **batch, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
-                eos_token_id=self.stop_ids, pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=self.stop_ids, pad_token_id=tokenizer.pad_token_id, streamer=streamer,
             )
             for row in output[:, batch["input_ids"].shape[1]:].tolist():
                 cut = next((i for i, t in enumerate(row) if t in self.stop_ids), len(row))

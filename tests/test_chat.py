@@ -1,0 +1,66 @@
+"""``llava-norm chat``: a saved model answers about an image with its run's own prompt settings,
+streaming, offline; its greedy reply is evaluation's for the same prompt."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from PIL import Image
+
+from launch import REPO, env
+
+from llava_norm.data.prompts import training_prompt_settings
+from llava_norm.inference import Predictor, Prompt
+from llava_norm.model.builder import ModelSpec, build_model, load_bundle
+
+QUESTIONS = ["What colour is the image?", "Is there a red square?"]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, tiny_dir):
+    root = tmp_path_factory.mktemp("chat")
+    bundle = build_model(ModelSpec(f"{tiny_dir}/siglip", f"{tiny_dir}/llama", norm_alignment="ln_textnorm_gwc",
+                                   seed=3))
+    # an untrained model may stop at once or say only blanks: the output rows of its stop tokens and
+    # of blank tokens at zero make it say words, so the replies compared are text
+    tokenizer = bundle.tokenizer
+    silent = [*Predictor(bundle).stop_ids,
+              *(i for i in range(len(tokenizer)) if not tokenizer.decode([i], skip_special_tokens=True).strip())]
+    with torch.no_grad():
+        bundle.model.lm_head.weight[silent] = 0
+    bundle.save(root / "model")
+    Image.new("RGB", (40, 40), (220, 30, 30)).save(root / "red.png")
+    return root
+
+
+def _evaluation_replies(saved) -> list[str]:
+    bundle = load_bundle(saved / "model")
+    predictor = Predictor.from_settings(bundle, training_prompt_settings(saved / "model"))
+    image = Image.open(saved / "red.png").convert("RGB")
+    return predictor.generate([Prompt(q, image) for q in QUESTIONS], max_new_tokens=12)
+
+
+def test_the_reply_is_evaluations_greedy_reply(saved):
+    expected = _evaluation_replies(saved)
+    assert any(expected)  # the untrained model says something, so the comparison compares text
+    command = [sys.executable, "-m", "llava_norm.cli", "chat", str(saved / "model"), "--image", str(saved / "red.png"),
+               "--max-new-tokens", "12"]
+    done = subprocess.run([*command, QUESTIONS[0]], cwd=REPO, env={**env(), "HF_HUB_OFFLINE": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == expected[0]
+    # interactive: each question from stdin, until EOF
+    done = subprocess.run([*command, "--interactive"], input="\n".join(QUESTIONS) + "\n", cwd=REPO,
+                          env={**env(), "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    replies = [line.removeprefix("> ").strip() for line in done.stdout.split("\n") if line.strip() not in ("", ">")]
+    assert replies[:2] == expected, done.stdout
+
+
+def test_streaming_hands_over_the_reply_piece_by_piece(saved):
+    bundle = load_bundle(saved / "model")
+    predictor = Predictor.from_settings(bundle, training_prompt_settings(saved / "model"))
+    pieces: list[str] = []
+    reply = predictor.stream(Prompt(QUESTIONS[0], Image.open(saved / "red.png").convert("RGB")), 12, pieces.append)
+    assert reply == _evaluation_replies(saved)[0] and "".join(pieces).strip() == reply and len(pieces) >= 1
