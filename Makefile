@@ -47,8 +47,8 @@ ablation: $(STAMP)
 	$(PY) -m llava_norm.cli ablation
 
 # On a GPU machine: every GPU figure (bench/gpu_kit.py) with the machine's own torch.
-bench-gpu:
-	bash bench/gpu_kit.sh $(ARGS)
+bench-gpu:  # PART=1 or PART=2 for one half (each under 8 minutes on one H100)
+	PART=$(PART) bash bench/gpu_kit.sh $(ARGS)
 
 clean:
 	rm -rf .venv runs

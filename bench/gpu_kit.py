@@ -1,183 +1,249 @@
-"""The GPU kit: every GPU figure the repo targets, in one command, into one results file.
+"""The GPU kit: every GPU figure the repo targets, in two commands, into one results file.
 
-Owns the order and time limits of the GPU measurements and the file they land in. Parts:
-- ``gpu_step``: bench/gpu_step.py at both real shapes (SigLIP-SO400M + Llama-3.2-3B and
-  + Qwen2.5-7B), sdpa, activation checkpointing off and on: MFU, tokens/s, peak memory, and
-  ``llava-norm plan``'s peak beside each;
-- ``fused_loss``: bench/fused_loss.py on the GPU in bf16 (Liger's kernel where installed);
-- ``packing``: bench/packing.py (the packing plan; CPU work, here so one file has every figure);
-- ``train``: 20 optimizer steps of stage 2 under the real trainer (``llava-norm train``, DeepSpeed
-  ZeRO-2, one process) on the one-GPU recipe's real-width pair (SigLIP-base-patch16-224 +
-  Qwen2.5-0.5B-Instruct, random weights, configs/recipe-1gpu's batch settings) over the demo's
-  synthetic world: tokens/s and peak memory from the trainer's own log, against the plan.
+Owns which measurements run in which half, their time limits under one overall deadline, the
+package check before anything runs, and the results file (``gpu_kit.json`` and ``gpu_kit.md``),
+rewritten as each result arrives so a command killed at its limit keeps what it measured.
 
-    make bench-gpu                                   # = bash bench/gpu_kit.sh: every part (ARGS="--parts ...")
-    bash bench/gpu_kit.sh --parts gpu_step           # one part (the device tool: < 10 min a call)
-    .venv/bin/python bench/gpu_kit.py --toy          # CPU, tiny shapes: the test suite's smoke run
+- PART=1: ``fused_loss`` (plain against the torch, Liger and Cut Cross-Entropy kernels, bf16, both
+  vocabularies) and ``step_llama`` (bench/gpu_step.py at SigLIP-SO400M + Llama-3.2-3B: sdpa, FlexAttention
+  and flash-attention 2 where it imports; Liger's kernels off and on; micro-batch 4 and 8;
+  unpacked against packed over NeXT-like lengths with the packed logits checked; time shares).
+- PART=2: ``train`` (20 stage-2
+  steps under ``llava-norm train``: DeepSpeed ZeRO-2 at a real-width pair whose activations exceed
+  its model states, ZeRO-2 at SigLIP-SO400M + Llama-3.2-3B, ZeRO-3 at Qwen2.5-7B where the plan
+  says it fits; the plan's peak beside the measured one, a planned number without a measured one
+  is a failure) and ``step_qwen`` (the step variants at Qwen2.5-7B, checkpointing on).
 
-Results: ``OUT/gpu_kit.md`` (the device, versions, each part's command, output and wall time)
-and ``OUT/train_plan.json``; paste the figures into bench/RESULTS.md.
+    make bench-gpu PART=1; make bench-gpu PART=2        # = bash bench/gpu_kit.sh --part N
+    .venv/bin/python bench/gpu_kit.py --toy              # CPU, tiny shapes: the suite's run of every part
+
+Reports go to ``$OUT`` when set (the device tool's folder), else ``runs/gpu_kit``; work files
+(backbones, data, runs) to ``--work``. Every child runs in its own process group, killed at its
+limit or the deadline, so no process outlives the kit.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import os
 import platform
-import statistics
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from _harness import REPO_ROOT
+from _kit_train import TRAIN_RUNS, train_figures, train_setup
 
 BENCH = Path(__file__).resolve().parent
-PARTS = ("gpu_step", "fused_loss", "packing", "train")
-LIMITS_S = {"gpu_step": 420, "fused_loss": 180, "packing": 60, "train": 300}
-TRAIN_STEPS = 20
+# The cheaper, decisive measurement of each half first: a half cut short keeps it.
+PARTS = {1: ("fused_loss", "step_llama"), 2: ("train", "step_qwen")}
+LIMITS_S = {"fused_loss": 130, "step_llama": 230, "train": 260, "step_qwen": 130}
+DEADLINE_S = 380  # each half, the kit's start-up included
+# What the kit's parts import on the GPU machine beyond what the CPU toy run does (the toy run's
+# imports are recorded by the suite): Python module -> distribution.
+GPU_IMPORTS = {"triton": "triton", "liger_kernel": "liger-kernel", "cut_cross_entropy": "cut-cross-entropy"}
+# Modules every part needs; checked before anything runs so a missing wheel stops the kit at once.
+NEEDED = ("torch", "transformers", "tokenizers", "huggingface_hub", "safetensors", "accelerate", "datasets",
+          "dill", "multiprocess", "deepspeed", "omegaconf", "peft", "pydantic", "PIL", "pyarrow", "numpy")
 
 
-def bench_command(part: str, toy: bool) -> list[str]:
-    py = [sys.executable]
-    if part == "gpu_step":
-        return py + [str(BENCH / "gpu_step.py")] + (["--toy"] if toy else [])
-    if part == "fused_loss":
-        toy_args = ["--tokens", "64", "--hidden", "32", "--vocabs", "512", "--repeats", "1"]
-        return py + [str(BENCH / "fused_loss.py")] + (toy_args if toy else ["--device", "cuda", "--dtype", "bf16",
-                                                                          "--repeats", "10"])
-    if part == "packing":
-        return py + [str(BENCH / "packing.py")] + (["--samples", "2000", "--budgets", "4096"] if toy else [])
-    raise ValueError(part)
+def step_command(part: str, toy: bool) -> list[str]:
+    script = [sys.executable, str(BENCH / "gpu_step.py")]
+    if toy and part == "step_llama":
+        return script + ["--toy", "--attn", "sdpa", "--liger", "off", "--pool", "--profile",
+                         "--checkpointing", "off", "on"]
+    common = ["--attn", "sdpa", "flex_attention", "flash_attention_2", "--liger", "off", "on", "--profile"]
+    if toy:  # the second half's step: the same code, checkpointing on, no pool
+        return script + ["--toy", "--attn", "sdpa", "--checkpointing", "on"]
+    if part == "step_llama":
+        return script + ["--llms", "llama-3.2-3b", "--batches", "4", "8", "--pool", *common]
+    return script + ["--llms", "qwen2.5-7b", "--batches", "4", "--checkpointing", "on", *common]
 
 
-def run(command: list[str], limit_s: int, log: Path) -> tuple[int, float, str]:
-    start = time.perf_counter()
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=limit_s)
-        code, output = done.returncode, done.stdout + ("" if done.returncode == 0 else done.stderr[-4000:])
-    except subprocess.TimeoutExpired as error:
-        code, output = 124, f"{(error.stdout or b'').decode() if isinstance(error.stdout, bytes) else error.stdout or ''}"
-        output += f"\n(stopped at its {limit_s} s limit)"
-    log.write_text(output)
-    return code, time.perf_counter() - start, output
-
-
-def train_setup(work: Path, toy: bool) -> Path:
-    """Backbones, the synthetic world and a stage-2 YAML for the training part; returns the YAML."""
-    from llava_norm_demo.synth import build_world
-
-    world = work / "world"
-    if not (world / "manifest.json").is_file():
-        build_world(world, n_pretrain=0, n_instruct=400, n_text=0, n_bench=0)
+def loss_command(toy: bool) -> list[str]:
+    script = [sys.executable, str(BENCH / "fused_loss.py")]
     if toy:
-        from llava_norm_demo.tiny import make_tiny
-
-        if not (work / "tiny" / "qwen2").is_dir():
-            make_tiny(work / "tiny", seed=0)
-        vision, llm, base = work / "tiny" / "siglip", work / "tiny" / "qwen2", "tiny_stage2.yaml"
-        train = "max_steps: 2, per_device_batch_size: 2, grad_accum: 1"
-    else:
-        from real_width import write_backbone
-
-        vision = work / "siglip-base-patch16-224"
-        llm = work / "qwen2.5-0.5b-instruct"
-        if not (vision / "config.json").is_file():
-            write_backbone("google/siglip-base-patch16-224", vision)
-        if not (llm / "config.json").is_file():
-            write_backbone("Qwen/Qwen2.5-0.5B-Instruct", llm)
-        base, train = "recipe_1gpu_stage2.yaml", f"max_steps: {TRAIN_STEPS}"
-    config = work / "stage2.yaml"
-    config.write_text(
-        f"base: [{REPO_ROOT}/configs/_base/{base}]\n"
-        f"model: {{vision_tower: {vision}, llm: {llm}, norm_alignment: ln_textnorm_gwc}}\n"
-        f"data: {{mixture: [{{path: {world}/instruct/synth_instruct.json, image_folder: {world}/images}}], "
-        f"num_workers: 2}}\n"
-        f"train: {{output_dir: {work}/run, {train}, save_steps: 100000, report_to: [], restart: true, "
-        f"deepspeed: {REPO_ROOT}/configs/deepspeed/zero2.json}}\n")
-    return config
+        return script + ["--tokens", "64", "--hidden", "32", "--vocabs", "512", "--repeats", "1"]
+    return script + ["--device", "cuda", "--dtype", "bf16", "--repeats", "10", "--kinds", "torch", "liger", "cce"]
 
 
-def train_figures(config: Path, out: Path) -> str:
-    """Tokens/s and peak memory from the run's own log, against the plan for the same config."""
-    from llava_norm.config import load_config
-    from llava_norm.plan import make_plan
+class Report:
+    """gpu_kit.json and gpu_kit.md, rewritten whole after every change."""
 
-    run_dir = Path(load_config(config, check_paths=False).train.output_dir)
-    history = json.loads((run_dir / "train_summary.json").read_text())["log_history"]
-    steps = [h for h in history if "tokens_per_second" in h]
-    later = steps[3:] or steps  # the first logs carry start-up
-    lines = [f"steps logged: {len(steps)}; tokens/s median over steps {len(steps) - len(later) + 1}-{len(steps)}: "
-             f"{statistics.median(h['tokens_per_second'] for h in later):,.0f}"]
-    peaks = [h["peak_memory_gib"] for h in steps if "peak_memory_gib" in h]
-    import torch
+    def __init__(self, out: Path, header: dict):
+        self.out, self.data = out, {**header, "parts": {}}
+        out.mkdir(parents=True, exist_ok=True)
+        self.write()
 
-    memory = torch.cuda.get_device_properties(0).total_memory / 2 ** 30 if torch.cuda.is_available() else None
-    # rows are padded to their batch's longest, not to max_length: plan at the widest batch seen
-    longest = max(h.get("longest_row", 0) for h in steps)
-    plan = make_plan(load_config(config, check_paths=False), 1, 1, memory, seq_len=longest, alternatives=False)
-    planned = plan.peak() / 2 ** 30
-    lines.append(f"widest micro-batch: {plan.batch} rows x {longest} tokens")
-    (out / "train_plan.json").write_text(json.dumps({"planned_peak_gib": planned, "measured_peak_gib": max(peaks)
-                                                     if peaks else None, "longest_row": longest}, indent=2))
-    if peaks:
-        lines.append(f"peak memory (torch.cuda.max_memory_allocated): {max(peaks):.2f} GiB; plan {planned:.2f} GiB "
-                     f"({max(peaks) / planned - 1:+.1%})")
-    else:
-        lines.append(f"peak memory: not measured (no CUDA); plan {planned:.3f} GiB")
-    return "\n".join(lines)
+    def part(self, name: str, **fields) -> dict:
+        entry = self.data["parts"].setdefault(name, {"status": "running", "results": []})
+        entry.update(fields)
+        self.write()
+        return entry
+
+    def write(self) -> None:
+        (self.out / "gpu_kit.json").write_text(json.dumps(self.data, indent=1))
+        from _kit_tables import markdown
+
+        (self.out / "gpu_kit.md").write_text(markdown(self.data))
 
 
-def environment() -> str:
-    import torch
-    import transformers
+def run_part(name: str, command: list[str], limit_s: float, report: Report, log: Path) -> int:
+    """Runs ``command`` in its own process group, each ``KIT-RESULT`` line into the report as it
+    comes; the whole group is killed at ``limit_s``. Returns the exit code (124: stopped)."""
+    entry = report.part(name, command=" ".join(Path(c).name if i < 2 else c for i, c in enumerate(command)),
+                        limit_s=round(limit_s))
+    start = time.monotonic()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log.open("w") as sink:
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT,
+                                 env=env, start_new_session=True)
+        timer = _killer(child, limit_s)
+        tail: list[str] = []
+        for line in child.stdout:
+            sink.write(line)
+            sink.flush()
+            if line.startswith("KIT-RESULT "):
+                entry["results"].append(json.loads(line[len("KIT-RESULT "):]))
+                report.write()
+            elif "USDT:" not in line and "it/s]" not in line and "s/it]" not in line:  # profiler notes, bars
+                tail = (tail + [line.rstrip()])[-30:]
+                print(f"[{name}] {line.rstrip()}", flush=True)
+        code = child.wait()
+        timer.cancel()
+    code = 124 if getattr(child, "killed", False) else code
+    _kill_group(child)  # a grandchild that kept running after its parent exited
+    report.part(name, status="ok" if code == 0 else ("stopped at its limit" if code == 124 else f"failed ({code})"),
+                seconds=round(time.monotonic() - start, 1), tail=tail)
+    return code
 
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.machine()})"
-    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
+
+def _kill_group(child: subprocess.Popen) -> None:
     try:
-        import deepspeed
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
-        versions += f", deepspeed {deepspeed.__version__}"
-    except ImportError:
-        versions += ", deepspeed not installed"
-    return f"device: {device}; {versions}; python {platform.python_version()}"
+
+def _killer(child: subprocess.Popen, limit_s: float):
+    import threading
+
+    def stop():
+        child.killed = True
+        try:
+            os.killpg(child.pid, signal.SIGTERM)
+            time.sleep(5)
+        except ProcessLookupError:
+            return
+        _kill_group(child)
+
+    timer = threading.Timer(max(limit_s, 1), stop)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def check_packages(toy: bool) -> list[str]:
+    """Modules the parts need that do not import here, each with its error."""
+    missing = []
+    for module in NEEDED + (() if toy else tuple(GPU_IMPORTS)):
+        try:
+            importlib.import_module(module)
+        except Exception as error:  # noqa: BLE001 - a broken install is as missing as an absent one
+            missing.append(f"{module} ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})")
+    return missing
+
+
+def environment() -> dict:
+    import torch
+
+    env = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": platform.python_version(),
+           "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.machine()})"}
+    for module in ("torch", "triton", "transformers", "deepspeed", "liger_kernel", "cut_cross_entropy", "flash_attn"):
+        try:
+            env[module] = importlib.import_module(module).__version__
+        except Exception:  # noqa: BLE001 - absent or broken: said so in the report
+            env[module] = "not importable"
+    if torch.cuda.is_available():
+        env["cuda"] = torch.version.cuda
+        env["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2 ** 30, 1)
+    return env
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
-    parser.add_argument("--out", default=str(REPO_ROOT / "runs" / "gpu_kit"))
-    parser.add_argument("--toy", action="store_true", help="tiny shapes on CPU: a smoke run of the whole kit")
+    parser.add_argument("--part", type=int, choices=sorted(PARTS), help="one half (default: both)")
+    parser.add_argument("--only", nargs="+", choices=[p for parts in PARTS.values() for p in parts])
+    parser.add_argument("--out", default=os.environ.get("OUT") or str(REPO_ROOT / "runs" / "gpu_kit"))
+    parser.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "llava-norm-gpu-kit"))
+    parser.add_argument("--deadline-s", type=float, default=None, help=f"overall (default {DEADLINE_S} s a half)")
+    parser.add_argument("--toy", action="store_true", help="tiny shapes on CPU: a smoke run of every part")
     args = parser.parse_args()
+    start = time.monotonic()
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        os.environ.setdefault(name, "1")  # backbones are written locally; a hub call would only wait
+    missing = check_packages(args.toy)
+    if missing:
+        sys.exit("gpu_kit: missing packages, nothing run: " + "; ".join(missing) +
+                 " (carry them as wheels: bash bench/gpu_kit_wheels.sh, then name .whl in the device call's carry)")
     import torch
 
     if not args.toy and not torch.cuda.is_available():
         parser.error("no CUDA device (use --toy for the CPU smoke run)")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    report = out / "gpu_kit.md"
-    with report.open("a") as md:
-        md.write(f"# GPU kit, {time.strftime('%Y-%m-%d %H:%M')}{' (toy)' if args.toy else ''}\n\n{environment()}\n\n")
+    parts = args.only or [p for n in ([args.part] if args.part else sorted(PARTS)) for p in PARTS[n]]
+    deadline = start + (args.deadline_s or DEADLINE_S * (1 if args.part or args.only else len(PARTS)))
+    out, work = Path(args.out), Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    report = Report(out, {"kit": "bench/gpu_kit.py" + (" --toy" if args.toy else ""), "parts_asked": parts,
+                          "environment": environment()})
     failed = []
-    for part in args.parts:
-        if part == "train":
-            config = train_setup(out / "train", args.toy)
-            command = [sys.executable, "-m", "llava_norm.cli", "train", str(config)]
+    for name in parts:
+        left = deadline - time.monotonic()
+        if left < 20:
+            report.part(name, status="not run: the deadline came first")
+            failed.append(name)
+            continue
+        limit = min(LIMITS_S[name], left)
+        if name == "train":
+            code = run_train(report, work, out, limit, args.toy)
         else:
-            command = bench_command(part, args.toy)
-        code, seconds, output = run(command, LIMITS_S[part], out / f"{part}.log")
-        if part == "train" and code == 0:
-            output = train_figures(config, out)
-        summary = f"## {part}: {'ok' if code == 0 else f'FAILED (exit {code})'}, {seconds:.0f} s\n\n" \
-                  f"    {' '.join(Path(c).name if i < 2 else c for i, c in enumerate(command))}\n\n" + \
-                  "".join(f"    {line}\n" for line in output.strip().splitlines()[-40:]) + "\n"
-        with report.open("a") as md:
-            md.write(summary)
-        print(summary, flush=True)
+            command = loss_command(args.toy) if name == "fused_loss" else step_command(name, args.toy)
+            code = run_part(name, command, limit, report, out / f"{name}.log")
         if code:
-            failed.append(part)
-    print(f"results: {report}" + (f"; failed: {', '.join(failed)}" if failed else ""))
+            failed.append(name)
+    print(f"results: {out / 'gpu_kit.md'}" + (f"; not ok: {', '.join(failed)}" if failed else ""))
     sys.exit(1 if failed else 0)
+
+
+def run_train(report: Report, work: Path, out: Path, limit_s: float, toy: bool) -> int:
+    """Each trainer run of TRAIN_RUNS in turn, inside the part's limit; the plan beside each peak."""
+    end, codes = time.monotonic() + limit_s, []
+    entry = report.part("train", command="llava-norm train (see runs)")
+    for run in (TRAIN_RUNS[:1] if toy else TRAIN_RUNS):
+        left = end - time.monotonic()
+        if left < 30:
+            entry["results"].append({"run": run.name, "error": "not run: the part's limit came first"})
+            codes.append(124)
+            continue
+        config, skip = train_setup(run, work, toy)
+        if skip:
+            entry["results"].append({"run": run.name, "skipped": skip})
+            report.write()
+            continue
+        sub = f"train_{run.name}"
+        code = run_part(sub, [sys.executable, "-m", "llava_norm.cli", "train", str(config)], left, report,
+                        out / "train.log" if toy else work / f"{sub}.log")
+        figures = train_figures(run, config) if code == 0 else {"error": f"exit {code}"}
+        entry["results"].append({"run": run.name, **figures})
+        report.data["parts"].pop(sub, None)
+        report.write()
+        codes.append(code or (1 if figures.get("error") else 0))
+    report.part("train", status="ok" if not any(codes) else "failed", seconds=round(limit_s - (end - time.monotonic())))
+    return max(codes, default=0)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 
+import _gpu_variants
 import gpu_step
 
 from llava_norm.plan.backbones import vision_part
 from llava_norm.plan.flops import train_flops
 
-H100_PEAK_TFLOPS = dict(gpu_step.BF16_PEAK_TFLOPS)["H100"]
+H100_PEAK_TFLOPS = dict(_gpu_variants.BF16_PEAK_TFLOPS)["H100"]
 ARMS, SEEDS = 9, 3
 # The recipe's slices (configs/_base/recipe_1gpu_stage{1,2}.yaml) and evaluation limit.
 STAGE1_SAMPLES, STAGE2_SAMPLES, EVAL_ITEMS = 50_000, 40_000, 9 * 500

@@ -105,27 +105,44 @@ def test_a_frozen_output_weight_gets_no_gradient():
     assert trained.grads[1].shape == w.shape  # the check above can fail
 
 
-def test_the_liger_call_gets_the_supervised_rows_and_sums(monkeypatch):
-    """The GPU branch's contract (no GPU here): Liger's functional API is called with the supervised
-    rows, the weight and their targets, reduction "sum"; a stand-in with that signature must give the
-    plain loss and gradients."""
+@pytest.mark.parametrize("kernel", ["liger", "cce"])
+def test_a_gpu_kernel_gets_the_supervised_rows_and_sums(monkeypatch, kernel):
+    """The GPU branch's contract (no GPU here): each kernel package's function is called with the
+    supervised rows, the weight and their targets, with the keywords that make it the summed and
+    (Cut Cross-Entropy) unfiltered loss; a stand-in with that signature must give the plain loss and
+    gradients."""
     calls = []
 
-    def reference(input, weight, target, bias=None, ce_weight=None, ignore_index=-100, reduction="mean", **rest):
-        calls.append((input.shape, target.shape, reduction))
-        return torch.nn.functional.cross_entropy(input @ weight.T, target, ignore_index=ignore_index,
-                                                 reduction=reduction)
+    def reference(input, weight, target, reduction="mean", **rest):
+        calls.append((input.shape, target.shape, reduction, rest))
+        return torch.nn.functional.cross_entropy(input @ weight.T, target, reduction=reduction)
 
-    monkeypatch.setattr(loss_module, "fused_kernel_problem", lambda device: None)
-    monkeypatch.setattr(loss_module, "_liger", lambda: reference)
-    h, w, labels = _case(5)
-    targets = int(labels[..., 1:].ne(IGNORE_INDEX).sum())
-    plain = ForCausalLMLoss(h @ w.T, labels, w.shape[0], num_items_in_batch=targets)
-    ours = causal_lm_loss(h, w, labels, num_items_in_batch=targets)
-    assert calls == [((targets, h.shape[-1]), (targets,), "sum")]
+    module, attr, _ = loss_module.GPU_KERNELS[kernel]
+    monkeypatch.setattr(loss_module.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(loss_module.importlib, "import_module",
+                        lambda name: type("Module", (), {attr: staticmethod(reference)}) if name == module else None)
+    loss_module.gpu_kernel.cache_clear()
+    monkeypatch.setattr(loss_module, "_gpu", lambda device: True)
+    try:
+        h, w, labels = _case(5)
+        targets = int(labels[..., 1:].ne(IGNORE_INDEX).sum())
+        plain = ForCausalLMLoss(h @ w.T, labels, w.shape[0], num_items_in_batch=targets)
+        ours = causal_lm_loss(h, w, labels, num_items_in_batch=targets, kernel=kernel)
+    finally:
+        loss_module.gpu_kernel.cache_clear()
+    assert calls == [((targets, h.shape[-1]), (targets,), "sum", {} if kernel == "liger" else {"filter_eps": None})]
     torch.testing.assert_close(ours, plain, **TOL)
     for a, b in zip(torch.autograd.grad(ours, (h, w)), torch.autograd.grad(plain, (h, w))):
         torch.testing.assert_close(a, b, **TOL)
+
+
+def test_auto_takes_the_first_kernel_that_imports_and_torch_elsewhere(monkeypatch):
+    monkeypatch.setattr(loss_module, "gpu_kernel", lambda name: None if name == next(iter(loss_module.GPU_KERNELS))
+                        else print)
+    second = list(loss_module.GPU_KERNELS)[1]
+    assert loss_module.fused_kernel(torch.device("cuda"))[0] == second
+    assert loss_module.fused_kernel(torch.device("cpu"))[0] is None
+    assert loss_module.fused_kernel(torch.device("cuda"), "torch")[0] is None
 
 
 def test_generate_keeps_only_the_last_logits(tiny_dir):

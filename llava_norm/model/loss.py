@@ -4,8 +4,8 @@ Owns ``causal_lm_loss``: the same value as transformers' ``ForCausalLMLoss`` (la
 within each row, ignore index -100, a sum over the targets divided by ``num_items_in_batch``
 or, without it, their mean) and the same gradients, computed from the last hidden states and
 the output weight. Rows with no target are dropped before the output projection (in stage 2
-the image and prompt tokens are most of a sample). The rest goes to Liger Kernel's fused
-linear cross-entropy where it runs (CUDA with ``liger_kernel`` installed), else to a chunked
+the image and prompt tokens are most of a sample). The rest goes to a GPU kernel where one runs
+(CUDA with Liger Kernel or Cut Cross-Entropy installed: ``GPU_KERNELS``), else to a chunked
 torch version: logits exist one chunk at a time, and each chunk's gradients are taken in the
 forward pass, so backward holds no logits at all. Same matmuls as the plain path, no recompute.
 """
@@ -80,17 +80,28 @@ def _say_once(message: str) -> None:
     log.warning(message)
 
 
+# GPU kernels of the fused linear cross-entropy, in the order ``kernel="auto"`` tries them:
+# (module, function, keyword arguments that make it the summed, unfiltered loss). Cut Cross-Entropy's
+# default gradient filtering drops small softmax entries: off here, so gradients stay the plain path's.
+GPU_KERNELS = {
+    "liger": ("liger_kernel.transformers.functional", "liger_fused_linear_cross_entropy", {"reduction": "sum"}),
+    "cce": ("cut_cross_entropy", "linear_cross_entropy", {"reduction": "sum", "filter_eps": None}),
+}
+
+
 @functools.cache
-def _liger():
-    """Liger's fused linear cross-entropy, or None where it is not installed or does not import."""
-    if importlib.util.find_spec("liger_kernel") is None:
+def gpu_kernel(name: str):
+    """``fn(rows, weight, targets)`` -> summed loss for a GPU kernel package, or None where it is not
+    installed or does not import."""
+    module, attr, kwargs = GPU_KERNELS[name]
+    if importlib.util.find_spec(module.split(".")[0]) is None:
         return None
     try:
-        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+        fn = getattr(importlib.import_module(module), attr)
     except ImportError as error:  # e.g. installed without a working triton
-        _say_once(f"liger_kernel does not import ({error})")
+        _say_once(f"{module} does not import ({error})")
         return None
-    return liger_fused_linear_cross_entropy
+    return functools.partial(lambda fn, kwargs, rows, weight, targets: fn(rows, weight, targets, **kwargs), fn, kwargs)
 
 
 def fused_held_bytes(rows: int, hidden: int, vocab: int, element_size: int, weight_trained: bool) -> int:
@@ -100,29 +111,39 @@ def fused_held_bytes(rows: int, hidden: int, vocab: int, element_size: int, weig
     return (rows * hidden + (vocab * hidden if weight_trained else 0)) * element_size + CHUNK_BYTES
 
 
-def fused_kernel_problem(device: torch.device) -> str | None:
-    """Why no fused kernel runs on this device (None: Liger's does)."""
-    if device.type != "cuda":
-        return f"no fused kernel runs on {device.type}"
-    if _liger() is None:
-        return "liger_kernel is not installed or does not import (pip install liger-kernel)"
-    return None
+def _gpu(device: torch.device) -> bool:
+    return device.type == "cuda"
+
+
+def fused_kernel(device: torch.device, kernel: str = "auto"):
+    """(name, fn) of the GPU kernel the fused loss uses on ``device``, or (None, why none runs):
+    ``kernel`` "auto" takes the first of GPU_KERNELS that imports, "torch" the chunked torch path."""
+    if kernel == "torch":
+        return None, "kernel 'torch' asked for"
+    if not _gpu(device):
+        return None, f"no fused kernel runs on {device.type}"
+    for name in (GPU_KERNELS if kernel == "auto" else [kernel]):
+        if gpu_kernel(name) is not None:
+            return name, gpu_kernel(name)
+    return None, (f"none of {', '.join(GPU_KERNELS)} is installed or imports (pip install liger-kernel)"
+                  if kernel == "auto" else f"{kernel} is not installed or does not import")
 
 
 def causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                   num_items_in_batch: torch.Tensor | int | None = None, chunk: int | None = None) -> torch.Tensor:
+                   num_items_in_batch: torch.Tensor | int | None = None, chunk: int | None = None,
+                   kernel: str = "auto") -> torch.Tensor:
     """``ForCausalLMLoss(hidden @ weight.T, labels, num_items_in_batch)`` without the logits tensor."""
     shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].to(hidden.device)
     keep = shifted != IGNORE_INDEX
     rows, targets = hidden[keep], shifted[keep]
-    problem = fused_kernel_problem(hidden.device)
+    name, fn_or_problem = fused_kernel(hidden.device, kernel)
     if not len(targets):
         total = (hidden.sum() * 0.0 + weight.sum() * 0.0).float()  # no target: zero loss, graph kept
-    elif problem is None:
-        total = _liger()(rows, weight, targets, reduction="sum").float()
+    elif name is not None:
+        total = fn_or_problem(rows, weight, targets).float()
     else:
         if hidden.device.type != "meta":  # a plan's shape-only trace (llava_norm.plan) says nothing
-            _say_once(f"train.loss fused: {problem}; using the chunked torch cross-entropy")
+            _say_once(f"train.loss fused: {fn_or_problem}; using the chunked torch cross-entropy")
         total = chunked_linear_cross_entropy(rows, weight, targets, chunk)
     if num_items_in_batch is None:
         return total / max(len(targets), 1)

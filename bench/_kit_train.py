@@ -1,0 +1,131 @@
+"""The GPU kit's trainer runs: which stage-2 runs ``llava-norm train`` makes, their configs over
+the demo's synthetic world and random-weight backbones at real width, and the figures read back
+from each run's own log beside the plan for the same config.
+
+Owns the plan-against-DeepSpeed comparison: the plan's peak for the run's widest micro-batch
+against ``torch.cuda.max_memory_allocated`` as the trainer logs it (``peak_memory_gib``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from _harness import REPO_ROOT
+
+STEPS = 20
+PLAN_TOLERANCE = 0.15
+
+
+@dataclass(frozen=True)
+class TrainRun:
+    name: str
+    vision: str
+    llm: str
+    zero: int
+    batch: int
+    checkpointing: bool
+    why: str
+
+
+TRAIN_RUNS = [
+    TrainRun("qwen0.5b_zero2", "google/siglip-base-patch16-224", "Qwen/Qwen2.5-0.5B-Instruct", 2, 32, False,
+             "activations above the model states: a 152K vocabulary's logits at 32 rows, no checkpointing"),
+    TrainRun("llama3b_zero2", "google/siglip-so400m-patch14-384", "meta-llama/Llama-3.2-3B-Instruct", 2, 4, True,
+             "the paper's Llama-3.2-3B stack under ZeRO-2"),
+    TrainRun("qwen7b_zero3", "google/siglip-so400m-patch14-384", "Qwen/Qwen2.5-7B-Instruct", 3, 2, True,
+             "the paper's Qwen2.5-7B stack under ZeRO-3"),
+]
+
+
+def _backbone(hub_id: str, work: Path) -> Path:
+    from real_width import write_backbone
+
+    folder = work / "backbones" / hub_id.split("/")[-1].lower()
+    if not (folder / "config.json").is_file():
+        write_backbone(hub_id, folder)
+    return folder
+
+
+def _world(work: Path) -> Path:
+    from llava_norm_demo.synth import build_world
+
+    world = work / "world"
+    if not (world / "manifest.json").is_file():
+        build_world(world, n_pretrain=0, n_instruct=400, n_text=0, n_bench=0)
+    return world
+
+
+def _config_text(run: TrainRun, vision: Path, llm: Path, world: Path, work: Path, base: str, steps: int) -> str:
+    return (f"base: [{REPO_ROOT}/configs/_base/{base}]\n"
+            f"model: {{vision_tower: {vision}, llm: {llm}, norm_alignment: ln_textnorm_gwc}}\n"
+            f"data: {{mixture: [{{path: {world}/instruct/synth_instruct.json, image_folder: {world}/images}}], "
+            f"num_workers: 2}}\n"
+            f"train: {{output_dir: {work}/runs/{run.name}, max_steps: {steps}, per_device_batch_size: {run.batch}, "
+            f"global_batch_size: {run.batch}, grad_accum: 1, gradient_checkpointing: {str(run.checkpointing).lower()}, "
+            f"save_steps: 100000, report_to: [], restart: true, "
+            f"deepspeed: {REPO_ROOT}/configs/deepspeed/zero{run.zero}.json}}\n")
+
+
+def train_setup(run: TrainRun, work: Path, toy: bool) -> tuple[Path, str | None]:
+    """(the run's YAML, why it is skipped or None). A run the plan says cannot fit this GPU is skipped."""
+    world = _world(work)
+    if toy:
+        from llava_norm_demo.tiny import make_tiny
+
+        if not (work / "tiny" / "qwen2").is_dir():
+            make_tiny(work / "tiny", seed=0)
+        vision, llm, base, steps = work / "tiny" / "siglip", work / "tiny" / "qwen2", "tiny_stage2.yaml", 2
+        run = TrainRun(run.name, "", "", run.zero, 2, run.checkpointing, run.why)
+    else:  # planned from the shipped configs first: a run that cannot fit writes no backbone
+        vision, llm, base, steps = run.vision, run.llm, "stage2.yaml", STEPS
+    config = work / f"{run.name}.yaml"
+    config.write_text(_config_text(run, vision, llm, world, work, base, steps))
+    plan = _plan(config, None)
+    if plan.fits(plan.peak()) is False:
+        return config, (f"the plan's peak {plan.peak() / 2 ** 30:.1f} GiB does not fit this GPU's "
+                        f"{plan.gpu_memory_gib:.0f} GiB (llava-norm plan {config.name} --gpus 1)")
+    if not toy:
+        config.write_text(_config_text(run, _backbone(run.vision, work), _backbone(run.llm, work), world, work, base,
+                                       steps))
+    return config, None
+
+
+def _plan(config: Path, seq_len: int | None):
+    import torch
+
+    from llava_norm.config import load_config
+    from llava_norm.plan import make_plan
+
+    memory = torch.cuda.get_device_properties(0).total_memory / 2 ** 30 if torch.cuda.is_available() else None
+    return make_plan(load_config(config, check_paths=False), 1, 1, memory, seq_len=seq_len, alternatives=False)
+
+
+def train_figures(run: TrainRun, config: Path) -> dict:
+    """Tokens/s and peak memory from the run's own log, against the plan at its widest micro-batch."""
+    import torch
+
+    from llava_norm.config import load_config
+
+    run_dir = Path(load_config(config, check_paths=False).train.output_dir)
+    history = json.loads((run_dir / "train_summary.json").read_text())["log_history"]
+    steps = [h for h in history if "tokens_per_second" in h]
+    later = steps[3:] or steps  # the first logs carry start-up
+    longest = max(h.get("longest_row", 0) for h in steps)  # rows are padded to their batch's longest
+    plan = _plan(config, longest)
+    peaks = [h["peak_memory_gib"] for h in steps if "peak_memory_gib" in h]
+    ckpt = plan.checkpointing
+    figures = {"why": run.why, "steps_logged": len(steps), "longest_row": longest, "rows": plan.batch,
+               "tokens_per_s": statistics.median(h["tokens_per_second"] for h in later),
+               "planned_peak_gib": plan.peak() / 2 ** 30,
+               "planned_states_gib": plan.states[plan.layout].total / 2 ** 30,
+               "planned_activations_gib": plan.activations.total(ckpt) / 2 ** 30,
+               "measured_peak_gib": max(peaks) if peaks else None}
+    if peaks:
+        figures["measured_over_plan"] = max(peaks) / figures["planned_peak_gib"] - 1
+        figures["meets"] = abs(figures["measured_over_plan"]) <= PLAN_TOLERANCE
+    elif torch.cuda.is_available():  # a planned number with nothing measured beside it is a failure
+        figures["error"] = "the trainer logged no peak_memory_gib: the plan has nothing to be held against"
+    return figures
