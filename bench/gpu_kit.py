@@ -46,9 +46,10 @@ DEADLINE_S = 380  # each half, the kit's start-up included
 # What the kit's parts import on the GPU machine beyond what the CPU toy run does (the toy run's
 # imports are recorded by the suite): Python module -> distribution.
 GPU_IMPORTS = {"triton": "triton", "liger_kernel": "liger-kernel", "cut_cross_entropy": "cut-cross-entropy"}
-# Modules every part needs; checked before anything runs so a missing wheel stops the kit at once.
-NEEDED = ("torch", "transformers", "tokenizers", "huggingface_hub", "safetensors", "accelerate", "datasets",
-          "dill", "multiprocess", "deepspeed", "omegaconf", "peft", "pydantic", "PIL", "pyarrow", "numpy")
+# Modules the parts need; checked before anything runs so a missing wheel stops the kit at once.
+NEEDED = ("torch", "transformers", "tokenizers", "huggingface_hub", "safetensors", "accelerate", "omegaconf", "peft",
+          "PIL", "pyarrow", "numpy")
+NEEDED_BY = {"train": ("datasets", "dill", "multiprocess", "deepspeed", "pydantic", "pandas")}
 
 
 def step_command(part: str, toy: bool) -> list[str]:
@@ -147,10 +148,11 @@ def _killer(child: subprocess.Popen, limit_s: float):
     return timer
 
 
-def check_packages(toy: bool) -> list[str]:
+def check_packages(toy: bool, parts: list[str]) -> list[str]:
     """Modules the parts need that do not import here, each with its error."""
     missing = []
-    for module in NEEDED + (() if toy else tuple(GPU_IMPORTS)):
+    extra = tuple(m for part in parts for m in NEEDED_BY.get(part, ()))
+    for module in NEEDED + extra + (() if toy else tuple(GPU_IMPORTS)):
         try:
             importlib.import_module(module)
         except Exception as error:  # noqa: BLE001 - a broken install is as missing as an absent one
@@ -163,7 +165,8 @@ def environment() -> dict:
 
     env = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": platform.python_version(),
            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.machine()})"}
-    for module in ("torch", "triton", "transformers", "deepspeed", "liger_kernel", "cut_cross_entropy", "flash_attn"):
+    for module in ("torch", "triton", "transformers", "deepspeed", "liger_kernel", "cut_cross_entropy", "flash_attn",
+                   "numpy", "pyarrow", "pandas", "datasets", "accelerate", "peft"):
         try:
             env[module] = importlib.import_module(module).__version__
         except Exception:  # noqa: BLE001 - absent or broken: said so in the report
@@ -186,7 +189,8 @@ def main() -> None:
     start = time.monotonic()
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         os.environ.setdefault(name, "1")  # backbones are written locally; a hub call would only wait
-    missing = check_packages(args.toy)
+    parts = args.only or [p for n in ([args.part] if args.part else sorted(PARTS)) for p in PARTS[n]]
+    missing = check_packages(args.toy, parts)
     if missing:
         sys.exit("gpu_kit: missing packages, nothing run: " + "; ".join(missing) +
                  " (carry them as wheels: bash bench/gpu_kit_wheels.sh, then name .whl in the device call's carry)")
@@ -194,7 +198,6 @@ def main() -> None:
 
     if not args.toy and not torch.cuda.is_available():
         parser.error("no CUDA device (use --toy for the CPU smoke run)")
-    parts = args.only or [p for n in ([args.part] if args.part else sorted(PARTS)) for p in PARTS[n]]
     deadline = start + (args.deadline_s or DEADLINE_S * (1 if args.part or args.only else len(PARTS)))
     out, work = Path(args.out), Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
