@@ -70,7 +70,7 @@ def measure(kind: str, vocab: int, tokens: int, hidden: int, dtype: str, device:
         torch.cuda.reset_peak_memory_stats()
     else:
         base = rss_bytes()
-    loss = step()  # the warm-up is the memory measurement: a fresh process, nothing cached yet
+    loss = step()  # the warm-up is the memory measurement (CPU: a fresh process, nothing cached yet)
     if cuda:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
@@ -84,6 +84,23 @@ def measure(kind: str, vocab: int, tokens: int, hidden: int, dtype: str, device:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return {"peak_bytes": peak, "seconds": statistics.median(times), "loss": loss}
+
+
+def run_kind(kind: str, vocab: int, args) -> dict:
+    """One measurement: in this process on CUDA (the allocator's peak is reset for each), in a
+    fresh process on CPU (the peak resident set only grows)."""
+    if args.device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+        return measure(kind, vocab, args.tokens, args.hidden, args.dtype, args.device, args.repeats)
+    child = [sys.executable, __file__, "--one", kind, str(vocab), "--tokens", str(args.tokens),
+             "--hidden", str(args.hidden), "--dtype", args.dtype, "--device", args.device,
+             "--repeats", str(args.repeats)]
+    done = subprocess.run(child, capture_output=True, text=True, cwd=REPO_ROOT)
+    if done.returncode:
+        raise RuntimeError(done.stderr.strip())
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -104,19 +121,16 @@ def main() -> None:
         return
     fused_kinds = args.kinds or (["torch", "liger", "cce"] if args.device.startswith("cuda") else ["torch"])
     print(f"loss step at {args.tokens} tokens, hidden {args.hidden}, {args.dtype} on {args.device} "
-          f"(each figure one measurement in a fresh process)", flush=True)
+          f"(each figure one measurement{'' if args.device.startswith('cuda') else ' in a fresh process'})", flush=True)
     verdicts = []
     for vocab in args.vocabs:
         results = {}
         for kind in ["plain", *fused_kinds]:
-            child = [sys.executable, __file__, "--one", kind, str(vocab), "--tokens", str(args.tokens),
-                     "--hidden", str(args.hidden), "--dtype", args.dtype, "--device", args.device,
-                     "--repeats", str(args.repeats)]
-            done = subprocess.run(child, capture_output=True, text=True, cwd=REPO_ROOT)
-            if done.returncode:
-                print(f"vocab {vocab:>7} {kind:>5}: FAILED: {done.stderr.strip().splitlines()[-1:]}", flush=True)
+            try:
+                r = results[kind] = run_kind(kind, vocab, args)
+            except RuntimeError as error:
+                print(f"vocab {vocab:>7} {kind:>5}: FAILED: {str(error)[-300:]}", flush=True)
                 continue
-            r = results[kind] = json.loads(done.stdout.strip().splitlines()[-1])
             if "skipped" in r:
                 print(f"vocab {vocab:>7} {kind:>5}: skipped ({r['skipped']})", flush=True)
                 continue

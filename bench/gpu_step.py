@@ -152,6 +152,10 @@ def run_arch(arch: str, vision, text, text_norm: float, args, device, peak) -> l
                          device=str(device), dtype=torch.bfloat16).train()
     results = []
     for liger in args.liger:  # off first: Liger's kernels patch the model for good
+        if liger == "on" and device.type != "cuda":
+            results.append(Result(arch, "-", False, True, 0, False, error="Liger's Triton kernels need CUDA"))
+            report(results[-1])
+            continue
         if liger == "on":
             try:
                 apply_liger(model)

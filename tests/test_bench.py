@@ -94,13 +94,14 @@ def test_gpu_kit_toy_runs_every_part_and_imports_only_what_the_gpu_machine_has(t
                            "--work", str(tmp_path / "work")], capture_output=True, text=True, timeout=400, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "gpu_kit.json").read_text())
-    assert list(report["parts"]) == ["fused_loss", "step_llama", "train", "step_qwen"]
+    assert list(report["parts"]) == ["fused_loss", "step_llama", "liger_llama", "train", "step_qwen", "liger_qwen"]
     assert all(part["status"] == "ok" for part in report["parts"].values()), report["parts"]
     steps = report["parts"]["step_llama"]["results"]
     assert {(r["packed"], r["checkpointing"]) for r in steps} == {(False, False), (False, True), (True, False)}
     assert all(r["tokens_per_s"] > 0 and r["error"] is None and r["shares"] for r in steps)
     packed = next(r for r in steps if r["packed"])
     assert packed["packing_logit_error"]["samples"] >= 2 and packed["packing_logit_error"]["relative"] < 1e-2
+    assert report["parts"]["liger_llama"]["results"][0]["error"] == "Liger's Triton kernels need CUDA"
     loss = report["parts"]["fused_loss"]["results"]
     assert [r["kernel"] for r in loss] == ["torch"] and loss[0]["memory_ratio"] > 0
     train = report["parts"]["train"]["results"]

@@ -125,3 +125,17 @@ def test_scale_arms_train_under_deepspeed(tmp_path, tiny_dir, arm, zero):
     after = load_file(str(out2 / "model" / "model.safetensors"))["model.multi_modal_projector.norm.scale"]
     assert scale.shape == after.shape == (1,)
     assert (after != scale).all() if arm == "scale_learned" else torch.equal(after, scale)
+
+
+def test_the_optimizer_is_fused_on_cuda_and_the_default_on_cpu():
+    """The kit's 3B ZeRO-2 step ran out of memory in the foreach AdamW's temporaries on an H100
+    (bench/RESULTS.md): on CUDA the trainer's optimizer is the fused one; CPU runs (and their exact
+    resume figures) keep torch's default."""
+    from llava_norm.train.params import make_optimizer
+
+    model = torch.nn.Linear(4, 4)
+    optim = OptimConfig(lr=1e-3)
+    assert make_optimizer(model, optim, torch.device("cuda")).defaults["fused"] is True
+    cpu = make_optimizer(model, optim, torch.device("cpu"))
+    assert cpu.defaults["fused"] is None and cpu.defaults["foreach"] is None
+    assert [g["lr"] for g in cpu.param_groups] == [optim.lr] and cpu.defaults["eps"] == optim.adam_epsilon

@@ -28,7 +28,7 @@ from transformers import Trainer
 
 from llava_norm.data.packing import PackedDataset, PackSampler
 from llava_norm.data.sampler import EpochSampler, ModalityLengthGroupedSampler, ShuffledSampler
-from llava_norm.train.params import parameter_groups
+from llava_norm.train.params import make_optimizer
 from llava_norm.train.rundir import COMPLETE_MARKER, DATA_STATE, complete_checkpoints
 
 
@@ -134,9 +134,7 @@ class LlavaNormTrainer(Trainer):
 
     def create_optimizer(self, model=None):
         if self.optimizer is None:
-            o = self.optim_config
-            self.optimizer = torch.optim.AdamW(parameter_groups(self.model, o), betas=(o.adam_beta1, o.adam_beta2),
-                                               eps=o.adam_epsilon)
+            self.optimizer = make_optimizer(self.model, self.optim_config, self.args.device)
         return self.optimizer
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
