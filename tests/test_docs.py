@@ -4,6 +4,7 @@ Each figure is produced by the command its doc names; a change to the plan, the 
 FLOP model that moves a figure fails here until the doc says the new one.
 """
 
+import json
 import math
 import re
 import sys
@@ -123,3 +124,26 @@ def test_the_readmes_run_paths_are_where_the_configs_and_the_pipeline_write():
         config = load_config(ROOT / f"configs/{backbone}/{arm}/{stage}.yaml", check_paths=False)
         assert config.train.output_dir == f"runs/{backbone}/{arm}/{stage}", (backbone, arm, stage)
     assert "scripts/pipeline.sh --runs runs/llama3.2-3b" in README
+
+
+def test_readme_gpu_figures_are_the_kits_recorded_results():
+    """The README's H100 figures are those in bench/results/ (the kit's own JSON), not retyped ones."""
+    results = Path(__file__).resolve().parents[1] / "bench" / "results"
+    part1 = json.loads((results / "gpu_kit_2026-11-26_part1.json").read_text())["parts"]
+    train = json.loads((results / "gpu_kit_2026-11-26_train.json").read_text())["parts"]["train"]["results"]
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    steps = part1["step_llama"]["results"]
+    best = max((r for r in steps if r["mfu"]), key=lambda r: r["mfu"])
+    assert best["attn"] == "flex_attention" and best["rows"] == "8x1029"
+    assert f"MFU **{best['mfu']:.1%}**" in readme
+    sdpa8 = next(r for r in steps if r["attn"] == "sdpa" and r["rows"] == "8x1029")
+    assert f"sdpa {sdpa8['mfu']:.1%}" in readme
+    unpacked, packed = (next(r for r in steps if r["attn"] == "sdpa" and r["packed"] is p and "samples" in r["rows"])
+                        for p in (False, True))
+    assert f"({packed['tokens_per_s']:,.0f} against {unpacked['tokens_per_s']:,.0f} tokens/s)" in readme
+    loss = {r["kernel"]: r for r in part1["fused_loss"]["results"] if r["vocab"] == 128256}
+    assert f"fell\n{loss['liger']['memory_ratio']:.1f}x with Liger's kernel" in readme
+    assert f"{loss['liger']['time_ratio']:.2f}x, {loss['cce']['time_ratio']:.2f}x and " \
+           f"{loss['torch']['time_ratio']:.2f}x as long" in readme.replace("\n", " ")
+    small = next(r for r in train if r["run"] == "qwen0.5b_zero2")
+    assert f"peaked {abs(small['measured_over_plan']):.1%} under the" in readme.replace("\n", " ")
