@@ -123,3 +123,21 @@ def test_the_readmes_run_paths_are_where_the_configs_and_the_pipeline_write():
         config = load_config(ROOT / f"configs/{backbone}/{arm}/{stage}.yaml", check_paths=False)
         assert config.train.output_dir == f"runs/{backbone}/{arm}/{stage}", (backbone, arm, stage)
     assert "scripts/pipeline.sh --runs runs/llama3.2-3b" in README
+
+
+def test_the_readme_names_what_the_paper_module_compares():
+    """The README's `--paper` paragraph names the backbones, arms and columns of
+    `llava_norm/evaluation/paper.py`, and prints none of its numbers (they live there only)."""
+    from llava_norm.evaluation.paper import BACKBONES, COLUMNS, METHODS, TABLE_4
+    from llava_norm.evaluation.table import headline
+
+    start = README.index("**The paper's numbers beside ours**")
+    paragraph = README[start:README.index("\n\n", start)]
+    flat = " ".join(paragraph.split())
+    for backbone in BACKBONES:
+        assert backbone.llm.split("/")[1] in flat and backbone.vision_tower.split("/")[1] in flat.lower()
+    for arm, method in METHODS.items():
+        assert f"`{arm}`" in flat and method in flat
+    for benchmark in COLUMNS:
+        assert headline(benchmark).column in flat
+    assert not [v for row in TABLE_4.values() for v in row.values() if f"{v:.2f}" in flat]
