@@ -210,7 +210,7 @@ def _table(args) -> None:
         first_run = baseline if baseline in names else next((n for n in names if split_name(n)[0] == arm), baseline)
         md, csv_path = write_table(args.eval_dirs, args.out, baseline=first_run)
         stats = write_ablation({n: Path(d) for n, d in names.items()}, args.out, baseline=arm,
-                               options=benchmark_options(args.option))
+                               options=benchmark_options(args.option), paper=args.paper)
     except (ValueError, FileNotFoundError) as error:
         sys.exit(f"table: {error}")
     print(stats.read_text())
@@ -357,6 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
         "eval", help="evaluate a checkpoint on benchmarks (data-parallel under torchrun, resumable)"))
     p.set_defaults(func=_eval)
 
+    # lazy: start-up; the paper's numbers are plain data, read here for the --paper help text
+    from llava_norm.evaluation.paper import describe as paper_source
+
     p = sub.add_parser("table", help="results table (Markdown + CSV) from eval output directories")
     p.add_argument("eval_dirs", nargs="+")
     p.add_argument("--baseline", help="arm (or run name) the deltas are against (default: the first run's arm)")
@@ -364,6 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output prefix: PREFIX_stats.md/.csv (arms over seeds), PREFIX_forest.png, PREFIX.md/.csv (per run)")
     p.add_argument("--option", action="append", default=[], metavar="NAME.KEY=VALUE",
                    help="a benchmark option the runs were evaluated with, as given to llava-norm eval")
+    p.add_argument("--paper", action="store_true",
+                   help="in PREFIX_stats.md/.csv, beside each arm whose backbone and arm the paper reports, the "
+                        "paper's published number (labelled as the paper's), ours minus it, and whether it lies "
+                        f"inside our 95%% interval ({paper_source()})")
     p.set_defaults(func=_table)
 
     p = sub.add_parser("pipeline", help="stage 1 -> stage 2 -> eval -> table for arm config dirs (reuses a step only if its provenance matches)")

@@ -147,3 +147,21 @@ def test_readme_gpu_figures_are_the_kits_recorded_results():
            f"{loss['torch']['time_ratio']:.2f}x as long" in readme.replace("\n", " ")
     small = next(r for r in train if r["run"] == "qwen0.5b_zero2")
     assert f"peaked {abs(small['measured_over_plan']):.1%} under the" in readme.replace("\n", " ")
+
+
+def test_the_readme_names_what_the_paper_module_compares():
+    """The README's `--paper` paragraph names the backbones, arms and columns of
+    `llava_norm/evaluation/paper.py`, and prints none of its numbers (they live there only)."""
+    from llava_norm.evaluation.paper import BACKBONES, COLUMNS, METHODS, TABLE_4
+    from llava_norm.evaluation.table import headline
+
+    start = README.index("**The paper's numbers beside ours**")
+    paragraph = README[start:README.index("\n\n", start)]
+    flat = " ".join(paragraph.split())
+    for backbone in BACKBONES:
+        assert backbone.llm.split("/")[1] in flat and backbone.vision_tower.split("/")[1] in flat.lower()
+    for arm, method in METHODS.items():
+        assert f"`{arm}`" in flat and method in flat
+    for benchmark in COLUMNS:
+        assert headline(benchmark).column in flat
+    assert not [v for row in TABLE_4.values() for v in row.values() if f"{v:.2f}" in flat]

@@ -14,7 +14,8 @@ table built from them:
 It writes ``<prefix>_stats.md``, ``<prefix>_stats.csv`` (one row per cell) and
 ``<prefix>_forest.png`` (the deltas with their intervals). Every number is recomputed from
 the evaluations' stored predictions (``evaluation.units``), so an interval is always of the
-number the table prints.
+number the table prints. On request, the paper's published numbers are written beside the
+arms it reports (``analysis.beside_paper``), after every statistic is computed.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import io
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from llava_norm.analysis.beside_paper import CSV_FIELDS, csv_values, markdown_section, paper_comparisons
 from llava_norm.evaluation.benchmarks import BENCHMARKS
 from llava_norm.evaluation.table import headline, read_run
 from llava_norm.evaluation.units import Units, read_units
@@ -205,9 +207,12 @@ def to_markdown(cells: list[Cell], baseline: str, marks: dict[str, list[str]] | 
     return "\n".join(lines + notes + daggers + left_out + ["", *legend]) + "\n"
 
 
-def to_csv(cells: list[Cell], marks: dict[str, list[str]] | None = None) -> str:
+def to_csv(cells: list[Cell], marks: dict[str, list[str]] | None = None,
+           paper: dict[tuple[str, str], dict[str, object]] | None = None) -> str:
+    """One row per cell; ``paper`` (``beside_paper.csv_values``) adds the paper's columns."""
     fields = ["arm", "benchmark", "seeds", "n_seeds", "n_units", "score", "score_low", "score_high", "score_method",
               "delta", "delta_low", "delta_high", "p_value", "delta_seeds", "verdict", "note"]
+    fields += list(CSV_FIELDS) if paper is not None else []
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
@@ -221,22 +226,32 @@ def to_csv(cells: list[Cell], marks: dict[str, list[str]] | None = None) -> str:
                        delta_high=round(c.delta.high, 4), p_value=round(c.delta.p_value, 6),
                        delta_seeds=_seed_label(c.delta_seeds),
                        verdict=c.delta.verdict + (f" ({ONE_SEED})" if c.delta.n_seeds == 1 else ""))
+        row.update((paper or {}).get((c.arm, c.benchmark), {}))
         writer.writerow(row)
     return buffer.getvalue()
 
 
 def write_ablation(runs: dict[str, Path], prefix: str | Path, baseline: str, benchmarks: list[str] | None = None,
                    options: dict[str, dict] | None = None, data: dict[str, Path] | None = None,
-                   marks: dict[str, list[str]] | None = None) -> Path:
-    """Write ``<prefix>_stats.md``, ``<prefix>_stats.csv`` and ``<prefix>_forest.png``; returns the Markdown path."""
+                   marks: dict[str, list[str]] | None = None, paper: bool = False) -> Path:
+    """Write ``<prefix>_stats.md``, ``<prefix>_stats.csv`` and ``<prefix>_forest.png``; returns the Markdown path.
+    ``paper`` adds the paper's published numbers beside the arms it reports (not to the figure)."""
     # lazy: matplotlib loads only where a figure is drawn
     from llava_norm.analysis.plots import forest_grid
 
     cells = ablation_cells(runs, baseline, benchmarks, options, data)
     md, csv_path, png = (Path(f"{prefix}_stats.md"), Path(f"{prefix}_stats.csv"), Path(f"{prefix}_forest.png"))
     md.parent.mkdir(parents=True, exist_ok=True)
-    md.write_text(to_markdown(cells, baseline, marks, missing_benchmarks(runs, benchmarks)))
-    csv_path.write_text(to_csv(cells, marks))
+    text = to_markdown(cells, baseline, marks, missing_benchmarks(runs, benchmarks))
+    published = None
+    if paper:
+        arms = {arm: [Path(d) for n, d in runs.items() if split_name(n)[0] == arm]
+                for arm in dict.fromkeys(split_name(n)[0] for n in runs)}
+        comparisons, notes = paper_comparisons(cells, arms, benchmarks)
+        text += markdown_section(comparisons, notes)
+        published = csv_values(comparisons)
+    md.write_text(text)
+    csv_path.write_text(to_csv(cells, marks, published))
     panels: dict[str, list[tuple[str, float, float, float]]] = {}
     for c in cells:
         if c.delta:
