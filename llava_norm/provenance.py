@@ -25,6 +25,10 @@ Fingerprints are built to be cheap on a 190 GB corpus and exact on the files tha
 - a glob: like a folder holding the files it matches;
 - a hub id that is not a local path: ``hub:<id>@<commit>`` of the cached snapshot, or
   ``hub:<id>`` when there is none to resolve.
+
+``FingerprintMemo`` keeps file fingerprints between starts (the data index asks for one per shard
+at every start): a file whose size, modification time and inode are those recorded is not read
+again; any change of the three fingerprints it anew.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from pathlib import Path
 from llava_norm.config_schema import is_glob
 
 RECORD = "provenance.json"
+MEMO_NAME = "llava_norm_file_fingerprints.json"
 WHOLE_FILE_BYTES = 16 << 20
 SAMPLED_BLOCKS = 16
 WHOLE_FOLDER_FILES = 64
@@ -115,6 +120,47 @@ def fingerprint(path: str | Path) -> str:
     if not str(path).startswith((".", "/")) and str(path).count("/") == 1:
         return _hub_fingerprint(str(path))
     raise FileNotFoundError(f"cannot fingerprint {path}: no such file or folder")
+
+
+class FingerprintMemo:
+    """File fingerprints by absolute path, with the size, modification time and inode they were
+    taken at, in ``folder/MEMO_NAME`` (JSON). Processes share it through the file: the first to
+    fingerprint a file records it (written whole and atomically), later ones, on any rank or
+    start, stat the file and read nothing of it. An edit that keeps size, modification time and
+    inode is not seen (as with make or rsync's quick check)."""
+
+    def __init__(self, folder: str | Path):
+        self.path = Path(folder) / MEMO_NAME
+        self.entries = self._read()
+        self.computed = 0  # fingerprints taken (files read) through this memo
+
+    def _read(self) -> dict:
+        try:
+            entries = json.loads(self.path.read_text())
+        except (OSError, ValueError):  # none yet, or torn by a crash: rebuilt as files are asked for
+            return {}
+        return entries if isinstance(entries, dict) else {}
+
+    def fingerprint(self, file: Path) -> str:
+        stat = file.stat()
+        stamp = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+        key = str(file.resolve())
+        recorded = self.entries.get(key)
+        if isinstance(recorded, list) and recorded[:3] == stamp:
+            return recorded[3]
+        value = file_fingerprint(file)
+        self.computed += 1
+        self.entries[key] = [*stamp, value]
+        return value
+
+    def save(self) -> None:
+        if not self.computed:
+            return
+        merged = {**self._read(), **self.entries}  # keep what other processes recorded meanwhile
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(merged))
+        os.replace(temporary, self.path)
 
 
 def source_packages() -> list[Path]:

@@ -22,7 +22,7 @@ from llava_norm.data.conversation import ConversationTokenizer
 from llava_norm.data.prompts import with_system
 from llava_norm.data.rows import WHOLE_FILE, BadSampleError, check_row, read_entries
 from llava_norm.data.sources import ResolvedSource, parquet_rows
-from llava_norm.provenance import fingerprint
+from llava_norm.provenance import FingerprintMemo
 
 log = logging.getLogger(__name__)
 # The code that decides an index's entries: a change to any of them builds new indexes.
@@ -70,17 +70,29 @@ def counting_key(encoder: ConversationTokenizer, system_prompt: str | None, coun
     return key
 
 
-def index_fingerprint(source: ResolvedSource, counting: dict, image_placement: str = "front") -> str:
+def index_fingerprint(source: ResolvedSource, counting: dict, image_placement: str = "front",
+                      memo: FingerprintMemo | None = None) -> str:
+    """The key of the source's index. ``memo``: shard fingerprints kept between starts, so a warm
+    start stats each shard and reads none of it (without one, each shard is fingerprinted)."""
+    memo = memo or FingerprintMemo(_memo_folder())
     code = hashlib.sha256()
     here = Path(__file__).resolve().parent
     for name in RULE_MODULES:
         code.update((here / name).read_bytes())
     # the content fingerprint samples a big file; its size and modification time catch an edit in between
     spec = {"kind": source.kind,
-            "files": [[str(f), fingerprint(f), f.stat().st_size, f.stat().st_mtime_ns] for f in source.files],
+            "files": [[str(f), memo.fingerprint(f), f.stat().st_size, f.stat().st_mtime_ns] for f in source.files],
             "image_folder": source.image_folder, "code": code.hexdigest(), "counting": counting,
             "image_placement": image_placement}
+    memo.save()
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _memo_folder() -> Path:
+    """Beside the indexes: the datasets cache (HF_DATASETS_CACHE), shared by the node's ranks."""
+    from datasets import config
+
+    return Path(config.HF_DATASETS_CACHE)
 
 
 def _entries(source: ResolvedSource, files: list[int]):
