@@ -157,14 +157,15 @@ def chat_bundle(tiny_dir):
     return build_model(ModelSpec(str(tiny_dir / "siglip"), str(tiny_dir / "llama"), norm_alignment="none", seed=0))
 
 
-def _packed_dataset(bundle, data, images, budget=320, policy="skip"):
+def _packed_dataset(bundle, data, images, budget=320, policy="skip", exact_lengths=False):
     from llava_norm.config import DataSource
     from llava_norm.data.conversation import conversation_tokenizer
     from llava_norm.data.dataset import SupervisedDataset
 
     encoder = conversation_tokenizer(bundle, "chat", {"date_string": "26 Jul 2024"})
     samples = SupervisedDataset([DataSource(path=str(data), image_folder=str(images))], encoder,
-                                bundle.image_processor, min(256, budget), on_bad_sample=policy)
+                                bundle.image_processor, min(256, budget), on_bad_sample=policy,
+                                exact_lengths=exact_lengths)
     return PackedDataset(samples, budget, seed=42)
 
 
@@ -179,6 +180,28 @@ def test_packed_rows_hold_what_the_plan_says(chat_bundle, tmp_path):
         assert sum(packed.lengths[i] for i in pack) <= 320
     batch = collate_packed([packed[0], packed[1]], pad_token_id=0)
     assert batch["num_tokens"] == sum(packed.lengths[i] for i in packed.packs[0] + packed.packs[1])
+
+
+def test_the_row_index_keeps_the_exact_lengths_packing_would_take(chat_bundle, tmp_path, monkeypatch):
+    """With exact lengths in the row index (a packed run builds it so), the plan reads them and
+    tokenises nothing; they equal the lengths taken at start-up, a truncated multi-turn row included."""
+    data, images = write_dataset(tmp_path, n=12, text_only_every=3)
+    rows = json.loads(data.read_text())
+    turns = rows[5]["conversations"]
+    rows[5]["conversations"] = turns + [{"from": "human", "value": "more " * 60},
+                                        {"from": "gpt", "value": "answer " * 60}] * 3  # over 256: cut at a turn
+    data.write_text(json.dumps(rows))
+    taken = _packed_dataset(chat_bundle, data, images).lengths
+    from llava_norm.data.conversation import ConversationTokenizer
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("tokenised at start-up")
+
+    monkeypatch.setattr(ConversationTokenizer, "encoded_lengths", refuse)
+    kept = _packed_dataset(chat_bundle, data, images, exact_lengths=True)
+    assert kept.lengths == taken and 0 < taken[5] < 256
+    examples = kept[next(k for k, p in enumerate(kept.packs) if 5 in p)].examples
+    assert 256 >= max(len(e.input_ids) for e in examples) and taken[5] in [len(e.input_ids) for e in examples]
 
 
 def test_a_bad_sample_is_dropped_from_its_pack_with_its_record(chat_bundle, tmp_path):

@@ -160,7 +160,13 @@ class ConversationTokenizer:
         conversation, 0 where even the first turn does not fit, with the same per-segment
         tokenisation as ``encode`` but batched. Packing (``data.packing``) needs lengths that
         never fall short of the real ones, which ``count_tokens`` does not promise."""
-        out: list[int] = []
+        return [fitted_length(total, ends, max_length) for total, ends in self.encoded_turn_ends(conversations, chunk)]
+
+    def encoded_turn_ends(self, conversations: list[list[dict]], chunk: int = 4096) -> list[tuple[int, list[int]]]:
+        """For each conversation, the length ``encode`` gives it before truncation and the length
+        at the end of each assistant turn (where ``truncate`` may cut): what ``fitted_length``
+        turns into the exact length at any ``max_length``. The row index keeps them (packing)."""
+        out: list[tuple[int, list[int]]] = []
         for start in range(0, len(conversations), chunk):
             part = [self.format.segments(messages) for messages in conversations[start:start + chunk]]
             texts = [s.text for segments in part for s in segments if s.is_content]
@@ -175,8 +181,7 @@ class ConversationTokenizer:
                         length += len(self._ids(segment))
                     if _closes_turn(segments, index):
                         turn_ends.append(length)
-                fitting = [end for end in turn_ends if end <= max_length]
-                out.append(length if length <= max_length else (fitting[-1] if fitting else 0))
+                out.append((length, turn_ends))
         return out
 
     def render_text(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
@@ -196,6 +201,15 @@ class ConversationTokenizer:
                 n_images = sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages)
                 lengths.append(len(row_ids) + n_images * (self.tokens_per_image - 1))
         return lengths
+
+
+def fitted_length(total: int, turn_ends: list[int], max_length: int) -> int:
+    """The length ``truncate`` leaves at ``max_length``: all of it, else up to the last turn end
+    that fits, else 0 (not even the first turn fits)."""
+    if total <= max_length:
+        return total
+    fitting = [end for end in turn_ends if end <= max_length]
+    return fitting[-1] if fitting else 0
 
 
 def _closes_turn(segments: list[Segment], index: int) -> bool:

@@ -33,7 +33,7 @@ from torch.utils.data import Dataset
 from llava_norm.config import DataSource, parse_take
 from llava_norm.config_schema import LENGTH_ESTIMATES, ConfigError
 from llava_norm.data.collate import Example
-from llava_norm.data.conversation import ConversationTokenizer, conversation_tokenizer
+from llava_norm.data.conversation import ConversationTokenizer, conversation_tokenizer, fitted_length
 from llava_norm.data.images import BadImageError
 from llava_norm.data.index import load_index
 from llava_norm.data.prompts import PromptEncoder, PromptSettings, with_system
@@ -111,13 +111,15 @@ class Rows:
 class SupervisedDataset(Dataset):
     def __init__(self, mixture: list[DataSource], encoder: ConversationTokenizer, image_processor,
                  max_length: int, image_aspect: str = "resize", on_bad_sample: str = "skip",
-                 length_estimate: str = "tokens", system_prompt: str | None = None, image_placement: str = "front"):
+                 length_estimate: str = "tokens", system_prompt: str | None = None, image_placement: str = "front",
+                 exact_lengths: bool = False):
         """``system_prompt``: a system turn for every row that has none of its own, the same
         one evaluation puts in its prompts (``data.system_prompt``); None keeps the template's.
         Samples are built by ``data.prompts.PromptEncoder``, the path evaluation and the
         diagnostics build their prompts with. Under several processes, build it in the main
         process first (``TrainingArguments.main_process_first``): the others then map the
-        indexes it wrote."""
+        indexes it wrote. ``exact_lengths``: the indexes also keep each row's exact encoded length
+        at every turn end (packing's plan reads them instead of tokenising at each start)."""
         if length_estimate not in LENGTH_ESTIMATES:
             raise ValueError(f"data.length_estimate must be one of {LENGTH_ESTIMATES}, got {length_estimate!r}")
         self.encoder = encoder
@@ -136,7 +138,7 @@ class SupervisedDataset(Dataset):
         for i, source in enumerate(mixture):
             resolved = resolve(source, f"data.mixture[{i}]")
             index = load_index(resolved, encoder, system_prompt, count_tokens=length_estimate == "tokens",
-                               image_placement=image_placement)
+                               image_placement=image_placement, exact_lengths=exact_lengths)
             table = index.data  # Arrow columns, memory-mapped: no row or string becomes a Python object here
             whole = _flags(pc.equal(table.column("position"), WHOLE_FILE))
             position_rows = np.flatnonzero(~whole)
@@ -187,6 +189,26 @@ class SupervisedDataset(Dataset):
         return cls(mixture, conversation_tokenizer(bundle, settings.prompt_format, settings.template_kwargs),
                    bundle.image_processor, max_length, settings.image_aspect, system_prompt=settings.system_prompt,
                    **options)
+
+    def exact_lengths(self, max_length: int) -> list[int] | None:
+        """Each good row's exact length once truncated at ``max_length`` (``fitted_length``), from
+        the indexes; None when they were built without exact lengths."""
+        out = []
+        for s, index in enumerate(self.indexes):
+            rows = self.where[self.where_source == s]
+            table = index.data
+            if "exact_tokens" not in table.column_names:
+                return None
+            totals = table.column("exact_tokens").to_numpy()[rows]
+            if (totals < 0).any():
+                return None
+            lengths = totals.astype(np.int64)
+            over = np.flatnonzero(totals > max_length)  # only these need their turn ends
+            if len(over):
+                ends = table.column("turn_ends").take(pa.array(rows[over])).to_pylist()
+                lengths[over] = [fitted_length(int(t), e, max_length) for t, e in zip(totals[over], ends)]
+            out.append(lengths)
+        return np.concatenate(out).tolist() if out else []
 
     def reject(self, error: BadSampleError) -> None:
         if self.on_bad_sample == "error":

@@ -36,7 +36,7 @@ NO_GROUP = -1  # group / group_row of a row whose image is a file, not embedded
 
 
 def features():
-    from datasets import Features, Value
+    from datasets import Features, Sequence, Value
 
     return Features({
         "file": Value("int32"),  # index into the source's files
@@ -48,17 +48,22 @@ def features():
         "group_row": Value("int32"),
         "words": Value("int32"),  # words + the image's tokens: the cheap length estimate
         "tokens": Value("int32"),  # encoded length, image tokens included (-1 when not counted)
+        # packing's exact lengths (ConversationTokenizer.encoded_turn_ends): the length before
+        # truncation and at each assistant turn's end (-1 and [] when not taken)
+        "exact_tokens": Value("int32"),
+        "turn_ends": Sequence(Value("int32")),
         "cause": Value("string"),  # "" for a good row, else a rows.SKIP_CAUSES entry
         "adjusted": Value("string"),  # what the row rules changed in a good row: rows.ADJUSTMENTS, comma-joined
         "message": Value("string"),
     })
 
 
-def counting_key(encoder: ConversationTokenizer, system_prompt: str | None, count_tokens: bool) -> dict:
+def counting_key(encoder: ConversationTokenizer, system_prompt: str | None, count_tokens: bool,
+                 exact_lengths: bool = False) -> dict:
     """What the counts depend on: the tokenizer (its full serialisation), its templates and
     the prompt settings; the words-only estimate depends on the image size alone."""
-    key = {"tokens_per_image": encoder.tokens_per_image, "count_tokens": count_tokens}
-    if count_tokens:
+    key = {"tokens_per_image": encoder.tokens_per_image, "count_tokens": count_tokens, "exact_lengths": exact_lengths}
+    if count_tokens or exact_lengths:
         tokenizer, form = encoder.tokenizer, encoder.format
         backend = getattr(tokenizer, "backend_tokenizer", None)
         serialised = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
@@ -111,7 +116,7 @@ def _entries(source: ResolvedSource, files: list[int]):
 
 
 def _generate(files: list[int], source: ResolvedSource, encoder: ConversationTokenizer, system_prompt: str | None,
-              count_tokens: bool, image_placement: str = "front"):
+              count_tokens: bool, image_placement: str = "front", exact_lengths: bool = False):
     """The entries of ``files`` (indexes into ``source.files``); datasets splits the list into
     contiguous runs, one per process, and keeps their order."""
     first = source.files[0] if len(source.files) == 1 else f"{len(source.files)} files in {source.files[0].parent}"
@@ -127,6 +132,10 @@ def _generate(files: list[int], source: ResolvedSource, encoder: ConversationTok
             counts = encoder.count_tokens([with_system(e["messages"], system_prompt) for e in good])
             for entry, count in zip(good, counts):
                 entry["tokens"] = count
+        if exact_lengths and good:
+            exact = encoder.encoded_turn_ends([with_system(e["messages"], system_prompt) for e in good])
+            for entry, (total, ends) in zip(good, exact):
+                entry["exact_tokens"], entry["turn_ends"] = total, ends
         for entry in pending:
             entry["messages"] = json.dumps(entry["messages"], ensure_ascii=False)
         yield from pending
@@ -137,7 +146,8 @@ def _generate(files: list[int], source: ResolvedSource, encoder: ConversationTok
         if f != current:
             current, index_in_file = f, 0
         entry = {"file": f, "position": position, "row_id": "", "messages": [], "image": "", "group": group,
-                 "group_row": group_row, "words": 0, "tokens": -1, "cause": "", "message": "", "adjusted": ""}
+                 "group_row": group_row, "words": 0, "tokens": -1, "exact_tokens": -1, "turn_ends": [], "cause": "",
+                 "message": "", "adjusted": ""}
         try:
             if isinstance(raw, BadSampleError):
                 raise raw
@@ -156,16 +166,17 @@ def _generate(files: list[int], source: ResolvedSource, encoder: ConversationTok
 
 
 def load_index(source: ResolvedSource, encoder: ConversationTokenizer, system_prompt: str | None,
-               count_tokens: bool, image_placement: str = "front"):
+               count_tokens: bool, image_placement: str = "front", exact_lengths: bool = False):
     """The source's index as a ``datasets.Dataset`` (memory-mapped): built and cached by the
     first process that asks for it (under ``datasets``' own file lock), mapped by the rest."""
     from datasets import Dataset
 
-    key = index_fingerprint(source, counting_key(encoder, system_prompt, count_tokens), image_placement)
+    key = index_fingerprint(source, counting_key(encoder, system_prompt, count_tokens, exact_lengths), image_placement)
     size = sum(f.stat().st_size for f in source.files)
     processes = min(len(source.files), os.cpu_count() or 1, MAX_PROCESSES) if size >= PARALLEL_BYTES else 1
     return Dataset.from_generator(_generate, features=features(), fingerprint=key,
                                   num_proc=processes if processes > 1 else None,
                                   gen_kwargs={"files": list(range(len(source.files))), "source": source,
                                               "encoder": encoder, "system_prompt": system_prompt,
-                                              "count_tokens": count_tokens, "image_placement": image_placement})
+                                              "count_tokens": count_tokens, "image_placement": image_placement,
+                                              "exact_lengths": exact_lengths})

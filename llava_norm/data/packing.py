@@ -13,7 +13,8 @@ never predicts its first token either, so loss and token counts are unchanged.
 
 A bad sample inside a pack is dropped (with its skip record), not replaced: a replacement
 could overflow the row budget. Lengths are exact (``ConversationTokenizer.encoded_lengths``),
-so a planned row never exceeds ``data.pack_max_tokens``.
+so a planned row never exceeds ``data.pack_max_tokens``; they are read from the row index, which
+keeps them when the run packs (``exact_lengths``), and taken here otherwise.
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ class PackedDataset(Dataset):
 
     @cached_property
     def lengths(self) -> list[int]:
+        kept = self.samples.exact_lengths(self.samples.max_length)
+        if kept is not None:  # taken once, when the row index was built
+            return kept
         rows, out = self.samples.rows, []
         for start in range(0, len(rows), LENGTH_CHUNK):  # the rows stay in the index: a chunk at a time
             part = [rows[i].messages for i in range(start, min(start + LENGTH_CHUNK, len(rows)))]

@@ -271,7 +271,7 @@ def run_training(config: RunConfig, check=None) -> Path | None:
     with args.main_process_first(local=True, desc="data index"):
         dataset = SupervisedDataset(d.mixture, encoder, bundle.image_processor, max_length, d.image_aspect,
                                     d.on_bad_sample, d.length_estimate, system_prompt=d.system_prompt,
-                                    image_placement=d.image_placement)
+                                    image_placement=d.image_placement, exact_lengths=d.packing)
     pad_id = bundle.tokenizer.pad_token_id
 
     def collate_fn(examples):
