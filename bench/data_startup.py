@@ -18,6 +18,7 @@ memory-mapped pages it touched, shared with the page cache and every other rank.
 
     .venv/bin/python bench/data_startup.py                  # 779K rows: ~10 min here, ~1 GB of disk
     .venv/bin/python bench/data_startup.py --rows 20000 --shards 8
+    .venv/bin/python bench/data_startup.py --rows 31000 --shards 10 --image-kib 120 --ranks 8   # hub-sized shards
 """
 
 from __future__ import annotations
@@ -40,27 +41,30 @@ WORDS = ("the a image shows red green blue small large object left right top bot
          "tree house sign text table chart number color shape count what where which how many is are").split()
 
 
-def _pngs(n: int = 16) -> list[bytes]:
+def _pngs(n: int = 16, pad_kib: int = 0) -> list[bytes]:
+    """``n`` small PNGs; ``pad_kib`` KiB of random bytes after each one's end (decoders stop at
+    IEND) give shards the hub's size without the time of encoding photos."""
     from PIL import Image
 
-    out = []
+    out, rng = [], np.random.default_rng(7)
     for i in range(n):
         buffer = io.BytesIO()
         Image.new("RGB", (24, 24), (i * 15, 255 - i * 15, (i * 97) % 256)).save(buffer, "PNG")
-        out.append(buffer.getvalue())
+        out.append(buffer.getvalue() + rng.bytes(pad_kib * 1024))
     return out
 
 
-def write_corpus(folder: Path, rows: int, shards: int, seed: int = 0) -> None:
+def write_corpus(folder: Path, rows: int, shards: int, seed: int = 0, image_kib: int = 0) -> None:
     """``rows`` rows in the NeXT layout under ``folder`` (skipped when already complete)."""
     from datasets import Dataset
 
     from llava_norm_demo.synth.next_parquet import CARD, SHARD_NAME, features
 
     done = folder / "complete.json"
-    if done.is_file() and json.loads(done.read_text()) == {"rows": rows, "shards": shards, "seed": seed}:
+    recipe = {"rows": rows, "shards": shards, "seed": seed, "image_kib": image_kib}
+    if done.is_file() and json.loads(done.read_text()) == recipe:
         return
-    rng, pngs, start = np.random.default_rng(seed), _pngs(), 0
+    rng, pngs, start = np.random.default_rng(seed), _pngs(pad_kib=image_kib), 0
     for index in range(shards):
         n = rows // shards + (index < rows % shards)
         table = {"id": [], "conversations": [], "data_source": [], "image": []}
@@ -81,7 +85,7 @@ def write_corpus(folder: Path, rows: int, shards: int, seed: int = 0) -> None:
         Dataset.from_dict(table, features=features()).to_parquet(str(path))
         start += n
     (folder / "README.md").write_text(CARD.format(rows=rows, num_bytes=0))
-    done.write_text(json.dumps({"rows": rows, "shards": shards, "seed": seed}))
+    done.write_text(json.dumps(recipe))
 
 
 def rank(corpus: str, workers: int, tokenizer_dir: str) -> dict:
@@ -101,9 +105,14 @@ def rank(corpus: str, workers: int, tokenizer_dir: str) -> dict:
     encoder = ConversationTokenizer(tokenizer, make_prompt_format(tokenizer, "chat", {"date_string": "26 Jul 2024"}),
                                     tokenizer.convert_tokens_to_ids(IMAGE_PLACEHOLDER), 729)  # SO400M-384: 27 x 27
     processor = SiglipImageProcessorPil(size={"height": 384, "width": 384})
+    import datasets  # noqa: F401  (imported here, so the bytes read below are data, not modules)
+    import pyarrow.parquet  # noqa: F401
+
     t_imports = time.perf_counter()
+    read_before = _read_bytes()
     dataset = SupervisedDataset([DataSource(path=corpus)], encoder, processor, max_length=4096)
     t_index = time.perf_counter()
+    index_read = _read_bytes() - read_before
     sampler = ModalityLengthGroupedSampler(dataset.modality_lengths, batch_size=8, world_size=8, seed=0)
     loader = DataLoader(dataset, batch_size=8, sampler=sampler, num_workers=workers,
                         collate_fn=lambda examples: collate(examples, tokenizer.pad_token_id, "right"))
@@ -114,7 +123,13 @@ def rank(corpus: str, workers: int, tokenizer_dir: str) -> dict:
     return {"rows": len(dataset), "seconds": {"imports_tokenizer": t_imports - t0, "index": t_index - t_imports,
                                               "first_batch": t_batch - t_imports},
             "mib": {"peak": kib["VmHWM"] / 1024, "anon": kib["RssAnon"] / 1024, "file": kib["RssFile"] / 1024},
-            "batch_rows": int(batch["input_ids"].shape[0])}
+            "batch_rows": int(batch["input_ids"].shape[0]), "index_read_kib": index_read / 1024}
+
+
+def _read_bytes() -> int:
+    """Bytes this process has read through read() calls (/proc/self/io rchar): shard
+    fingerprints and parquet footers count, the index's memory-mapped pages do not."""
+    return int(dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())["rchar"])
 
 
 def launch(corpus: Path, workers: int, tokenizer_dir: Path, cache: Path, ranks: int) -> list[dict]:
@@ -137,7 +152,8 @@ def show(label: str, reports: list[dict]) -> None:
     for i, r in enumerate(reports):
         s, m = r["seconds"], r["mib"]
         print(f"  {label:<5} rank {i}: {r['rows']:>8,} rows  first batch {s['first_batch']:6.1f} s "
-              f"(index {s['index']:6.1f} s; imports + tokenizer {s['imports_tokenizer']:.1f} s)  "
+              f"(index {s['index']:6.1f} s, {r['index_read_kib']:,.0f} KiB read; imports + tokenizer "
+              f"{s['imports_tokenizer']:.1f} s)  "
               f"memory: anon {m['anon']:7.1f} MiB, mapped {m['file']:7.1f} MiB, peak {m['peak']:7.1f} MiB")
 
 
@@ -190,6 +206,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=779_289)
     parser.add_argument("--shards", type=int, default=250)
     parser.add_argument("--ranks", type=int, default=2, help="warm processes started at once")
+    parser.add_argument("--image-kib", type=int, default=0,
+                        help="KiB added to each embedded image: --image-kib 120 gives shards of the hub's size")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--draw-only", action="store_true", help="only the per-sample draw cost (a minute)")
     parser.add_argument("--work", type=Path, help="where the corpora go (kept between runs); default a temp dir")
@@ -211,9 +229,9 @@ def main() -> None:
     small = max(1, args.rows // 10), max(1, args.shards // 10)
     warm_firsts, anon = [], {}
     for rows, shards in (small, (args.rows, args.shards)):
-        corpus = work / f"next-{rows}"
+        corpus = work / (f"next-{rows}" + (f"-{args.image_kib}kib" if args.image_kib else ""))
         t = time.perf_counter()
-        write_corpus(corpus, rows, shards)
+        write_corpus(corpus, rows, shards, image_kib=args.image_kib)
         size = sum(f.stat().st_size for f in corpus.rglob("*.parquet"))
         print(f"corpus: {rows:,} rows in {shards} shards, {size / 2**20:,.0f} MiB of parquet "
               f"(written or found in {time.perf_counter() - t:.0f} s)")
