@@ -4,7 +4,10 @@ Owns everything the stock Trainer does not: the modality-length sampler, the opt
 named learning-rate groups, per-step lr-per-group / tokens-per-second / norm-layer (Table 5)
 logging, the skipped-bad-sample count, and checkpoints that count as complete only once a
 marker is written after every rank has saved, so a kill during a save leaves the previous
-checkpoint as the one ``resume: auto`` picks. DeepSpeed glue stays the Trainer's.
+checkpoint as the one ``resume: auto`` picks. A resume from a checkpoint at the last step trains
+nothing: the launch only writes the final model and summary (the stock loop would train one
+step past ``max_steps`` when the last step falls inside an epoch). DeepSpeed glue stays the
+Trainer's.
 
 The position in the data is part of each checkpoint (``data_state.json``): the epoch and the
 micro-batches each rank has consumed in it, counted as they are trained on, with a digest of
@@ -96,6 +99,9 @@ class LlavaNormTrainer(Trainer):
                                                     resume_from_checkpoint, trial)
         if resume_from_checkpoint is None:
             return epochs, skip
+        if self.state.global_step > self.state.max_steps:
+            raise ResumeError(f"{resume_from_checkpoint}: at step {self.state.global_step}, past this run's last "
+                              f"step {self.state.max_steps} (train.max_steps or train.epochs lowered?)")
         skips = self._skips_file(Path(resume_from_checkpoint))  # so the run's skipped.jsonl stays whole across kills
         if skips.is_file():
             self.skipped_samples = [json.loads(line) for line in skips.read_text().splitlines() if line]
@@ -104,6 +110,9 @@ class LlavaNormTrainer(Trainer):
             raise ResumeError(f"{resume_from_checkpoint}: saved data position epoch {saved['epoch']} + "
                               f"{saved['batches_consumed']} micro-batches, but step {self.state.global_step} "
                               f"implies epoch {epochs} + {skip} (batch size or accumulation changed?)")
+        if self.state.global_step == self.state.max_steps and self.is_world_process_zero():
+            print(f"[llava-norm] {resume_from_checkpoint} is at the last step ({self.state.global_step}): nothing "
+                  "left to train; writing the final model and summary from it", flush=True)
         return saved["epoch"], saved["batches_consumed"]
 
     def check_data_order(self, checkpoint) -> dict:
@@ -123,6 +132,9 @@ class LlavaNormTrainer(Trainer):
 
     def _run_epoch(self, *args, epoch, epochs_trained, steps_trained_in_current_epoch, resume_from_checkpoint,
                    steps_in_epoch, **kwargs):
+        if self.state.global_step >= self.state.max_steps:  # resumed from the last step's checkpoint
+            self.control.should_training_stop = True
+            return None
         resumed = resume_from_checkpoint is not None and epoch == epochs_trained
         self._epoch, self._batches_per_epoch = epoch, steps_in_epoch
         self._batches_in_epoch = steps_trained_in_current_epoch if resumed else 0
