@@ -106,7 +106,7 @@ def train_figures(config: Path, out: Path) -> str:
     run_dir = Path(load_config(config, check_paths=False).train.output_dir)
     history = json.loads((run_dir / "train_summary.json").read_text())["log_history"]
     steps = [h for h in history if "tokens_per_second" in h]
-    later = steps[3:] or steps  # the first logs carry start-up
+    later = steps[3:] or steps  # the first steps carry warm-up (kernel choice, the allocator's growth)
     lines = [f"steps logged: {len(steps)}; tokens/s median over steps {len(steps) - len(later) + 1}-{len(steps)}: "
              f"{statistics.median(h['tokens_per_second'] for h in later):,.0f}"]
     peaks = [h["peak_memory_gib"] for h in steps if "peak_memory_gib" in h]

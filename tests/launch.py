@@ -39,6 +39,17 @@ def step_losses(summary: dict) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in summary["log_history"] if "loss" in e}
 
 
+# What a log entry measures in time: the one part of a run's summary a relaunch cannot repeat.
+TIMING = {"tokens_per_second", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+
+
+def summary_figures(summary: dict) -> dict:
+    """A run's summary without what says how it was launched (the launches, their timings): what an
+    interrupted run must end with exactly as an uninterrupted one."""
+    return {**{k: v for k, v in summary.items() if k not in ("resumed_from", "steps_this_launch", "log_history",
+                                                              "data_index_builds", "data_index_built_by")},
+            "log_history": [{k: v for k, v in e.items() if k not in TIMING} for e in summary["log_history"]]}
+
 
 def script_command(script: str, config: Path, overrides: list[str]) -> list[str]:
     """scripts/pretrain.sh or finetune.sh, as a user runs them (GPUS_PER_NODE etc. in the env)."""

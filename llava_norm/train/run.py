@@ -295,7 +295,10 @@ def run_training(config: RunConfig, check=None) -> Path | None:
         by_cause = count_by_cause(skipped)
         summary = {"complete": True, "global_step": trainer.state.global_step,
                    "steps_this_launch": trainer.state.global_step - trainer._initial_global_step,
-                   "resumed_from": str(plan.checkpoint) if plan.checkpoint else None, "train_loss": result.training_loss,
+                   # the metrics' train_loss is over every step of the run (runlog); result.training_loss is
+                   # transformers' mean over this launch's steps
+                   "resumed_from": str(plan.checkpoint) if plan.checkpoint else None,
+                   "train_loss": result.metrics["train_loss"],
                    "rows_rejected_at_load": len(dataset.rejected), "rows_adjusted_at_load": dataset.adjusted, "rows_skipped_when_drawn": len(skipped) - len(dataset.rejected),
                    "skipped_by_cause": by_cause, "log_history": trainer.state.log_history}
         (out / SUMMARY).write_text(json.dumps(summary, indent=2))
