@@ -3,7 +3,7 @@
 Each entry below edits one line of the package (the break), runs the test said to catch it, and
 puts the line back. The run passes only if every test fails under its break, so the claims in
 tests/README.md are checked, not just written. Not part of ``make test`` (each entry is a test
-run of its own, about 13 minutes in all on a 2-core machine): ``make check-breaks``, or
+run of its own, about 14 minutes in all on a 2-core machine): ``make check-breaks``, or
 ``python tests/breaks.py NAME ...`` for some of them.
 """
 
@@ -75,6 +75,12 @@ BREAKS = [
           "tests/test_relaunch.py::test_no_logged_throughput_counts_start_up_and_train_loss_spans_every_launch"),
     Break("log windows restart at a relaunch", "llava_norm/train/runlog.py",
           "            self._restore(self.resumed_from)", "            pass",
+          "tests/test_run_logs.py::test_a_run_killed_mid_window_and_in_its_final_save_ends_as_an_uninterrupted_one"),
+    Break("one-time messages on every rank", "llava_norm/train/run.py",
+          "    main_process_messages()\n", "",
+          "tests/test_run_logs.py::test_a_run_killed_mid_window_and_in_its_final_save_ends_as_an_uninterrupted_one"),
+    Break("a new W&B run each launch", "llava_norm/train/run.py",
+          "            keep_wandb_run(out)", "            pass",
           "tests/test_run_logs.py::test_a_run_killed_mid_window_and_in_its_final_save_ends_as_an_uninterrupted_one"),
     Break("the plan loses a layer's activations", "llava_norm/plan/memory.py",
           "            return self.outside_layers + sum(saved for saved, _ in self.layers)\n",

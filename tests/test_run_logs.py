@@ -1,5 +1,6 @@
 """A run killed inside a log window and again while it writes its final model ends with what an
-uninterrupted run ends with: the same model and projector bytes, summary and logged series. Stage 2 under ZeRO-3 with 2 processes and a constant schedule (an
+uninterrupted run ends with: the same model and projector bytes, summary and logged series, one
+W&B run, each message once. Stage 2 under ZeRO-3 with 2 processes and a constant schedule (an
 extra step after the last one would change the weights; under cosine its rate is 0)."""
 
 import json
@@ -14,6 +15,7 @@ from tinydata import write_dataset
 
 from llava_norm.config import load_config
 from llava_norm.train.params import learning_rates
+from llava_norm.train.rundir import WANDB_RUN_ID
 
 MAX_STEPS = 5  # 3 steps per epoch: the last one inside epoch 1, where the stock loop trained a sixth
 LOGGING_STEPS = 2  # logs at steps 2 and 4; the kill at checkpoint-3 cuts the window of step 4
@@ -37,12 +39,15 @@ def test_a_run_killed_mid_window_and_in_its_final_save_ends_as_an_uninterrupted_
     config = _config(tmp_path, tiny_dir)
     ref_out, out = tmp_path / "reference", tmp_path / "killed"
     reference = run_launches([(torchrun_command(config, [f"train.output_dir={ref_out}"]), env())], ref_out)
-    launches = [(torchrun_command(config, [f"train.output_dir={out}"]), env())]
+    wandb_env = {**env(), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    launches = [(torchrun_command(config, [f"train.output_dir={out}", "train.report_to=[wandb]"]), wandb_env)]
 
     position = kill_at_checkpoint(launches, out, 3)  # inside the window logged at step 4
     assert (position["epoch"], position["batches_consumed"]) == (1, 0)
-    kill_during_final_save(launches, out)  # resumes from checkpoint-3, trains 4 and 5
+    _, printed = kill_during_final_save(launches, out)  # resumes from checkpoint-3, trains 4 and 5
     assert (out / f"checkpoint-{MAX_STEPS}" / "checkpoint_complete").is_file()
+    for message in (f"resuming from {out / 'checkpoint-3'}", "stage 2: llm"):  # once, not once per rank
+        assert printed.count(message) == 1, (message, printed[-3000:])
 
     text = run_launches(launches, out, return_output=True)
     assert "nothing left to train" in text, text[-3000:]
@@ -67,3 +72,9 @@ def test_a_run_killed_mid_window_and_in_its_final_save_ends_as_an_uninterrupted_
                 k: v for k, v in logged[step].items() if k.startswith("lr/")}, step
         schedule.optimizer.step()
         schedule.step()
+
+    # One W&B run across the three launches: each wrote an offline run under the same id, the one kept.
+    runs = sorted(p.name for p in (tmp_path / "wandb").glob("offline-run-*"))
+    ids = {name.rsplit("-", 1)[1] for name in runs}
+    assert len(runs) == 3 and len(ids) == 1, runs
+    assert ids == {(out / WANDB_RUN_ID).read_text().strip()}

@@ -35,6 +35,7 @@ from llava_norm.train.params import freeze_backbones, freeze_for_lora
 from llava_norm.train.record import complete_finished_run, finish_record, start_record
 from llava_norm.train.relaunch import clear_outputs, plan_launch
 from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY
+from llava_norm.train.runlog import keep_wandb_run, main_process_messages
 from llava_norm.train.trainer import LlavaNormTrainer
 
 log = logging.getLogger(__name__)
@@ -197,18 +198,19 @@ def run_training(config: RunConfig, check=None) -> Path | None:
     ``check``: the launch's preflight (``llava_norm.train.preflight``), run by each node's first
     process before anything loads; its problems stop the launch."""
     t = config.train
+    main_process_messages()
     plan = plan_launch(config)  # before any model or data loads: refusals cost nothing
     if check is not None and plan.action != "done" and int(os.environ.get("LOCAL_RANK", "0")) == 0:
         report = check()
         if not report.ok:
             raise LaunchCheckError("\n".join(report.problems))
         for warning in report.warnings:
-            log.warning("launch check: %s", warning)
+            log.warning("launch check: %s", warning, extra={"every_rank": True})  # this node's
     if plan.action == "done":
         if int(os.environ.get("RANK", "0")) == 0:
             out = Path(t.output_dir)
             complete_finished_run(config, {"model": out / "model", "projector": out / PROJECTOR_FILE})
-        print(f"[llava-norm] {plan.message}")
+            print(f"[llava-norm] {plan.message}")
         return None
     if t.restart:
         clear_outputs(config)
@@ -284,6 +286,8 @@ def run_training(config: RunConfig, check=None) -> Path | None:
         out.mkdir(parents=True, exist_ok=True)
         (out / CONFIG_FILE).write_text(to_yaml(config))
         record = start_record(config, plan.differences, resuming=plan.checkpoint is not None)
+        if "wandb" in trainer.args.report_to:  # "all" is resolved there
+            keep_wandb_run(out)
     if plan.checkpoint:
         log.info("resuming from %s", plan.checkpoint)
     result = trainer.train(resume_from_checkpoint=str(plan.checkpoint) if plan.checkpoint else None)

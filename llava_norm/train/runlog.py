@@ -12,19 +12,26 @@ Owns what transformers' Trainer keeps per launch, which a relaunch would otherwi
   by the time a step is logged the scheduler has moved on (under DeepSpeed also before the
   Trainer reads its own ``learning_rate``).
 Each rank writes its part into every checkpoint (``log_state_rank<N>.json``) before the checkpoint
-is marked complete; a resumed launch puts it back when training begins.
+is marked complete; a resumed launch puts it back when training begins. ``keep_wandb_run`` makes
+every launch of a run log to one W&B run, and ``main_process_messages`` has the package's messages
+that every process would print alike printed once.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
+import string
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
+
+from llava_norm.train.rundir import WANDB_RUN_ID
 
 log = logging.getLogger(__name__)
 LOG_STATE = "log_state_rank{rank}.json"
@@ -105,3 +112,39 @@ class RunLog(TrainerCallback):
         t._total_loss_scalar = state["logged_loss_sum"]
         t._globalstep_last_logged = state["last_logged_step"]
         self.tokens, self.longest, self.seconds = state["tokens"], state["longest"], state["seconds"]
+
+
+def keep_wandb_run(output_dir: Path) -> str:
+    """``report_to: [wandb]``: every launch of a run logs to one W&B run. Its id is made at the
+    first launch and kept in output_dir; each launch hands it to ``wandb.init`` through the
+    variables wandb reads (``WANDB_RUN_ID``, ``WANDB_RESUME=allow``), which transformers'
+    WandbCallback leaves to it. An id the user set in ``WANDB_RUN_ID`` wins and is kept.
+    Call on the main process before training begins; returns the id."""
+    path = output_dir / WANDB_RUN_ID
+    run_id = os.environ.get("WANDB_RUN_ID") or (path.read_text().strip() if path.is_file() else "")
+    if not run_id:  # W&B's own form: 8 lowercase letters and digits
+        run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    if not path.is_file() or path.read_text().strip() != run_id:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(run_id + "\n")
+        os.replace(tmp, path)
+    os.environ["WANDB_RUN_ID"] = run_id
+    os.environ.setdefault("WANDB_RESUME", "allow")
+    return run_id
+
+
+class _MainProcessOnly(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.name.startswith("llava_norm") or record.levelno >= logging.ERROR or \
+            getattr(record, "every_rank", False)
+
+
+def main_process_messages() -> None:
+    """On every process but the main one (global rank 0), drop the package's info and warning
+    messages that all processes would print alike (a resume, the frozen modules, the rows adjusted
+    at load); errors, and messages logged with ``extra={"every_rank": True}`` (what differs by
+    process: the rows it drew, its node's launch check), stay on every process."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        return
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_MainProcessOnly())
