@@ -115,7 +115,7 @@ def train_figures(run: TrainRun, config: Path) -> dict:
     run_dir = Path(load_config(config, check_paths=False).train.output_dir)
     history = json.loads((run_dir / "train_summary.json").read_text())["log_history"]
     steps = [h for h in history if "tokens_per_second" in h]
-    later = steps[3:] or steps  # the first logs carry start-up
+    later = steps[3:] or steps  # the first steps carry warm-up (kernel choice, the allocator's growth)
     longest = max(h.get("longest_row", 0) for h in steps)  # rows are padded to their batch's longest
     plan = _plan(config, longest)
     peaks = [h["peak_memory_gib"] for h in steps if "peak_memory_gib" in h]

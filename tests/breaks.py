@@ -3,7 +3,7 @@
 Each entry below edits one line of the package (the break), runs the test said to catch it, and
 puts the line back. The run passes only if every test fails under its break, so the claims in
 tests/README.md are checked, not just written. Not part of ``make test`` (each entry is a test
-run of its own, about 10 minutes in all on a 2-core machine): ``make check-breaks``, or
+run of its own, about 14 minutes in all on a 2-core machine): ``make check-breaks``, or
 ``python tests/breaks.py NAME ...`` for some of them.
 """
 
@@ -55,6 +55,33 @@ BREAKS = [
           "    result = trainer.train(resume_from_checkpoint=str(plan.checkpoint) if plan.checkpoint else None)",
           "    result = trainer.train(resume_from_checkpoint=None)",
           "tests/test_pipeline.py::test_a_yaml_edit_to_stage_2_reruns_that_stage_and_its_evaluation_only"),
+    Break("a relaunch at the last step's checkpoint trains a step past it", "llava_norm/train/trainer.py",
+          "        if self.state.global_step >= self.state.max_steps:  # resumed from the last step's checkpoint",
+          "        if False:",
+          "tests/test_run_logs.py::test_a_run_killed_mid_window_and_in_its_final_save_ends_as_an_uninterrupted_one"),
+    Break("lr/<group> read after the scheduler stepped", "llava_norm/train/runlog.py",
+          "        for name, lr in self.learning_rates.items():",
+          "        for name, lr in {g['name']: g['lr'] for g in self.trainer.optimizer.param_groups}.items():",
+          "tests/test_resume.py::test_each_groups_logged_learning_rate_is_the_one_its_update_used"),
+    Break("train_loss over the last launch only", "llava_norm/train/trainer.py",
+          "            logs[\"train_loss\"] = self.run_log.train_loss()", "            pass",
+          "tests/test_relaunch.py::test_no_logged_throughput_counts_start_up_and_train_loss_spans_every_launch"),
+    Break("train_loss after a checkpoint without log state divided by every step", "llava_norm/train/runlog.py",
+          "max(self.trainer.state.global_step - self.losses_from, 1)", "max(self.trainer.state.global_step, 1)",
+          "tests/test_relaunch.py::test_a_checkpoint_without_log_state_gives_train_loss_over_the_steps_after_it"),
+    Break("the throughput clock starts before start-up", "llava_norm/train/runlog.py",
+          "        self.clock: float | None = None  # this launch's first step start, then the last log (one RunLog a launch)",
+          "        self.clock = time.perf_counter()",
+          "tests/test_relaunch.py::test_no_logged_throughput_counts_start_up_and_train_loss_spans_every_launch"),
+    Break("log windows restart at a relaunch", "llava_norm/train/runlog.py",
+          "            self._restore(self.resumed_from)", "            pass",
+          "tests/test_run_logs.py::test_a_run_killed_mid_window_and_in_its_final_save_ends_as_an_uninterrupted_one"),
+    Break("one-time messages on every rank", "llava_norm/train/run.py",
+          "    main_process_messages()\n", "",
+          "tests/test_run_logs.py::test_a_run_killed_mid_window_and_in_its_final_save_ends_as_an_uninterrupted_one"),
+    Break("a new W&B run each launch", "llava_norm/train/run.py",
+          "            keep_wandb_run(out)", "            pass",
+          "tests/test_run_logs.py::test_a_run_killed_mid_window_and_in_its_final_save_ends_as_an_uninterrupted_one"),
     Break("the plan loses a layer's activations", "llava_norm/plan/memory.py",
           "            return self.outside_layers + sum(saved for saved, _ in self.layers)\n",
           "            return self.outside_layers + sum(saved for saved, _ in self.layers[:-1])\n",

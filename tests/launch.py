@@ -39,6 +39,18 @@ def step_losses(summary: dict) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in summary["log_history"] if "loss" in e}
 
 
+# What a log entry measures in time: the one part of a run's summary a relaunch cannot repeat.
+TIMING = {"tokens_per_second", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+
+
+def summary_figures(summary: dict) -> dict:
+    """A run's summary without what says how it was launched (the launches, their timings): what an
+    interrupted run must end with exactly as an uninterrupted one."""
+    return {**{k: v for k, v in summary.items() if k not in ("resumed_from", "steps_this_launch", "log_history",
+                                                              "data_index_builds", "data_index_built_by")},
+            "log_history": [{k: v for k, v in e.items() if k not in TIMING} for e in summary["log_history"]]}
+
+
 def script_command(script: str, config: Path, overrides: list[str]) -> list[str]:
     """scripts/pretrain.sh or finetune.sh, as a user runs them (GPUS_PER_NODE etc. in the env)."""
     return ["bash", str(REPO / "scripts" / script), str(config), *overrides]
@@ -133,30 +145,27 @@ def kill_after_checkpoint(config: Path, overrides: list[str], step: int, timeout
 STOPPER = Path(__file__).resolve().parent / "stopper"  # sitecustomize.py: stops a launch inside a checkpoint write
 
 
-def stopping_env(environment: dict, step: int, phase: str, flag: Path) -> dict:
-    """``environment`` for a launch that stops itself at ``phase`` of writing checkpoint-<step>
-    (tests/stopper/sitecustomize.py) and says so in ``flag``."""
+def stopping_env(environment: dict, where: str, flag: Path) -> dict:
+    """``environment`` for a launch that stops itself at ``where`` (``checkpoint-N:PHASE``, or
+    ``model:early`` for the final model's write; tests/stopper/sitecustomize.py) and says so in ``flag``."""
     path = os.pathsep.join(p for p in (str(STOPPER), environment.get("PYTHONPATH", "")) if p)
-    return {**environment, "PYTHONPATH": path, "LLAVA_TEST_STOP_AT": f"checkpoint-{step}:{phase}",
-            "LLAVA_TEST_STOP_FLAG": str(flag)}
+    return {**environment, "PYTHONPATH": path, "LLAVA_TEST_STOP_AT": where, "LLAVA_TEST_STOP_FLAG": str(flag)}
 
 
-def kill_during_save(launches: list[tuple[list[str], dict]], out: Path, step: int, phase: str,
-                     timeout: int = 240) -> tuple[str, str]:
-    """Start the launchers with the stopper set for ``phase`` of checkpoint-<step>'s write and
-    SIGKILL every process group once a process stopped there. Proves the kill as
-    kill_at_checkpoint does, and that checkpoint-<step> was left incomplete. Returns (the file
-    the write stopped in, what the launchers printed)."""
-    flag = out.parent / f"{out.name}.stopped-{step}-{phase}"
+def _kill_when_stopped(launches: list[tuple[list[str], dict]], out: Path, where: str, timeout: int) -> tuple[str, str]:
+    """Start the launchers with the stopper set at ``where`` and SIGKILL every process group once
+    a process stopped there. Proves the kill as kill_at_checkpoint does. Returns (the file the
+    write stopped in, what the launchers printed)."""
+    flag = out.parent / f"{out.name}.stopped-{where.replace(':', '-')}"
     flag.unlink(missing_ok=True)
     logs = [tempfile.TemporaryFile(mode="w+") for _ in launches]
-    procs = [subprocess.Popen(cmd, cwd=REPO, env=stopping_env(e, step, phase, flag), stdout=log,
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=stopping_env(e, where, flag), stdout=log,
                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
              for (cmd, e), log in zip(launches, logs)]
     deadline = time.time() + timeout
     while not flag.exists():
         assert all(p.poll() is None for p in procs) and time.time() < deadline, \
-            f"the run ended before it stopped in checkpoint-{step} ({phase})"
+            f"the run ended before it stopped at {where}"
         time.sleep(0.02)
     for p in procs:
         os.killpg(p.pid, signal.SIGKILL)
@@ -168,10 +177,25 @@ def kill_during_save(launches: list[tuple[list[str], dict]], out: Path, step: in
     time.sleep(1.0)
     assert snapshot(out) == before, "files changed after the kill"
     assert not (out / "train_summary.json").exists(), "the run finished before it was killed"
-    assert not (out / f"checkpoint-{step}" / "checkpoint_complete").exists()
     printed = ""
     for log in logs:
         log.seek(0)
         printed += log.read()
         log.close()
     return flag.read_text().split()[2], printed
+
+
+def kill_during_save(launches: list[tuple[list[str], dict]], out: Path, step: int, phase: str,
+                     timeout: int = 240) -> tuple[str, str]:
+    """Start the launchers with the stopper set for ``phase`` of checkpoint-<step>'s write and
+    SIGKILL every process group once a process stopped there (see _kill_when_stopped); proves
+    that checkpoint-<step> was left incomplete."""
+    stopped_in, printed = _kill_when_stopped(launches, out, f"checkpoint-{step}:{phase}", timeout)
+    assert not (out / f"checkpoint-{step}" / "checkpoint_complete").exists()
+    return stopped_in, printed
+
+
+def kill_during_final_save(launches: list[tuple[list[str], dict]], out: Path, timeout: int = 240) -> tuple[str, str]:
+    """Start the launchers and SIGKILL every process group once the final model's first weights
+    file is half-written (see _kill_when_stopped): after the last checkpoint, before the summary."""
+    return _kill_when_stopped(launches, out, "model:early", timeout)

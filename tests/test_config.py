@@ -103,7 +103,7 @@ def setup(tmp_path, tiny_dir):
     mlp = {f"{prefix}linear_{i}.{p}": torch.zeros(2) for i in (1, 2) for p in ("weight", "bias")}
     mlp_norm = {**mlp, f"{prefix}norm.weight": torch.ones(2), f"{prefix}norm.bias": torch.zeros(2)}
 
-    def origin(arm, llm="llama"):  # what a stage 1 records of its run (llava_norm.train.run.save_final)
+    def origin(arm, llm="llama"):  # what a stage 1 records of its run (llava_norm.train.final.save_final)
         return {"norm_alignment": arm, "projector_type": "mlp2x_gelu", "vision_tower": str((tiny_dir / "siglip").resolve()),
                 "llm": str((tiny_dir / llm).resolve()), "text_norm": "1.0"}
 

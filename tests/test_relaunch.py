@@ -6,6 +6,8 @@ multi-process shapes are in test_resume.py.
 
 import json
 import pickle
+import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from tinydata import write_dataset
 from llava_norm.config import load_config
 from llava_norm.train.relaunch import RelaunchError, plan_launch
 from llava_norm.train.run import run_training, safe_deepspeed_loading
+from llava_norm.train.trainer import LlavaNormTrainer
 
 
 @pytest.fixture
@@ -125,3 +128,42 @@ def test_the_record_follows_every_launch_of_a_run(run):
     changed = json.loads((out / "provenance.json").read_text())["config"]["resumed_with_changes"]
     assert any(c.startswith("input data.mixture.0.image_folder changed") for c in changed), changed
     assert any(c.startswith("train.max_steps") for c in changed), changed
+
+
+STARTUP = 1.0  # seconds each launch's start-up is made longer by, inside train() before the first step
+
+
+def test_no_logged_throughput_counts_start_up_and_train_loss_spans_every_launch(run, monkeypatch):
+    """A logged window's seconds (its tokens over its tokens_per_second) start at the launch's
+    first step, so none reaches the added start-up, the relaunch's first included; train_loss is
+    the mean over the three steps, not over the relaunch's one."""
+    launch, out, _ = run
+    build = LlavaNormTrainer.get_train_dataloader
+
+    def slow_start(self):
+        time.sleep(STARTUP)
+        return build(self)
+
+    monkeypatch.setattr(LlavaNormTrainer, "get_train_dataloader", slow_start)
+    launch()
+    (out / "train_summary.json").unlink()  # as if killed right after checkpoint-2
+    shutil.rmtree(out / "checkpoint-3")
+    launch()
+    summary = _summary(out)
+    assert (summary["resumed_from"], summary["steps_this_launch"]) == (str(out / "checkpoint-2"), 1)
+    steps = [e for e in summary["log_history"] if "loss" in e]
+    assert [e["step"] for e in steps] == [1, 2, 3]
+    assert all(e["tokens"] / e["tokens_per_second"] < STARTUP for e in steps), steps
+    assert summary["train_loss"] == sum(e["loss"] for e in steps) / 3
+
+
+def test_a_checkpoint_without_log_state_gives_train_loss_over_the_steps_after_it(run):
+    launch, out, _ = run
+    launch()
+    (out / "train_summary.json").unlink()  # as if killed right after checkpoint-2, written before runlog existed
+    shutil.rmtree(out / "checkpoint-3")
+    (out / "checkpoint-2" / "log_state_rank0.json").unlink()
+    launch()
+    summary = _summary(out)
+    assert summary["steps_this_launch"] == 1
+    assert summary["train_loss"] == next(e["loss"] for e in summary["log_history"] if e.get("step") == 3)

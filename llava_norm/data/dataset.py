@@ -264,7 +264,7 @@ class SupervisedDataset(Dataset):
         except BadSampleError as error:
             if self.on_bad_sample == "error":
                 raise
-            log.warning("skipping bad sample: %s", error)
+            log.warning("skipping bad sample: %s", error, extra={"every_rank": True})  # this process's draw
             skipped.append(error.record())
             return None
 

@@ -29,7 +29,7 @@ import yaml
 from llava_norm.config import RunConfig, to_yaml
 from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE
 from llava_norm.provenance import RECORD, flatten
-from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY, complete_checkpoints
+from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY, WANDB_RUN_ID, complete_checkpoints
 
 log = logging.getLogger(__name__)
 # Where and how often to write, and how to treat this launch: none of them changes the trained weights.
@@ -40,7 +40,7 @@ OPERATIONAL_KEYS = frozenset({
 })
 SCHEDULE_KEYS = frozenset({"train.max_steps", "train.epochs"})  # what train.extend may raise
 # What a run writes into output_dir, and so what train.restart removes (nothing else is touched).
-RUN_OUTPUTS = ("model", PROJECTOR_FILE, SUMMARY, CONFIG_FILE, SKIPPED, "runs", RECORD)
+RUN_OUTPUTS = ("model", PROJECTOR_FILE, SUMMARY, CONFIG_FILE, SKIPPED, "runs", RECORD, WANDB_RUN_ID)
 
 
 class RelaunchError(RuntimeError):

@@ -2,12 +2,11 @@
 
 Owns the order of operations and the run directory layout:
 ``output_dir/checkpoint-N/`` (resumable: model, optimizer, scheduler, RNG, step),
-``output_dir/model/`` (final model + tokenizer + image processor, safetensors; with LoRA the
-base model plus ``adapter_*`` files, layout in ``llava_norm.model.lora``),
-``output_dir/projector.safetensors`` (projector and norm layer, what stage 2 starts from),
+``output_dir/model/`` and ``output_dir/projector.safetensors`` (``llava_norm.train.final``),
 ``output_dir/config.yaml`` and ``output_dir/train_summary.json`` (``complete: true`` once the
 final model is written). What a relaunch on an existing output_dir does is decided first, before
-any model or data loads (``llava_norm.train.relaunch``).
+any model or data loads (``llava_norm.train.relaunch``). A run killed after its last checkpoint
+resumes from it, trains nothing, and writes the final model and summary from it.
 """
 
 from __future__ import annotations
@@ -19,9 +18,8 @@ import socket
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from transformers import AutoConfig, TrainingArguments, set_seed
-from transformers.utils import SAFE_WEIGHTS_NAME
 
 from llava_norm.config import RunConfig, effective_grad_accum, lora_vision_mode, to_yaml
 from llava_norm.config_schema import NORM_ARMS, ConfigError, packing_llm_problem
@@ -29,15 +27,15 @@ from llava_norm.data.collate import collate
 from llava_norm.data.conversation import conversation_tokenizer
 from llava_norm.data.dataset import SupervisedDataset, count_by_cause
 from llava_norm.data.packing import PackedDataset, collate_packed
-from llava_norm.config_checks import backbone_name
-from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE, PROJECTOR_ORIGIN, PROJECTOR_PREFIX
-from llava_norm.model.builder import Bundle, ModelSpec, build_model
-from llava_norm.model.lora import split_saved_model
+from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE, PROJECTOR_PREFIX
+from llava_norm.model.builder import ModelSpec, build_model
 from llava_norm.plan import format_plan, make_plan
+from llava_norm.train.final import save_final
 from llava_norm.train.params import freeze_backbones, freeze_for_lora
 from llava_norm.train.record import complete_finished_run, finish_record, start_record
 from llava_norm.train.relaunch import clear_outputs, plan_launch
 from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY
+from llava_norm.train.runlog import keep_wandb_run, main_process_messages
 from llava_norm.train.trainer import LlavaNormTrainer
 
 log = logging.getLogger(__name__)
@@ -191,26 +189,6 @@ def training_arguments(config: RunConfig) -> TrainingArguments:
     )
 
 
-def save_final(trainer: LlavaNormTrainer, bundle: Bundle, config: RunConfig) -> Path:
-    out = Path(config.train.output_dir)
-    model_dir = out / "model"
-    trainer.save_model(str(model_dir))  # gathers ZeRO-3 shards into safetensors
-    if trainer.args.should_save:
-        (model_dir / "training_args.bin").unlink(missing_ok=True)  # a pickle: never part of an exported model
-        if config.lora.enabled:
-            split_saved_model(model_dir, bundle.model)
-        bundle.tokenizer.save_pretrained(model_dir)
-        bundle.image_processor.save_pretrained(model_dir)
-        state = load_file(str(model_dir / SAFE_WEIGHTS_NAME))
-        m = config.model
-        origin = {"norm_alignment": m.norm_alignment, "projector_type": m.projector_type,
-                  "vision_tower": backbone_name(m.vision_tower), "llm": backbone_name(m.llm),
-                  "text_norm": repr(float(bundle.model.config.text_norm))}
-        save_file({k: v for k, v in state.items() if k.startswith(PROJECTOR_PREFIX)}, str(out / PROJECTOR_FILE),
-                  metadata={key: origin[key] for key in PROJECTOR_ORIGIN})
-    return model_dir
-
-
 class LaunchCheckError(RuntimeError):
     """What ``llava-norm check`` found wrong with this launch, one problem per line."""
 
@@ -220,18 +198,19 @@ def run_training(config: RunConfig, check=None) -> Path | None:
     ``check``: the launch's preflight (``llava_norm.train.preflight``), run by each node's first
     process before anything loads; its problems stop the launch."""
     t = config.train
+    main_process_messages()
     plan = plan_launch(config)  # before any model or data loads: refusals cost nothing
     if check is not None and plan.action != "done" and int(os.environ.get("LOCAL_RANK", "0")) == 0:
         report = check()
         if not report.ok:
             raise LaunchCheckError("\n".join(report.problems))
         for warning in report.warnings:
-            log.warning("launch check: %s", warning)
+            log.warning("launch check: %s", warning, extra={"every_rank": True})  # this node's
     if plan.action == "done":
         if int(os.environ.get("RANK", "0")) == 0:
             out = Path(t.output_dir)
             complete_finished_run(config, {"model": out / "model", "projector": out / PROJECTOR_FILE})
-        print(f"[llava-norm] {plan.message}")
+            print(f"[llava-norm] {plan.message}")
         return None
     if t.restart:
         clear_outputs(config)
@@ -307,6 +286,8 @@ def run_training(config: RunConfig, check=None) -> Path | None:
         out.mkdir(parents=True, exist_ok=True)
         (out / CONFIG_FILE).write_text(to_yaml(config))
         record = start_record(config, plan.differences, resuming=plan.checkpoint is not None)
+        if "wandb" in trainer.args.report_to:  # "all" is resolved there
+            keep_wandb_run(out)
     if plan.checkpoint:
         log.info("resuming from %s", plan.checkpoint)
     result = trainer.train(resume_from_checkpoint=str(plan.checkpoint) if plan.checkpoint else None)
@@ -318,7 +299,10 @@ def run_training(config: RunConfig, check=None) -> Path | None:
         by_cause = count_by_cause(skipped)
         summary = {"complete": True, "global_step": trainer.state.global_step,
                    "steps_this_launch": trainer.state.global_step - trainer._initial_global_step,
-                   "resumed_from": str(plan.checkpoint) if plan.checkpoint else None, "train_loss": result.training_loss,
+                   # the metrics' train_loss is over every step of the run (runlog); result.training_loss is
+                   # transformers' mean over this launch's steps
+                   "resumed_from": str(plan.checkpoint) if plan.checkpoint else None,
+                   "train_loss": result.metrics["train_loss"],
                    "rows_rejected_at_load": len(dataset.rejected), "rows_adjusted_at_load": dataset.adjusted, "rows_skipped_when_drawn": len(skipped) - len(dataset.rejected),
                    "skipped_by_cause": by_cause, "log_history": trainer.state.log_history}
         (out / SUMMARY).write_text(json.dumps(summary, indent=2))

@@ -17,6 +17,7 @@ DATA_STATE = "data_state.json"  # in each checkpoint: epoch, micro-batches consu
 RUN_CONFIG = "run_config.yaml"  # in each checkpoint: the resolved config it was trained with
 SUMMARY = "train_summary.json"  # in output_dir: written last; ``complete: true`` marks a finished run
 SKIPPED = "skipped.jsonl"  # in output_dir: one record per bad row dropped (file, row, cause)
+WANDB_RUN_ID = "wandb_run_id"  # in output_dir, with report_to wandb: the W&B run every launch logs to
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 

@@ -2,9 +2,12 @@
 
 Owns everything the stock Trainer does not: the modality-length sampler, the optimizer's
 named learning-rate groups, per-step lr-per-group / tokens-per-second / norm-layer (Table 5)
-logging, the skipped-bad-sample count, and checkpoints that count as complete only once a
-marker is written after every rank has saved, so a kill during a save leaves the previous
-checkpoint as the one ``resume: auto`` picks. DeepSpeed glue stays the Trainer's.
+logging (kept whole across launches by ``llava_norm.train.runlog``), the skipped-bad-sample
+count, and checkpoints that count as complete only once a marker is written after every rank
+has saved, so a kill during a save leaves the previous checkpoint as the one ``resume: auto``
+picks. A resume from a checkpoint at the last step trains nothing: the launch only writes the
+final model and summary (the stock loop would train one step past ``max_steps`` when the last
+step falls inside an epoch). DeepSpeed glue stays the Trainer's.
 
 The position in the data is part of each checkpoint (``data_state.json``): the epoch and the
 micro-batches each rank has consumed in it, counted as they are trained on, with a digest of
@@ -19,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 import torch
@@ -30,6 +32,7 @@ from llava_norm.data.packing import PackedDataset, PackSampler
 from llava_norm.data.sampler import EpochSampler, ModalityLengthGroupedSampler, ShuffledSampler
 from llava_norm.train.params import make_optimizer
 from llava_norm.train.rundir import COMPLETE_MARKER, DATA_STATE, complete_checkpoints
+from llava_norm.train.runlog import RunLog
 
 
 def _gathered(params):
@@ -66,9 +69,9 @@ class LlavaNormTrainer(Trainer):
         self.norm_stats_steps = norm_stats_steps
         self.keep_checkpoints = keep_checkpoints
         self.skipped_samples: list[dict] = []  # this rank's draw-time skips (file, row, cause), whole run
-        self._tokens_since_log = 0
-        self._longest_since_log = 0  # the widest micro-batch since the last log
-        self._last_log_time = time.perf_counter()
+        self.run_log = RunLog(self)
+        self.add_callback(self.run_log)
+        self._counted_parameters: int | None = None  # for total_flos, see floating_point_ops
 
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
@@ -94,8 +97,12 @@ class LlavaNormTrainer(Trainer):
                              trial):
         epochs, skip = super()._init_training_state(max_steps, num_update_steps_per_epoch, num_train_epochs,
                                                     resume_from_checkpoint, trial)
+        self.run_log.resumed_from = Path(resume_from_checkpoint) if resume_from_checkpoint is not None else None
         if resume_from_checkpoint is None:
             return epochs, skip
+        if self.state.global_step > self.state.max_steps:
+            raise ResumeError(f"{resume_from_checkpoint}: at step {self.state.global_step}, past this run's last "
+                              f"step {self.state.max_steps} (train.max_steps or train.epochs lowered?)")
         skips = self._skips_file(Path(resume_from_checkpoint))  # so the run's skipped.jsonl stays whole across kills
         if skips.is_file():
             self.skipped_samples = [json.loads(line) for line in skips.read_text().splitlines() if line]
@@ -104,6 +111,9 @@ class LlavaNormTrainer(Trainer):
             raise ResumeError(f"{resume_from_checkpoint}: saved data position epoch {saved['epoch']} + "
                               f"{saved['batches_consumed']} micro-batches, but step {self.state.global_step} "
                               f"implies epoch {epochs} + {skip} (batch size or accumulation changed?)")
+        if self.state.global_step == self.state.max_steps and self.is_world_process_zero():
+            print(f"[llava-norm] {resume_from_checkpoint} is at the last step ({self.state.global_step}): nothing "
+                  "left to train; writing the final model and summary from it", flush=True)
         return saved["epoch"], saved["batches_consumed"]
 
     def check_data_order(self, checkpoint) -> dict:
@@ -123,6 +133,9 @@ class LlavaNormTrainer(Trainer):
 
     def _run_epoch(self, *args, epoch, epochs_trained, steps_trained_in_current_epoch, resume_from_checkpoint,
                    steps_in_epoch, **kwargs):
+        if self.state.global_step >= self.state.max_steps:  # resumed from the last step's checkpoint
+            self.control.should_training_stop = True
+            return None
         resumed = resume_from_checkpoint is not None and epoch == epochs_trained
         self._epoch, self._batches_per_epoch = epoch, steps_in_epoch
         self._batches_in_epoch = steps_trained_in_current_epoch if resumed else 0
@@ -135,6 +148,8 @@ class LlavaNormTrainer(Trainer):
     def create_optimizer(self, model=None):
         if self.optimizer is None:
             self.optimizer = make_optimizer(self.model, self.optim_config, self.args.device)
+            # on the torch optimizer itself: DeepSpeed's ZeRO wrappers step it too
+            self.optimizer.register_step_pre_hook(self.run_log.note_learning_rates)
         return self.optimizer
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -143,23 +158,29 @@ class LlavaNormTrainer(Trainer):
         self.skipped_samples.extend(inputs.pop("skipped_samples", []))
         # packed batches count their real tokens (they have no attention mask)
         tokens = inputs.pop("num_tokens", None)
-        self._tokens_since_log += int(tokens if tokens is not None else inputs["attention_mask"].sum())
-        self._longest_since_log = max(self._longest_since_log, inputs["input_ids"].shape[-1])
+        self.run_log.count(int(tokens if tokens is not None else inputs["attention_mask"].sum()),
+                           inputs["input_ids"].shape[-1])
         if self.loss_kind != "plain":
             inputs["loss_kind"] = self.loss_kind
         return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                     num_items_in_batch=num_items_in_batch)
 
+    def floating_point_ops(self, inputs) -> int:
+        """transformers' estimate (6 x input tokens x non-embedding parameters), with every
+        parameter counted whole: its own count reads ``numel()``, which is 0 for a parameter ZeRO-3
+        has partitioned away, so ``total_flos`` depended on which shards happened to be gathered."""
+        if self._counted_parameters is None:
+            embeddings = {id(m.weight) for m in self.model.modules() if isinstance(m, torch.nn.Embedding)}
+            self._counted_parameters = sum(getattr(p, "ds_numel", p.numel()) for p in self.model.parameters()
+                                           if id(p) not in embeddings)
+        return 6 * inputs["input_ids"].numel() * self._counted_parameters
+
     def log(self, logs: dict, start_time: float | None = None) -> None:
+        if "train_loss" in logs:  # the end of training: the mean over every step, not over this launch's
+            logs["train_loss"] = self.run_log.train_loss()
         if "loss" in logs and self.optimizer is not None:
-            for group in self.optimizer.param_groups:
-                logs[f"lr/{group.get('name', 'group')}"] = group["lr"]
-            now = time.perf_counter()
-            logs["tokens_per_second"] = self._tokens_since_log * self.args.world_size / max(now - self._last_log_time, 1e-9)
-            self._tokens_since_log, self._last_log_time = 0, now
-            # the widest micro-batch and the peak memory: what `llava-norm plan --seq-len` predicts
-            logs["longest_row"], self._longest_since_log = self._longest_since_log, 0
-            if torch.cuda.is_available():
+            self.run_log.close_window(logs)
+            if torch.cuda.is_available():  # with longest_row: what `llava-norm plan --seq-len` predicts
                 logs["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
             norm = self.model.norm_layer if hasattr(self.model, "norm_layer") else None
             step = self.state.global_step
@@ -170,11 +191,12 @@ class LlavaNormTrainer(Trainer):
 
     def _save_checkpoint(self, model, trial) -> None:
         super()._save_checkpoint(model, trial)  # args.save_total_limit is None: rotation is ours
-        self._write_skips(Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}")
+        folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+        self._write_skips(folder)
+        self.run_log.write(folder)
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
         if self.args.should_save:
-            folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
             files = {**self.checkpoint_files, DATA_STATE: json.dumps(self._data_position(), indent=2)}
             for name, text in files.items():
                 (folder / name).write_text(text)

@@ -1,12 +1,13 @@
 """Stops a launched training process at a chosen point of a checkpoint write, for the kill tests.
 
-Put this folder on PYTHONPATH and set ``LLAVA_TEST_STOP_AT=checkpoint-N:PHASE`` and
+Put this folder on PYTHONPATH and set ``LLAVA_TEST_STOP_AT=FOLDER:PHASE`` and
 ``LLAVA_TEST_STOP_FLAG=PATH``; every Python process of the launch then imports it at start-up.
-The first process of the launch to reach PHASE while writing ``checkpoint-N`` writes PATH (its
-pid and the file it stopped in) and sleeps until the test kills it; the other ranks run on
-until they wait for it. PHASE is where in the write:
+FOLDER is ``checkpoint-N``, or ``model`` for the final model the run writes after its last
+checkpoint (only ``early`` applies there). The first process of the launch to reach PHASE while
+writing FOLDER writes PATH (its pid and the file it stopped in) and sleeps until the test kills
+it; the other ranks run on until they wait for it. PHASE is where in the write:
 
-- ``early``: the checkpoint's first weights or state file, half of its bytes written;
+- ``early``: the folder's first weights or state file, half of its bytes written;
 - ``middle``: an optimizer-state file (DeepSpeed's per-rank ZeRO partition, or the Trainer's
   ``optimizer.pt``), half of its bytes written, after the model weights;
 - ``late``: every file written, right before the completion marker is put in place.
@@ -80,6 +81,6 @@ def _install(folder: str, phase: str) -> None:
 
 if _WHERE and _FLAG:
     _folder, _phase = _WHERE.split(":")
-    if _phase not in ("early", "middle", "late"):
-        raise ValueError(f"LLAVA_TEST_STOP_AT: unknown phase {_phase!r}")
+    if _phase not in ("early", "middle", "late") or (_folder == "model" and _phase != "early"):
+        raise ValueError(f"LLAVA_TEST_STOP_AT: no phase {_phase!r} in {_folder}")
     _install(_folder, _phase)
