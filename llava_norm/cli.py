@@ -71,6 +71,7 @@ def _chat(args) -> None:
     import torch
     from PIL import Image
 
+    # lazy: as above, the model stages load only for this subcommand
     from llava_norm.config_schema import resolve_dtype
     from llava_norm.data.prompts import training_prompt_settings
     from llava_norm.inference import Predictor, Prompt

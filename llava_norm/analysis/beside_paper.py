@@ -16,14 +16,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from llava_norm.evaluation.paper import CAVEATS, NOT_ATTRIBUTED, SOURCE, PaperRow, paper_row
 from llava_norm.evaluation.table import read_run
 from llava_norm.stats import Interval
-
-if TYPE_CHECKING:
-    from llava_norm.analysis.ablation import Cell
 
 IDENTITY = ("model.llm", "model.vision_tower", "model.norm_alignment")
 CSV_FIELDS = ("paper_row", "paper_value", "ours_minus_paper", "paper_inside_interval")
@@ -62,7 +58,7 @@ def run_identity(eval_dir: str | Path, benchmarks: list[str] | None = None) -> t
     # lazy: omegaconf and the prompt module load only where a table asks for the paper
     from omegaconf import OmegaConf
 
-    from llava_norm.data.prompts import run_config
+    from llava_norm.data.prompts import run_config  # lazy: with omegaconf, above
 
     found = set()
     checkpoints = {r["settings"].get("checkpoint") or "" for r in read_run(eval_dir, benchmarks)[1].values()}
@@ -85,7 +81,7 @@ def _default_options(benchmark: str, recorded: dict) -> bool:
     return json.loads(json.dumps(get_benchmark(benchmark).settings())) == recorded
 
 
-def paper_comparisons(cells: Sequence[Cell], arms: dict[str, list[Path]],
+def paper_comparisons(cells: Sequence, arms: dict[str, list[Path]],
                       benchmarks: list[str] | None = None) -> tuple[list[Comparison], list[str]]:
     """The comparisons for every arm (``{arm: its runs' eval dirs}``) whose runs share one
     backbone and arm the paper reports, and notes on what was not compared and why. An arm the
