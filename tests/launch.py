@@ -22,8 +22,10 @@ def free_port() -> int:
 
 
 def torchrun_command(config: Path, overrides: list[str], nproc: int = 2) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-            f"--master_port={free_port()}", "-m", "llava_norm.cli", "train", str(config), *overrides]
+    # --standalone: torchrun binds a free port itself; a port picked here could be taken (by another
+    # test's connections) before torchrun binds it, under pytest-xdist
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "-m", "llava_norm.cli", "train", str(config), *overrides]
 
 
 def env() -> dict:
@@ -114,12 +116,15 @@ def kill_at_checkpoint(launches: list[tuple[list[str], dict]], out: Path, step: 
     the output dir changes after it, and the run had not finished. Checkpoints the run wrote
     between the marker and the kill are removed, so the run stands killed right after
     checkpoint-<step>. Returns that checkpoint's data position (data_state.json)."""
-    procs = [subprocess.Popen(cmd, cwd=REPO, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True) for cmd, e in launches]
+    logs = [out.parent / f"{out.name}.launch{i}.log" for i in range(len(launches))]
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=e, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                              start_new_session=True) for (cmd, e), log in zip(launches, logs)]
     deadline = time.time() + timeout
     marker = out / f"checkpoint-{step}" / "checkpoint_complete"
     while not marker.exists():
-        assert all(p.poll() is None for p in procs) and time.time() < deadline, f"run ended before checkpoint-{step}"
+        if not all(p.poll() is None for p in procs) or time.time() >= deadline:
+            tails = "\n".join(log.read_text()[-3000:] for log in logs)
+            raise AssertionError(f"run ended before checkpoint-{step} (or {timeout} s passed); its output:\n{tails}")
         time.sleep(0.02)
     for p in procs:
         os.killpg(p.pid, signal.SIGKILL)  # the launchers' groups; torchrun's workers sit in sessions of their own

@@ -15,7 +15,7 @@ from llava_norm.evaluation.table import build_table, to_csv, to_markdown, write_
 from llava_norm.model.builder import ModelSpec, build_model
 from llava_norm_demo.synth import build_world
 
-from launch import REPO, env, free_port
+from launch import REPO, env
 
 NINE = ["mmbench_en_dev", "mmstar", "ocrbench", "seedbench2_plus", "scienceqa_img", "ai2d", "pope",
         "hellaswag", "mmlu"]
@@ -100,8 +100,7 @@ def _eval_command(setup, out, nproc, batch_size=4, extra=()):
             *extra]
     if nproc == 1:
         return [sys.executable, *args]
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-            f"--master_port={free_port()}", *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
 
 
 def _run(cmd):

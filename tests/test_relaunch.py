@@ -167,3 +167,23 @@ def test_a_checkpoint_without_log_state_gives_train_loss_over_the_steps_after_it
     summary = _summary(out)
     assert summary["steps_this_launch"] == 1
     assert summary["train_loss"] == next(e["loss"] for e in summary["log_history"] if e.get("step") == 3)
+
+
+def test_a_resume_on_another_number_of_processes_is_refused_before_anything_is_written(run):
+    """A checkpoint records the number of processes it was saved on; a launch with another number
+    is refused with both numbers named, before any file changes (here checkpoint-2 says 2 processes,
+    as a two-GPU run's would, and the launch is a single process)."""
+    launch, out, _ = run
+    launch()
+    (out / "train_summary.json").unlink()
+    shutil.rmtree(out / "checkpoint-3")
+    state = out / "checkpoint-2" / "data_state.json"
+    saved = json.loads(state.read_text())
+    assert saved["world_size"] == 1
+    state.write_text(json.dumps({**saved, "world_size": 2}))
+    before = snapshot(out)
+    from llava_norm.train.trainer import ResumeError
+
+    with pytest.raises(ResumeError, match=r"saved on 2 processes, relaunched on 1: a resume needs the same number"):
+        launch()
+    assert snapshot(out) == before

@@ -91,7 +91,7 @@ class LlavaNormTrainer(Trainer):
             epoch, batches = epoch + 1, 0
         return {"epoch": epoch, "batches_consumed": batches, "batches_per_epoch": self._batches_per_epoch,
                 "order_fingerprint": self._sampler.fingerprint(epoch), "sampler": self._sampler.state_dict(),
-                "global_step": self.state.global_step}
+                "global_step": self.state.global_step, "world_size": self.args.world_size}
 
     def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint,
                              trial):
@@ -125,6 +125,12 @@ class LlavaNormTrainer(Trainer):
         if not path.is_file():
             raise ResumeError(f"{checkpoint}: no {DATA_STATE}; its position in the data is unknown")
         saved = json.loads(path.read_text())
+        if saved.get("world_size", self.args.world_size) != self.args.world_size:
+            raise ResumeError(f"{checkpoint}: saved on {saved['world_size']} processes, relaunched on "
+                              f"{self.args.world_size}: a resume needs the same number of processes (DeepSpeed's "
+                              "ZeRO partitions and each process's share of the data are saved per process); "
+                              f"relaunch on {saved['world_size']} (GPUS_PER_NODE x NNODES), or start over with "
+                              "train.restart=true")
         if saved["order_fingerprint"] != self._sampler.fingerprint(saved["epoch"]):
             raise ResumeError(f"{checkpoint}: the data no longer gives epoch {saved['epoch']}'s sample "
                               "order (rows, their lengths, packing, the seed or the batch layout changed); resuming "
