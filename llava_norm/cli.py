@@ -11,6 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from llava_norm.worker import die_with_launcher, exit_launched_worker
+
 
 def _train(args) -> None:
     import torch.distributed as dist
@@ -67,43 +69,9 @@ def _check(args) -> None:
 
 
 def _chat(args) -> None:
-    # lazy: start-up; a subcommand loads only the stages it runs
-    import torch
-    from PIL import Image
+    from llava_norm.chat import chat  # lazy: start-up; the model stages load only for this subcommand
 
-    # lazy: as above, the model stages load only for this subcommand
-    from llava_norm.config_schema import resolve_dtype
-    from llava_norm.data.prompts import training_prompt_settings
-    from llava_norm.inference import Predictor, Prompt
-    from llava_norm.model.builder import load_bundle
-
-    if not args.interactive and not args.question:
-        sys.exit("chat: give a question, or --interactive")
-    image = None
-    if args.image:
-        try:
-            image = Image.open(args.image).convert("RGB")
-        except OSError as error:
-            sys.exit(f"chat: --image {args.image}: {error}")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    bundle = load_bundle(args.model_dir, dtype=resolve_dtype(args.dtype, device))
-    bundle.model.to(device)
-    predictor = Predictor.from_settings(bundle, training_prompt_settings(args.model_dir), device=device)
-
-    def ask(question: str) -> None:
-        predictor.stream(Prompt(question, image), args.max_new_tokens, lambda text: print(text, end="", flush=True))
-        print(flush=True)
-
-    if args.question:
-        ask(args.question)
-    while args.interactive:  # each question about the same image, without the earlier turns
-        try:
-            question = input("> ").strip()
-        except EOFError:
-            break
-        if question in ("", "exit", "quit"):
-            break
-        ask(question)
+    chat(args)
 
 
 def _plan(args) -> None:
@@ -133,48 +101,6 @@ def _plan(args) -> None:
     except ValueError as error:
         sys.exit(f"plan: {error}")
     print(json.dumps(plan_dict(plan), indent=2) if args.json else format_plan(plan, args.config))
-
-
-def _die_with_launcher() -> None:
-    """Make a launched worker die the moment its launcher does.
-
-    Why: torchrun starts each worker in a session of its own, so when the launcher or its
-    process group is killed (preemption, a scheduler's SIGKILL, a test) the workers used to go
-    on training and writing checkpoints into a run that was meant to be stopped. Linux's
-    parent-death signal ends them with SIGKILL, before they can write anything more.
-    """
-    if not (os.environ.get("TORCHELASTIC_RUN_ID") or "LOCAL_RANK" in os.environ) or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() == 1:  # the launcher died before the line above took effect
-        os._exit(1)
-
-
-def _exit_launched_worker() -> None:
-    """End a torchrun worker without interpreter finalisation, once its work is written.
-
-    Why: gloo's worker threads drop the last collectives' tensors a moment after the caller
-    has moved on. Freeing a tensor that Python owns takes the GIL; if the interpreter is
-    already finalising, that thread is killed inside C++ and the whole process aborts
-    ("terminate called without an active exception", SIGABRT), failing the launch after
-    every file was saved. It is rare and load-dependent (seen once in CI under ZeRO-3).
-    So the atexit handlers run and the streams are flushed while the interpreter is fully
-    alive, and the process then leaves with ``os._exit``. Only under torchrun (its agent
-    sets TORCHELASTIC_RUN_ID): called in-process, as from the tests, this returns.
-    """
-    if not os.environ.get("TORCHELASTIC_RUN_ID"):
-        return
-    import atexit
-
-    atexit._run_exitfuncs()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def _merge_lora(args) -> None:
@@ -427,7 +353,7 @@ def _register_plugins(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    _die_with_launcher()
+    die_with_launcher()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command == "chat" and args.question is None and len(extra) == 1 and \
@@ -445,7 +371,7 @@ def main(argv: list[str] | None = None) -> None:
         hf_logging.set_verbosity_error()
     logging.getLogger("llava_norm").setLevel(logging.INFO)
     args.func(args)
-    _exit_launched_worker()  # train and data-parallel eval end on gloo collectives
+    exit_launched_worker()  # train and data-parallel eval end on gloo collectives
 
 
 if __name__ == "__main__":

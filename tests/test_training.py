@@ -82,14 +82,14 @@ def test_stage1_then_stage2_under_deepspeed(tmp_path, tiny_dir, zero):
 EXIT_PROBE = """
 import atexit, sys
 import torch, torch.distributed as dist
-from llava_norm.cli import _exit_launched_worker
+from llava_norm.worker import exit_launched_worker
 log = lambda word: open(sys.argv[1], "a").write(word + ";")
 atexit.register(log, "atexit")
 dist.init_process_group("gloo")
 dist.all_reduce(torch.ones(3))
 dist.destroy_process_group()
 print("buffered", end="")
-_exit_launched_worker()
+exit_launched_worker()
 log("returned")
 """
 

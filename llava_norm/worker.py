@@ -1,0 +1,53 @@
+"""A launched worker's life: it dies with its launcher and leaves without interpreter finalisation.
+
+Owns the two process-level rules every ``llava-norm`` process started by torchrun follows; the
+command line applies them around each subcommand.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+
+def die_with_launcher() -> None:
+    """Make a launched worker die the moment its launcher does.
+
+    Why: torchrun starts each worker in a session of its own, so when the launcher or its
+    process group is killed (preemption, a scheduler's SIGKILL, a test) the workers used to go
+    on training and writing checkpoints into a run that was meant to be stopped. Linux's
+    parent-death signal ends them with SIGKILL, before they can write anything more.
+    """
+    if not (os.environ.get("TORCHELASTIC_RUN_ID") or "LOCAL_RANK" in os.environ) or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() == 1:  # the launcher died before the line above took effect
+        os._exit(1)
+
+
+def exit_launched_worker() -> None:
+    """End a torchrun worker without interpreter finalisation, once its work is written.
+
+    Why: gloo's worker threads drop the last collectives' tensors a moment after the caller
+    has moved on. Freeing a tensor that Python owns takes the GIL; if the interpreter is
+    already finalising, that thread is killed inside C++ and the whole process aborts
+    ("terminate called without an active exception", SIGABRT), failing the launch after
+    every file was saved. It is rare and load-dependent (seen once in CI under ZeRO-3).
+    So the atexit handlers run and the streams are flushed while the interpreter is fully
+    alive, and the process then leaves with ``os._exit``. Only under torchrun (its agent
+    sets TORCHELASTIC_RUN_ID): called in-process, as from the tests, this returns.
+    """
+    if not os.environ.get("TORCHELASTIC_RUN_ID"):
+        return
+    import atexit
+
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
