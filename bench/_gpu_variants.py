@@ -174,10 +174,14 @@ def packing_logit_error(model, packed: dict, tokens_per_image: int, device) -> d
                 alone["pixel_values"] = packed["pixel_values"][image:image + n_images]
                 image += n_images
             ref = model(**alone).logits[0].float()
+            if not (torch.isfinite(ref).all() and torch.isfinite(logits[a:b]).all()):
+                raise ValueError("non-finite logits: nothing to compare")  # max() would read NaN as 0
             worst = max(worst, float((logits[a:b] - ref).abs().max()))
             scale = max(scale, float(ref.abs().max()))
     finally:
         model.train(was_training)
+    if not compared or scale == 0:
+        raise ValueError(f"{compared} samples compared, largest logit {scale}: nothing to compare")
     return {"max_abs": worst, "max_logit": scale, "relative": worst / max(scale, 1e-12), "samples": compared}
 
 
@@ -218,7 +222,7 @@ def profile_shares(model, micro: list[dict], loss_kind: str, device) -> dict:
     """Share of one optimizer step's device time (CPU time on CPU) per part, by profiler events."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, fused=device.type == "cuda")  # as timed_steps
 
     def step():
         for batch in micro:

@@ -101,7 +101,8 @@ def apply_liger(model) -> None:
 def timed_steps(model, micro_batches: list[dict], steps: int, warmup: int, device: torch.device,
                 loss_kind: str) -> tuple[float, float | None]:
     """Mean seconds per optimizer step over ``micro_batches`` (gradients accumulated), and peak GiB."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
+    # lr 0: the update's work without its effect; at 1e-5, bf16 AdamW took these random weights to NaN
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, fused=device.type == "cuda")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     try:
@@ -151,6 +152,7 @@ def run_arch(arch: str, vision, text, text_norm: float, args, device, peak) -> l
     model = random_llava(vision, text, tokens_per_image, args.arm, attn="sdpa", text_norm=text_norm,
                          device=str(device), dtype=torch.bfloat16).train()
     results = []
+    checks = logit_checks(model, vision, text, tokens_per_image, args, device) if args.pool else {}
     for liger in args.liger:  # off first: Liger's kernels patch the model for good
         if liger == "on" and device.type != "cuda":
             results.append(Result(arch, "-", False, True, 0, False, error="Liger's Triton kernels need CUDA"))
@@ -181,7 +183,8 @@ def run_arch(arch: str, vision, text, text_norm: float, args, device, peak) -> l
                     report(result)
             if args.pool and liger == "off":
                 set_checkpointing(model, False)
-                results += run_pool(model, arch, attn, vision, text, tokens_per_image, args, device, peak)
+                results += run_pool(model, arch, attn, vision, text, tokens_per_image, args, device, peak,
+                                    checks.get(attn))
     del model
     gc.collect()
     if device.type == "cuda":
@@ -189,8 +192,24 @@ def run_arch(arch: str, vision, text, text_norm: float, args, device, peak) -> l
     return results
 
 
-def run_pool(model, arch, attn, vision, text, tokens_per_image, args, device, peak) -> list[Result]:
-    """Unpacked against packed over the same samples, after checking the packed rows' logits."""
+def logit_checks(model, vision, text, tokens_per_image, args, device) -> dict:
+    """Per attention implementation, the packed rows' logits against each sample run alone, on the
+    freshly built model (timed steps would have changed its weights); an error's text if it fails."""
+    micro, _ = pool_batches(tokens_per_image, vision, text, args.pool_samples, args.pool_batch, args.pack_budget,
+                            args.max_length, device)
+    checks = {}
+    for attn in attention_kinds(device, args.attn):
+        model.config.text_config._attn_implementation = attn
+        try:
+            checks[attn] = packing_logit_error(model, micro[0], tokens_per_image, device)
+        except Exception as error:  # noqa: BLE001 - a failed check is a result
+            checks[attn] = f"logit check: {type(error).__name__}: {str(error)[:160]}"
+    model.config.text_config._attn_implementation = "sdpa"
+    return checks
+
+
+def run_pool(model, arch, attn, vision, text, tokens_per_image, args, device, peak, check) -> list[Result]:
+    """Unpacked against packed over the same samples; the packed row carries its logit check."""
     results = []
     # flex_attention compiles per shape: only the packed rows, padded to the budget, have one shape
     for packed in ((True,) if attn == "flex_attention" else (False, True)):
@@ -200,11 +219,10 @@ def run_pool(model, arch, attn, vision, text, tokens_per_image, args, device, pe
                      checkpointing=False, rows=f"{len(samples)} samples in {len(micro)} micro-batches")
         tokens = sum(length for length, _ in samples)
         result = measure(model, label, micro, pool_flops(vision, text, samples), tokens, args, device, peak)
-        if packed and result.error is None:
-            try:
-                result.packing_logit_error = packing_logit_error(model, micro[0], tokens_per_image, device)
-            except Exception as error:  # noqa: BLE001
-                result.error = f"logit check: {type(error).__name__}: {str(error)[:160]}"
+        if packed and isinstance(check, dict):
+            result.packing_logit_error = check
+        elif packed and check is not None:
+            result.error = check
         results.append(result)
         report(result)
     return results

@@ -8,6 +8,7 @@ evaluation would produce for the same question.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 from PIL import Image
@@ -29,6 +30,11 @@ def chat(args) -> None:
             image = Image.open(args.image).convert("RGB")
         except OSError as error:
             sys.exit(f"chat: --image {args.image}: {error}")
+    model_dir = Path(args.model_dir)
+    if not (model_dir / "config.json").is_file():
+        hint = f"; its model is {model_dir / 'model'}" if (model_dir / "model" / "config.json").is_file() else \
+            " (give a saved model directory: RUN/model)"
+        sys.exit(f"chat: {model_dir}: no saved model here{hint}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     bundle = load_bundle(args.model_dir, dtype=resolve_dtype(args.dtype, device))
     bundle.model.to(device)
@@ -44,7 +50,9 @@ def chat(args) -> None:
         try:
             question = input("> ").strip()
         except EOFError:
+            print(flush=True)
             break
-        if question in ("", "exit", "quit"):
+        if question in ("exit", "quit"):
             break
-        ask(question)
+        if question:
+            ask(question)

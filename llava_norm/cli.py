@@ -36,8 +36,8 @@ def _train(args) -> None:
                                                       plan=False))
     except LaunchCheckError as error:  # one line per problem, as `llava-norm check` lists them before a launch
         sys.exit("\n".join(f"config error: {problem}" for problem in str(error).splitlines()))
-    except (RelaunchError, ResumeError) as error:
-        sys.exit(f"relaunch refused: {error}")
+    except (RelaunchError, ResumeError) as error:  # every rank meets it alike: one says it
+        sys.exit(f"relaunch refused: {error}" if os.environ.get("RANK", "0") == "0" else 1)
     except ConfigError as error:  # what only the backbones' own configs can tell (data.packing's LLM family)
         sys.exit(f"config error: {args.config}: {error}")
     except BadSampleError as error:  # data found unusable before training starts (its file and row named)
@@ -265,7 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model_dir", help="a saved model directory (e.g. RUN/model)")
     p.add_argument("question", nargs="?", help="the question (omit with --interactive)")
     p.add_argument("--image", help="an image file the question is about")
-    p.add_argument("--interactive", action="store_true", help="then read questions from stdin until EOF or 'exit'")
+    p.add_argument("--interactive", action="store_true",
+                   help="then read questions from stdin, one a line, until EOF, 'exit' or 'quit' (blank lines skipped)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.set_defaults(func=_chat)

@@ -100,7 +100,8 @@ def test_gpu_kit_toy_runs_every_part_and_imports_only_what_the_gpu_machine_has(t
     assert {(r["packed"], r["checkpointing"]) for r in steps} == {(False, False), (False, True), (True, False)}
     assert all(r["tokens_per_s"] > 0 and r["error"] is None and r["shares"] for r in steps)
     packed = next(r for r in steps if r["packed"])
-    assert packed["packing_logit_error"]["samples"] >= 2 and packed["packing_logit_error"]["relative"] < 1e-2
+    check = packed["packing_logit_error"]  # taken on the fresh model: real logits, not NaN read as 0
+    assert check["samples"] >= 2 and check["max_logit"] > 0 and check["relative"] < 1e-2
     assert report["parts"]["liger_llama"]["results"][0]["error"] == "Liger's Triton kernels need CUDA"
     loss = report["parts"]["fused_loss"]["results"]
     assert [r["kernel"] for r in loss] == ["torch"] and loss[0]["memory_ratio"] > 0

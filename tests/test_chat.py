@@ -50,11 +50,11 @@ def test_the_reply_is_evaluations_greedy_reply(saved):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == expected[0]
-    # interactive: each question from stdin, until EOF
-    done = subprocess.run([*command, "--interactive"], input="\n".join(QUESTIONS) + "\n", cwd=REPO,
+    # interactive: each question from stdin (a blank line between them skipped), until EOF
+    done = subprocess.run([*command, "--interactive"], input=QUESTIONS[0] + "\n\n" + QUESTIONS[1] + "\n", cwd=REPO,
                           env={**env(), "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    replies = [line.removeprefix("> ").strip() for line in done.stdout.split("\n") if line.strip() not in ("", ">")]
+    replies = [line.lstrip("> ").strip() for line in done.stdout.split("\n") if line.lstrip("> ").strip()]
     assert replies[:2] == expected, done.stdout
 
 
@@ -63,4 +63,12 @@ def test_streaming_hands_over_the_reply_piece_by_piece(saved):
     predictor = Predictor.from_settings(bundle, training_prompt_settings(saved / "model"))
     pieces: list[str] = []
     reply = predictor.stream(Prompt(QUESTIONS[0], Image.open(saved / "red.png").convert("RGB")), 12, pieces.append)
-    assert reply == _evaluation_replies(saved)[0] and "".join(pieces).strip() == reply and len(pieces) >= 1
+    assert reply == _evaluation_replies(saved)[0] and "".join(pieces).strip() == reply
+    assert len(pieces) > 1  # several pieces, not the whole reply at the end
+
+
+def test_a_folder_without_a_saved_model_is_named_before_anything_loads(saved):
+    """The run folder instead of RUN/model (an easy slip) is named with the model inside it."""
+    command = [sys.executable, "-m", "llava_norm.cli", "chat", str(saved), "a question"]
+    done = subprocess.run(command, cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and f"chat: {saved}: no saved model here; its model is {saved / 'model'}" in done.stderr

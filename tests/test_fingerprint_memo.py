@@ -1,5 +1,6 @@
-"""Shard fingerprints kept between starts (``provenance.FingerprintMemo``): a warm start stats each
-shard and reads none of it; a change of size, modification time or inode fingerprints it anew."""
+"""Shard fingerprints kept between starts (``provenance.FingerprintMemo``): a warm start's index key
+is taken without reading any shard (the files the fingerprinting opens are counted); a change of
+size, modification time or inode fingerprints a shard anew."""
 
 import os
 import shutil
@@ -40,7 +41,7 @@ def test_a_warm_start_reads_no_shard_and_gets_the_same_index_key(tmp_path, monke
     cold = index_fingerprint(source, {"count_tokens": False}, memo=FingerprintMemo(tmp_path / "cache"))
     assert sorted(opened) == sorted(source.files)
     opened.clear()
-    for _ in range(2):  # later starts, each a fresh process reading the memo from disk
+    for _ in range(2):  # later starts: each a new memo read from disk, as another process's would be
         assert index_fingerprint(source, {"count_tokens": False}, memo=FingerprintMemo(tmp_path / "cache")) == cold
     assert opened == []
 

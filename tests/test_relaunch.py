@@ -184,6 +184,6 @@ def test_a_resume_on_another_number_of_processes_is_refused_before_anything_is_w
     before = snapshot(out)
     from llava_norm.train.trainer import ResumeError
 
-    with pytest.raises(ResumeError, match=r"saved on 2 processes, relaunched on 1: a resume needs the same number"):
+    with pytest.raises(ResumeError, match=r"saved on 2 processes, relaunched on 1 process: a resume needs the same number"):
         launch()
     assert snapshot(out) == before

@@ -126,8 +126,8 @@ class LlavaNormTrainer(Trainer):
             raise ResumeError(f"{checkpoint}: no {DATA_STATE}; its position in the data is unknown")
         saved = json.loads(path.read_text())
         if saved.get("world_size", self.args.world_size) != self.args.world_size:
-            raise ResumeError(f"{checkpoint}: saved on {saved['world_size']} processes, relaunched on "
-                              f"{self.args.world_size}: a resume needs the same number of processes (DeepSpeed's "
+            raise ResumeError(f"{checkpoint}: saved on {_processes(saved['world_size'])}, relaunched on "
+                              f"{_processes(self.args.world_size)}: a resume needs the same number of processes (DeepSpeed's "
                               "ZeRO partitions and each process's share of the data are saved per process); "
                               f"relaunch on {saved['world_size']} (GPUS_PER_NODE x NNODES), or start over with "
                               "train.restart=true")
@@ -232,3 +232,7 @@ class LlavaNormTrainer(Trainer):
             records += [json.loads(line) for line in part.read_text().splitlines() if line]
             part.unlink()
         return records
+
+
+def _processes(n: int) -> str:
+    return f"{n} process" + ("" if n == 1 else "es")
