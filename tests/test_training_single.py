@@ -1,5 +1,7 @@
 """Single-process training: logging backends, activation checkpointing, checkpoint completeness."""
 
+import os
+
 from tinydata import write_dataset
 
 from llava_norm.config import load_config, to_yaml
@@ -11,6 +13,8 @@ from llava_norm.train.rundir import COMPLETE_MARKER, RUN_CONFIG, complete_checkp
 def test_logs_to_tensorboard_and_offline_wandb_with_checkpointing(tmp_path, tiny_dir, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    for name in ("WANDB_RUN_ID", "WANDB_RESUME"):
+        monkeypatch.delenv(name, raising=False)
     data, images = write_dataset(tmp_path / "data", n=8, text_only_every=3)
     config = tmp_path / "c.yaml"
     config.write_text(f"""
@@ -22,6 +26,9 @@ train: {{stage: 2, output_dir: {tmp_path}/out, max_steps: 2, per_device_batch_si
     run_training(load_config(config))
     assert list((tmp_path / "out").rglob("events.out.tfevents*"))
     assert list((tmp_path / "wandb").glob("offline-run-*"))
+    # the run's W&B id does not outlive it in this process: a later launch from here (another
+    # test's torchrun inherits os.environ) would log into this run ("run ID ... is in use")
+    assert "WANDB_RUN_ID" not in os.environ and "WANDB_RESUME" not in os.environ
     assert [p.name for p in complete_checkpoints(tmp_path / "out")] == ["checkpoint-1", "checkpoint-2"]
 
 

@@ -114,6 +114,9 @@ class RunLog(TrainerCallback):
         self.tokens, self.longest, self.seconds = state["tokens"], state["longest"], state["seconds"]
 
 
+WANDB_VARIABLES = ("WANDB_RUN_ID", "WANDB_RESUME")  # what keep_wandb_run sets for wandb.init
+
+
 def keep_wandb_run(output_dir: Path) -> str:
     """``report_to: [wandb]``: every launch of a run logs to one W&B run. Its id is made at the
     first launch and kept in output_dir; each launch hands it to ``wandb.init`` through the
