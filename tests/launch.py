@@ -28,8 +28,15 @@ def torchrun_command(config: Path, overrides: list[str], nproc: int = 2) -> list
             "-m", "llava_norm.cli", "train", str(config), *overrides]
 
 
+# Set in this process by an in-process run that used W&B (wandb's service address; our run's id):
+# a launch inheriting them would share that service, where a killed launch's run stays "in use".
+WANDB_PROCESS_STATE = ("WANDB_SERVICE", "WANDB_RUN_ID", "WANDB_RESUME")
+
+
 def env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    """The environment of a launch: a fresh job's, as on a cluster."""
+    inherited = {k: v for k, v in os.environ.items() if k not in WANDB_PROCESS_STATE}
+    return {**inherited, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 
 
 def run_train(config: Path, overrides: list[str], nproc: int = 2, timeout: int = 300) -> dict:
@@ -169,8 +176,13 @@ def _kill_when_stopped(launches: list[tuple[list[str], dict]], out: Path, where:
              for (cmd, e), log in zip(launches, logs)]
     deadline = time.time() + timeout
     while not flag.exists():
-        assert all(p.poll() is None for p in procs) and time.time() < deadline, \
-            f"the run ended before it stopped at {where}"
+        if not all(p.poll() is None for p in procs) or time.time() >= deadline:
+            tails = []
+            for log in logs:
+                log.seek(0)
+                tails.append(log.read()[-3000:])
+            raise AssertionError(f"the run ended before it stopped at {where} (or {timeout} s passed); its "
+                                 "output:\n" + "\n".join(tails))
         time.sleep(0.02)
     for p in procs:
         os.killpg(p.pid, signal.SIGKILL)
