@@ -44,8 +44,10 @@ def measure(kind: str, vocab: int, tokens: int, hidden: int, dtype: str, device:
 
     from llava_norm.model.loss import causal_lm_loss, fused_kernel
 
-    if kind not in ("plain", "torch") and fused_kernel(torch.device(device), kind)[0] != kind:
-        return {"skipped": fused_kernel(torch.device(device), kind)[1]}
+    if kind not in ("plain", "torch"):
+        name, fn_or_problem = fused_kernel(torch.device(device), kind)
+        if name != kind:
+            return {"skipped": fn_or_problem}
 
     torch.manual_seed(0)
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]

@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 from _harness import REPO_ROOT
@@ -107,7 +108,7 @@ def run_part(name: str, command: list[str], limit_s: float, report: Report, log:
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT,
                                  env=env, start_new_session=True)
         timer = _killer(child, limit_s)
-        tail: list[str] = []
+        tail: deque[str] = deque(maxlen=30)
         for line in child.stdout:
             sink.write(line)
             sink.flush()
@@ -115,14 +116,14 @@ def run_part(name: str, command: list[str], limit_s: float, report: Report, log:
                 entry["results"].append(json.loads(line[len("KIT-RESULT "):]))
                 report.write()
             elif "USDT:" not in line and "it/s]" not in line and "s/it]" not in line:  # profiler notes, bars
-                tail = (tail + [line.rstrip()])[-30:]
+                tail.append(line.rstrip())
                 print(f"[{name}] {line.rstrip()}", flush=True)
         code = child.wait()
         timer.cancel()
     code = 124 if getattr(child, "killed", False) else code
     _kill_group(child)  # a grandchild that kept running after its parent exited
     report.part(name, status="ok" if code == 0 else ("stopped at its limit" if code == 124 else f"failed ({code})"),
-                seconds=round(time.monotonic() - start, 1), tail=tail)
+                seconds=round(time.monotonic() - start, 1), tail=list(tail))
     return code
 
 

@@ -85,8 +85,9 @@ def index_fingerprint(source: ResolvedSource, counting: dict, image_placement: s
     for name in RULE_MODULES:
         code.update((here / name).read_bytes())
     # the content fingerprint samples a big file; its size and modification time catch an edit in between
+    stats = [f.stat() for f in source.files]
     spec = {"kind": source.kind,
-            "files": [[str(f), memo.fingerprint(f), f.stat().st_size, f.stat().st_mtime_ns] for f in source.files],
+            "files": [[str(f), memo.fingerprint(f), s.st_size, s.st_mtime_ns] for f, s in zip(source.files, stats)],
             "image_folder": source.image_folder, "code": code.hexdigest(), "counting": counting,
             "image_placement": image_placement}
     memo.save()
@@ -128,12 +129,13 @@ def _generate(files: list[int], source: ResolvedSource, encoder: ConversationTok
 
     def flush():
         good = [e for e in pending if not e["cause"]]
+        conversations = [with_system(e["messages"], system_prompt) for e in good] if count_tokens or exact_lengths \
+            else []
         if count_tokens and good:
-            counts = encoder.count_tokens([with_system(e["messages"], system_prompt) for e in good])
-            for entry, count in zip(good, counts):
+            for entry, count in zip(good, encoder.count_tokens(conversations)):
                 entry["tokens"] = count
         if exact_lengths and good:
-            exact = encoder.encoded_turn_ends([with_system(e["messages"], system_prompt) for e in good])
+            exact = encoder.encoded_turn_ends(conversations)
             for entry, (total, ends) in zip(good, exact):
                 entry["exact_tokens"], entry["turn_ends"] = total, ends
         for entry in pending:

@@ -101,7 +101,7 @@ def gpu_kernel(name: str):
     except ImportError as error:  # e.g. installed without a working triton
         _say_once(f"{module} does not import ({error})")
         return None
-    return functools.partial(lambda fn, kwargs, rows, weight, targets: fn(rows, weight, targets, **kwargs), fn, kwargs)
+    return lambda rows, weight, targets: fn(rows, weight, targets, **kwargs)
 
 
 def fused_held_bytes(rows: int, hidden: int, vocab: int, element_size: int, weight_trained: bool) -> int:
@@ -123,8 +123,8 @@ def fused_kernel(device: torch.device, kernel: str = "auto"):
     if not _gpu(device):
         return None, f"no fused kernel runs on {device.type}"
     for name in (GPU_KERNELS if kernel == "auto" else [kernel]):
-        if gpu_kernel(name) is not None:
-            return name, gpu_kernel(name)
+        if (fn := gpu_kernel(name)) is not None:
+            return name, fn
     return None, (f"none of {', '.join(GPU_KERNELS)} is installed or imports (pip install liger-kernel)"
                   if kernel == "auto" else f"{kernel} is not installed or does not import")
 

@@ -35,7 +35,7 @@ from llava_norm.train.params import freeze_backbones, freeze_for_lora
 from llava_norm.train.record import complete_finished_run, finish_record, start_record
 from llava_norm.train.relaunch import clear_outputs, plan_launch
 from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY
-from llava_norm.train.runlog import WANDB_VARIABLES, keep_wandb_run, main_process_messages
+from llava_norm.train.runlog import kept_wandb_run, main_process_messages
 from llava_norm.train.trainer import LlavaNormTrainer
 
 log = logging.getLogger(__name__)
@@ -282,25 +282,15 @@ def run_training(config: RunConfig, check=None) -> Path | None:
     if plan.checkpoint:  # refuse a resume the data cannot continue before any record is rewritten
         trainer.check_data_order(plan.checkpoint)
     out = Path(t.output_dir)
-    # the W&B variables this run sets stay this run's: a later run in the same process (a test, a
-    # library caller) must not log into it
-    wandb_before = {name: os.environ.get(name) for name in WANDB_VARIABLES}
     if trainer.args.should_save:
         out.mkdir(parents=True, exist_ok=True)
         (out / CONFIG_FILE).write_text(to_yaml(config))
         record = start_record(config, plan.differences, resuming=plan.checkpoint is not None)
-        if "wandb" in trainer.args.report_to:  # "all" is resolved there
-            keep_wandb_run(out)
     if plan.checkpoint:
         log.info("resuming from %s", plan.checkpoint)
-    try:
+    # report_to "all" is resolved by TrainingArguments
+    with kept_wandb_run(out if trainer.args.should_save and "wandb" in trainer.args.report_to else None):
         result = trainer.train(resume_from_checkpoint=str(plan.checkpoint) if plan.checkpoint else None)
-    finally:
-        for name, value in wandb_before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     model_dir = save_final(trainer, bundle, config)
     draws = trainer.all_skips(out)
     if trainer.args.should_save:

@@ -12,7 +12,7 @@ Owns what transformers' Trainer keeps per launch, which a relaunch would otherwi
   by the time a step is logged the scheduler has moved on (under DeepSpeed also before the
   Trainer reads its own ``learning_rate``).
 Each rank writes its part into every checkpoint (``log_state_rank<N>.json``) before the checkpoint
-is marked complete; a resumed launch puts it back when training begins. ``keep_wandb_run`` makes
+is marked complete; a resumed launch puts it back when training begins. ``kept_wandb_run`` makes
 every launch of a run log to one W&B run, and ``main_process_messages`` has the package's messages
 that every process would print alike printed once.
 """
@@ -25,6 +25,7 @@ import os
 import secrets
 import string
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -115,6 +116,24 @@ class RunLog(TrainerCallback):
 
 
 WANDB_VARIABLES = ("WANDB_RUN_ID", "WANDB_RESUME")  # what keep_wandb_run sets for wandb.init
+
+
+@contextmanager
+def kept_wandb_run(output_dir: Path | None):
+    """``keep_wandb_run(output_dir)`` for the body (None: W&B off, or not the main process), with
+    the variables it sets restored after: a later run in the same process (a test, a library
+    caller) must not log into this one, nor a launch this process starts inherit its id."""
+    before = {name: os.environ.get(name) for name in WANDB_VARIABLES}
+    try:
+        if output_dir is not None:
+            keep_wandb_run(output_dir)
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def keep_wandb_run(output_dir: Path) -> str:
