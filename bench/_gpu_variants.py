@@ -41,6 +41,8 @@ class Result:
     batch: int
     checkpointing: bool
     rows: str = ""
+    accum: int = 1  # micro-batches per optimizer step
+    compiled: bool = False  # the LLM's and the tower's layers under torch.compile
     step_s: float | None = None
     tokens_per_s: float | None = None
     tflops: float | None = None
@@ -52,8 +54,8 @@ class Result:
     error: str | None = None
 
     def name(self) -> str:
-        return (f"{self.arch} {self.attn}{' packed' if self.packed else ''}{' liger' if self.liger else ''} "
-                f"{self.rows} ckpt {'on' if self.checkpointing else 'off'}")
+        return (f"{self.arch} {self.attn}{' packed' if self.packed else ''}{' liger' if self.liger else ''}"
+                f"{' compiled' if self.compiled else ''} {self.rows} ckpt {'on' if self.checkpointing else 'off'}")
 
     def line(self) -> str:
         if self.error:
@@ -89,6 +91,22 @@ def planned_peak(vision, text, tokens_per_image: int, arm: str, text_norm: float
     states = model_states(trained, sum(c.total for c in components) - trained, 0, "bf16_adamw", 1)
     acts = trace_activations(model, batch, tokens_per_image + text_tokens, batch, tokens_per_image)
     return peak_bytes(states, acts, checkpointing, grad_accum=1)
+
+
+def compile_layers(model, on: bool, backend: str = "inductor") -> None:
+    """torch.compile on each decoder layer of the LLM and each encoder layer of the vision tower
+    (in place; ``on=False`` restores eager). Layer by layer, not the whole model: the layers are
+    where the elementwise kernels are (norms, activations, rotary), and one compiled graph
+    serves every layer of a stack, so the compile cost does not grow with depth."""
+    layers = list(model.model.language_model.layers) + list(model.model.vision_tower.encoder.layers)
+    # every layer is its own module: without room for them all, dynamo would run the rest eager
+    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 4 * len(layers)))
+    for layer in layers:
+        if on:
+            layer.compile(backend=backend)
+        else:
+            layer._compiled_call_impl = None
 
 
 def fixed_batch(tokens_per_image: int, text_tokens: int, batch: int, vision, text, device) -> dict:

@@ -8,18 +8,20 @@ def _f(value, fmt: str = "{:.1f}", empty: str = "") -> str:
 
 
 def _step_rows(results: list[dict]) -> list[str]:
-    rows = ["| LLM | attention | packed | Liger | rows | ckpt | tokens/s | MFU | peak GiB | plan GiB | "
+    rows = ["| LLM | attention | packed | Liger | compiled | rows | ckpt | tokens/s | MFU | peak GiB | plan GiB | "
             "attention | GEMMs | loss | optimizer | other | vision tower | packed logits vs alone |",
-            "|" + " --- |" * 17]
+            "|" + " --- |" * 18]
     for r in results:
         s = r.get("shares") or {}
         logits = r.get("packing_logit_error") or {}
         if r.get("error"):
-            rows.append(f"| {r['arch']} | {r['attn']} | {r['packed']} | {r['liger']} | {r.get('rows', '')} | "
+            rows.append(f"| {r['arch']} | {r['attn']} | {r['packed']} | {r['liger']} | {r.get('compiled', False)} | "
+                        f"{r.get('rows', '')} | "
                         f"{r['checkpointing']} | {r['error']} |" + " |" * 11)
             continue
         rows.append(
             f"| {r['arch']} | {r['attn']} | {'yes' if r['packed'] else 'no'} | {'on' if r['liger'] else 'off'} | "
+            f"{'on' if r.get('compiled') else 'off'} | "
             f"{r['rows']} | {'on' if r['checkpointing'] else 'off'} | {r['tokens_per_s']:,.0f} | "
             f"{_f(r['mfu'], '{:.1%}', 'n/a')} | {_f(r['peak_mem_gib'])} | {_f(r['plan_gib'])} | "
             + " | ".join(_f(s.get(k), "{:.0%}") for k in ("attention", "GEMMs", "loss", "optimizer", "other",

@@ -35,7 +35,7 @@ import time
 from dataclasses import asdict
 
 import torch
-from _gpu_variants import (Result, bf16_peak_tflops, fixed_batch, planned_peak, pool_batches, pool_flops,
+from _gpu_variants import (Result, bf16_peak_tflops, compile_layers, fixed_batch, planned_peak, pool_batches, pool_flops,
                            profile_shares, packing_logit_error, vision_share)
 from _harness import random_llava
 from transformers import AutoConfig, LlamaConfig, SiglipVisionConfig
@@ -166,29 +166,42 @@ def run_arch(arch: str, vision, text, text_norm: float, args, device, peak) -> l
                                                                              f"{str(error)[:160]}"))
                 report(results[-1])
                 continue
-        for attn in attention_kinds(device, args.attn):
-            model.config.text_config._attn_implementation = attn  # the LLM's layers and masks read it per call
-            for batch in args.batches:
-                micro = [fixed_batch(tokens_per_image, args.text_tokens, batch, vision, text, device)]
-                seq = tokens_per_image + args.text_tokens
-                for ckpt in args.checkpointing:
-                    set_checkpointing(model, ckpt == "on")
-                    label = dict(arch=arch, attn=attn, packed=False, liger=liger == "on", batch=batch,
-                                 checkpointing=ckpt == "on", rows=f"{batch}x{seq}")
-                    result = measure(model, label, micro, train_flops(vision, text, seq, batch).total,
-                                     batch * seq, args, device, peak)
-                    result.plan_gib = planned_peak(vision, text, tokens_per_image, args.arm, text_norm, batch,
-                                                   args.text_tokens, ckpt == "on") / 2 ** 30
-                    results.append(result)
-                    report(result)
-            if args.pool and liger == "off":
-                set_checkpointing(model, False)
-                results += run_pool(model, arch, attn, vision, text, tokens_per_image, args, device, peak,
-                                    checks.get(attn))
+        for compiled in args.compile:  # each compile is undone after its variants
+            compile_layers(model, compiled == "on", args.compile_backend)
+            for attn in attention_kinds(device, args.attn):
+                model.config.text_config._attn_implementation = attn  # the LLM's layers and masks read it per call
+                results += fixed_rows(model, arch, attn, liger == "on", compiled == "on", vision, text,
+                                      tokens_per_image, text_norm, args, device, peak)
+                if args.pool and liger == "off" and compiled == "off":
+                    set_checkpointing(model, False)
+                    results += run_pool(model, arch, attn, vision, text, tokens_per_image, args, device, peak,
+                                        checks.get(attn))
+            compile_layers(model, False)
     del model
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    return results
+
+
+def fixed_rows(model, arch, attn, liger, compiled, vision, text, tokens_per_image, text_norm, args, device,
+               peak) -> list[Result]:
+    """Each micro-batch size and checkpointing setting over full rows, ``args.accum`` micro-batches
+    (the same tensors) per optimizer step, as a recipe with gradient accumulation steps."""
+    results, seq = [], tokens_per_image + args.text_tokens
+    for batch in args.batches:
+        micro = [fixed_batch(tokens_per_image, args.text_tokens, batch, vision, text, device)] * args.accum
+        for ckpt in args.checkpointing:
+            set_checkpointing(model, ckpt == "on")
+            label = dict(arch=arch, attn=attn, packed=False, liger=liger, batch=batch, checkpointing=ckpt == "on",
+                         rows=f"{args.accum}x{batch}x{seq}" if args.accum > 1 else f"{batch}x{seq}",
+                         accum=args.accum, compiled=compiled)
+            result = measure(model, label, micro, args.accum * train_flops(vision, text, seq, batch).total,
+                             args.accum * batch * seq, args, device, peak)
+            result.plan_gib = planned_peak(vision, text, tokens_per_image, args.arm, text_norm, batch,
+                                           args.text_tokens, ckpt == "on") / 2 ** 30
+            results.append(result)
+            report(result)
     return results
 
 
@@ -242,6 +255,10 @@ def main() -> None:
                         choices=["sdpa", "flex_attention", "flash_attention_2"])
     parser.add_argument("--liger", nargs="+", default=["off"], choices=["off", "on"])
     parser.add_argument("--batches", type=int, nargs="+", default=[4], help="per-device batch sizes (fixed rows)")
+    parser.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step (fixed rows)")
+    parser.add_argument("--compile", nargs="+", default=["off"], choices=["off", "on"],
+                        help="torch.compile the LLM's and the tower's layers")
+    parser.add_argument("--compile-backend", default="inductor", help="aot_eager: dynamo and autograd, no codegen")
     parser.add_argument("--checkpointing", nargs="+", default=["off"], choices=["off", "on"])
     parser.add_argument("--text-tokens", type=int, default=300, help="text tokens per fixed row after the image")
     parser.add_argument("--pool", action="store_true", help="also unpacked vs packed over NeXT-like lengths")

@@ -94,11 +94,14 @@ def test_gpu_kit_toy_runs_every_part_and_imports_only_what_the_gpu_machine_has(t
                            "--work", str(tmp_path / "work")], capture_output=True, text=True, timeout=400, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "gpu_kit.json").read_text())
-    assert list(report["parts"]) == ["fused_loss", "step_llama", "liger_llama", "train", "step_qwen", "liger_qwen"]
+    assert list(report["parts"]) == ["step_llama", "liger_llama", "fused_loss", "train", "step_qwen", "liger_qwen"]
     assert all(part["status"] == "ok" for part in report["parts"].values()), report["parts"]
     steps = report["parts"]["step_llama"]["results"]
     assert {(r["packed"], r["checkpointing"]) for r in steps} == {(False, False), (False, True), (True, False)}
     assert all(r["tokens_per_s"] > 0 and r["error"] is None and r["shares"] for r in steps)
+    # the fixed rows ran compiled and eager, two accumulated micro-batches a step
+    assert {(r["compiled"], r["accum"]) for r in steps if not r["rows"].endswith("micro-batches")} == \
+        {(True, 2), (False, 2)}
     packed = next(r for r in steps if r["packed"])
     check = packed["packing_logit_error"]  # taken on the fresh model: real logits, not NaN read as 0
     assert check["samples"] >= 2 and check["max_logit"] > 0 and check["relative"] < 1e-2
