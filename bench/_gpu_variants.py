@@ -68,7 +68,9 @@ class Result:
         if self.shares:
             text += "; shares " + ", ".join(f"{k} {v:.0%}" for k, v in self.shares.items())
         if self.packing_logit_error:
-            text += f"; packed logits vs alone: max |diff| {self.packing_logit_error['relative']:.2%} of max |logit|"
+            check = self.packing_logit_error
+            text += (f"; packed logits vs alone: max |diff| {check['relative']:.2%} of max |logit| "
+                     f"(the same sample in bf16 vs fp32: {check['bf16_floor']:.2%})")
         return text
 
 
@@ -174,33 +176,43 @@ def pool_flops(vision, text, samples: list[tuple[int, bool]]) -> float:
 
 @torch.no_grad()
 def packing_logit_error(model, packed: dict, tokens_per_image: int, device) -> dict:
-    """Largest |logit difference| between each sample of a packed row and the sample run alone."""
+    """Largest |logit difference| between each sample of a packed row and the sample run alone,
+    beside bf16's own error there: the alone logits against the same sample in fp32 (the model
+    cast up and back, exactly). Packing is right when its difference is of bf16's size."""
     was_training = model.training
     model.eval()
+    dtype = next(model.parameters()).dtype
     try:
-        logits = model(**{k: v for k, v in packed.items() if k != "labels"}).logits[0].float()
+        logits = model(**{k: v for k, v in packed.items() if k != "labels"}).logits[0]
         starts = (packed["position_ids"][0] == 0).nonzero().flatten().tolist() + [packed["input_ids"].shape[1]]
-        worst, scale, image, compared = 0.0, 0.0, 0, 0
+        samples, image = [], 0
         for a, b in zip(starts, starts[1:]):
             if not (packed["labels"][0, a + 1:b] != -100).any():
                 continue  # the padding document
-            compared += 1
             ids = packed["input_ids"][:, a:b]
             n_images = int((ids == model.config.image_token_id).sum()) // tokens_per_image
             alone = {"input_ids": ids, "use_cache": False}
             if n_images:
                 alone["pixel_values"] = packed["pixel_values"][image:image + n_images]
                 image += n_images
-            ref = model(**alone).logits[0].float()
-            if not (torch.isfinite(ref).all() and torch.isfinite(logits[a:b]).all()):
+            samples.append((a, b, alone, model(**alone).logits[0]))
+        worst = floor = scale = 0.0
+        model.float()
+        for a, b, alone, ref in samples:
+            exact = model(**{k: (v.float() if k == "pixel_values" else v) for k, v in alone.items()}).logits[0]
+            got, ref = logits[a:b].float(), ref.float()
+            if not (torch.isfinite(ref).all() and torch.isfinite(got).all() and torch.isfinite(exact).all()):
                 raise ValueError("non-finite logits: nothing to compare")  # max() would read NaN as 0
-            worst = max(worst, float((logits[a:b] - ref).abs().max()))
+            worst = max(worst, float((got - ref).abs().max()))
+            floor = max(floor, float((ref - exact).abs().max()))
             scale = max(scale, float(ref.abs().max()))
     finally:
+        model.to(dtype)
         model.train(was_training)
-    if not compared or scale == 0:
-        raise ValueError(f"{compared} samples compared, largest logit {scale}: nothing to compare")
-    return {"max_abs": worst, "max_logit": scale, "relative": worst / max(scale, 1e-12), "samples": compared}
+    if not samples or scale == 0:
+        raise ValueError(f"{len(samples)} samples compared, largest logit {scale}: nothing to compare")
+    return {"max_abs": worst, "max_logit": scale, "relative": worst / scale, "samples": len(samples),
+            "bf16_floor": floor / scale, "over_floor": worst / max(floor, 1e-12)}
 
 
 def _time(fn, device, repeats: int = 3) -> float:

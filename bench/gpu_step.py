@@ -153,6 +153,10 @@ def run_arch(arch: str, vision, text, text_norm: float, args, device, peak) -> l
                          device=str(device), dtype=torch.bfloat16).train()
     results = []
     checks = logit_checks(model, vision, text, tokens_per_image, args, device) if args.pool else {}
+    if args.logit_check_only:
+        for attn, check in checks.items():
+            print(f"{arch} {attn} packed logits vs alone: {check}", flush=True)
+        return results
     for liger in args.liger:  # off first: Liger's kernels patch the model for good
         if liger == "on" and device.type != "cuda":
             results.append(Result(arch, "-", False, True, 0, False, error="Liger's Triton kernels need CUDA"))
@@ -266,6 +270,7 @@ def main() -> None:
     parser.add_argument("--pool-batch", type=int, default=4, help="unpacked rows per micro-batch")
     parser.add_argument("--pack-budget", type=int, default=4096, help="tokens per packed row")
     parser.add_argument("--max-length", type=int, default=2048)
+    parser.add_argument("--logit-check-only", action="store_true", help="with --pool: the packed-logit check alone")
     parser.add_argument("--profile", action="store_true", help="time shares per variant (torch.profiler)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
