@@ -17,6 +17,7 @@ from _harness import IMAGE_TOKEN_ID, random_llava, train_batch
 from padding import LengthModel, sample_lengths
 
 from llava_norm.data.packing import plan_packs
+from llava_norm.model.compile import compile_layers, repeated_layers
 from llava_norm.plan.flops import train_flops
 from llava_norm.plan.memory import PLAN_ATTENTION, count_parameters, model_states, peak_bytes, trace_activations
 from llava_norm.train.params import freeze_backbones
@@ -82,7 +83,7 @@ def bf16_peak_tflops(device: torch.device) -> float | None:
 
 
 def planned_peak(vision, text, tokens_per_image: int, arm: str, text_norm: float, batch: int, text_tokens: int,
-                 checkpointing: bool) -> int:
+                 checkpointing: bool, accum: int = 1) -> int:
     """``llava-norm plan``'s peak for a fixed-row step: one GPU, bf16 weights, gradients and AdamW
     moments (layout ``bf16_adamw``), every reached parameter trained, one image per row."""
     model = random_llava(vision, text, tokens_per_image, arm, attn=PLAN_ATTENTION, text_norm=text_norm,
@@ -92,22 +93,15 @@ def planned_peak(vision, text, tokens_per_image: int, arm: str, text_norm: float
     trained = sum(c.trained for c in components)
     states = model_states(trained, sum(c.total for c in components) - trained, 0, "bf16_adamw", 1)
     acts = trace_activations(model, batch, tokens_per_image + text_tokens, batch, tokens_per_image)
-    return peak_bytes(states, acts, checkpointing, grad_accum=1)
+    return peak_bytes(states, acts, checkpointing, grad_accum=accum)  # accumulated gradients stay alive
 
 
-def compile_layers(model, on: bool, backend: str = "inductor") -> None:
-    """torch.compile on each decoder layer of the LLM and each encoder layer of the vision tower
-    (in place; ``on=False`` restores eager). Layer by layer, not the whole model: the layers are
-    where the elementwise kernels are (norms, activations, rotary), and one compiled graph
-    serves every layer of a stack, so the compile cost does not grow with depth."""
-    layers = list(model.model.language_model.layers) + list(model.model.vision_tower.encoder.layers)
-    # every layer is its own module: without room for them all, dynamo would run the rest eager
-    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
-    setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 4 * len(layers)))
-    for layer in layers:
-        if on:
-            layer.compile(backend=backend)
-        else:
+def set_compiled(model, on: bool, backend: str = "inductor") -> None:
+    """The trainer's ``train.compile`` (llava_norm/model/compile.py) on or off, in place."""
+    if on:
+        compile_layers(model, backend)
+    else:
+        for layer in repeated_layers(model):
             layer._compiled_call_impl = None
 
 

@@ -35,7 +35,7 @@ import time
 from dataclasses import asdict
 
 import torch
-from _gpu_variants import (Result, bf16_peak_tflops, compile_layers, fixed_batch, planned_peak, pool_batches, pool_flops,
+from _gpu_variants import (Result, bf16_peak_tflops, fixed_batch, set_compiled, planned_peak, pool_batches, pool_flops,
                            profile_shares, packing_logit_error, vision_share)
 from _harness import random_llava
 from transformers import AutoConfig, LlamaConfig, SiglipVisionConfig
@@ -171,7 +171,7 @@ def run_arch(arch: str, vision, text, text_norm: float, args, device, peak) -> l
                 report(results[-1])
                 continue
         for compiled in args.compile:  # each compile is undone after its variants
-            compile_layers(model, compiled == "on", args.compile_backend)
+            set_compiled(model, compiled == "on", args.compile_backend)
             for attn in attention_kinds(device, args.attn):
                 model.config.text_config._attn_implementation = attn  # the LLM's layers and masks read it per call
                 results += fixed_rows(model, arch, attn, liger == "on", compiled == "on", vision, text,
@@ -180,7 +180,7 @@ def run_arch(arch: str, vision, text, text_norm: float, args, device, peak) -> l
                     set_checkpointing(model, False)
                     results += run_pool(model, arch, attn, vision, text, tokens_per_image, args, device, peak,
                                         checks.get(attn))
-            compile_layers(model, False)
+            set_compiled(model, False)
     del model
     gc.collect()
     if device.type == "cuda":
@@ -203,7 +203,7 @@ def fixed_rows(model, arch, attn, liger, compiled, vision, text, tokens_per_imag
             result = measure(model, label, micro, args.accum * train_flops(vision, text, seq, batch).total,
                              args.accum * batch * seq, args, device, peak)
             result.plan_gib = planned_peak(vision, text, tokens_per_image, args.arm, text_norm, batch,
-                                           args.text_tokens, ckpt == "on") / 2 ** 30
+                                           args.text_tokens, ckpt == "on", args.accum) / 2 ** 30
             results.append(result)
             report(result)
     return results
@@ -294,7 +294,9 @@ def main() -> None:
     results = [r for arch, (vision, text, norm) in archs.items()
                for r in run_arch(arch, vision, text, norm, args, device, peak)]
     measured = [r for r in results if r.mfu is not None]
-    if measured:
+    if args.logit_check_only:
+        pass  # nothing timed
+    elif measured:
         best = max(measured, key=lambda r: r.mfu)
         print(f"MFU best: {best.mfu:.1%} ({best.name()}; "
               f"{'meets' if best.mfu >= TARGET_MFU else 'MISSES'} target >= {TARGET_MFU:.0%})")

@@ -71,6 +71,16 @@ def _attention(config: RunConfig) -> None:
                               "and a CUDA GPU; use sdpa")
 
 
+def _compile(config: RunConfig) -> None:
+    if config.train.compile:
+        import torch._dynamo
+
+        backends = torch._dynamo.list_backends(exclude_tags=())
+        if config.train.compile_backend not in backends:
+            raise ConfigError(f"key 'train.compile_backend': {config.train.compile_backend!r} is not a torch.compile "
+                              f"backend here; known: {', '.join(backends)}")
+
+
 def _chat_template(config: RunConfig) -> None:
     m = config.model
     if config.data.prompt_format == "chat" and _looks_local(m.llm) and not _has_chat_template(Path(m.llm).expanduser()):
@@ -246,5 +256,5 @@ def _must_exist(path: str, key: str, kind: str = "") -> None:
 
 
 # check_paths' steps, in order; each raises its own ConfigError
-PATH_CHECKS = (_data_paths, _backbone_dirs, _attention, _chat_template, _packing_family, _projector, _deepspeed,
-               _resume_and_output, _lora_targets)
+PATH_CHECKS = (_data_paths, _backbone_dirs, _attention, _compile, _chat_template, _packing_family, _projector,
+               _deepspeed, _resume_and_output, _lora_targets)

@@ -126,6 +126,11 @@ class TrainConfig:
     # If set, grad_accum is derived at launch: global / (per_device_batch_size x world size).
     global_batch_size: Optional[int] = None
     gradient_checkpointing: bool = False
+    # torch.compile each decoder layer of the LLM and each encoder layer of the vision tower
+    # (llava_norm.model.compile): fuses the elementwise work between the GEMMs, the largest
+    # share of an eager stage-2 step on a GPU (bench/RESULTS.md). The first step pays the compile.
+    compile: bool = False
+    compile_backend: str = "inductor"  # any torch._dynamo backend; aot_eager traces without code generation
     precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     # plain: transformers' loss on the full logits; fused: the same loss without the logits tensor
     # (Liger Kernel on CUDA when installed, else chunked torch; llava_norm.model.loss).

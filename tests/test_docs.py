@@ -4,6 +4,7 @@ Each figure is produced by the command its doc names; a change to the plan, the 
 FLOP model that moves a figure fails here until the doc says the new one.
 """
 
+import ast
 import json
 import math
 import re
@@ -132,15 +133,23 @@ def test_readme_gpu_figures_are_the_kits_recorded_results():
     part1 = json.loads((results / "gpu_kit_2026-11-26_part1.json").read_text())["parts"]
     train = json.loads((results / "gpu_kit_2026-11-26_train.json").read_text())["parts"]["train"]["results"]
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    steps = part1["step_llama"]["results"]
-    best = max((r for r in steps if r["mfu"]), key=lambda r: r["mfu"])
-    assert best["attn"] == "flex_attention" and best["rows"] == "8x1029"
-    assert f"MFU **{best['mfu']:.1%}**" in readme
-    sdpa8 = next(r for r in steps if r["attn"] == "sdpa" and r["rows"] == "8x1029")
-    assert f"sdpa {sdpa8['mfu']:.1%}" in readme
-    unpacked, packed = (next(r for r in steps if r["attn"] == "sdpa" and r["packed"] is p and "samples" in r["rows"])
-                        for p in (False, True))
-    assert f"({packed['tokens_per_s']:,.0f} against {unpacked['tokens_per_s']:,.0f} tokens/s)" in readme
+    steps = json.loads((results / "gpu_kit_2026-11-26_compile.json").read_text())["parts"]["step_llama"]["results"]
+    best = max((r for r in steps if r["mfu"] and not r["error"]), key=lambda r: r["mfu"])
+    assert best["attn"] == "flex_attention" and best["compiled"] and best["rows"] == "4x8x1029"
+    assert f"stage-2 MFU **{best['mfu']:.1%}**" in readme
+    sdpa, eager = (next(r for r in steps if r["attn"] == "sdpa" and r["compiled"] is c and r["rows"] == "4x8x1029")
+                   for c in (True, False))
+    flat = " ".join(readme.split())
+    assert f"no checkpointing; sdpa {sdpa['mfu']:.1%})" in flat and f"against {eager['mfu']:.1%} for the same" in flat
+    assert f"from {eager['mfu']:.1%} to {best['mfu']:.1%} MFU" in flat
+    checks = {}  # the logit check's printed dicts, by attention implementation
+    for line in (results / "gpu_2026-11-26_logit_check.txt").read_text().splitlines():
+        if "packed logits vs alone:" in line:
+            checks[line.split()[1]] = ast.literal_eval(line.split("packed logits vs alone: ", 1)[1])
+    assert f"by {checks['sdpa']['relative']:.2%} of the largest logit (sdpa; FlexAttention " \
+           f"{checks['flex_attention']['relative']:.2%})" in flat
+    assert f"({checks['sdpa']['bf16_floor']:.2%} against fp32)" in flat
+    assert checks["sdpa"]["over_floor"] < 1 and checks["flex_attention"]["over_floor"] < 1
     loss = {r["kernel"]: r for r in part1["fused_loss"]["results"] if r["vocab"] == 128256}
     assert f"fell\n{loss['liger']['memory_ratio']:.1f}x with Liger's kernel" in readme
     assert f"{loss['liger']['time_ratio']:.2f}x, {loss['cce']['time_ratio']:.2f}x and " \

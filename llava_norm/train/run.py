@@ -29,6 +29,7 @@ from llava_norm.data.dataset import SupervisedDataset, count_by_cause
 from llava_norm.data.packing import PackedDataset, collate_packed
 from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE, PROJECTOR_PREFIX
 from llava_norm.model.builder import ModelSpec, build_model
+from llava_norm.model.compile import compile_layers
 from llava_norm.plan import format_plan, make_plan
 from llava_norm.train.final import save_final
 from llava_norm.train.params import freeze_backbones, freeze_for_lora
@@ -241,6 +242,8 @@ def run_training(config: RunConfig, check=None) -> Path | None:
         freeze_for_lora(bundle.model, config.lora, lora_vision_mode(config))
     else:
         freeze_backbones(bundle.model, t.stage, t.train_vision_tower)
+    if t.compile:
+        compile_layers(bundle.model, t.compile_backend)
     d = config.data
     encoder = conversation_tokenizer(bundle, d.prompt_format, dict(d.template_kwargs))
     max_length = min(d.max_length, d.pack_max_tokens) if d.packing else d.max_length
