@@ -4,11 +4,13 @@ Owns which measurements run in which half, their time limits under one overall d
 package check before anything runs, and the results file (``gpu_kit.json`` and ``gpu_kit.md``),
 rewritten as each result arrives so a command killed at its limit keeps what it measured.
 
-- PART=1: ``fused_loss`` (plain against the torch, Liger and Cut Cross-Entropy kernels, bf16, both
-  vocabularies), ``step_llama`` (bench/gpu_step.py at SigLIP-SO400M + Llama-3.2-3B: sdpa,
-  FlexAttention and flash-attention 2 where it imports; micro-batch 4 and 8; unpacked against
-  packed over NeXT-like lengths with the packed logits checked; time shares) and ``liger_llama``
-  (the same step with Liger's RMSNorm, SwiGLU, RoPE and fused linear cross-entropy).
+- PART=1: ``step_llama`` (bench/gpu_step.py at SigLIP-SO400M + Llama-3.2-3B: the layers compiled
+  as ``train.compile`` does, then eager; sdpa, FlexAttention and flash-attention 2 where it
+  imports; micro-batch 8 with 4 accumulation steps; unpacked against packed over NeXT-like
+  lengths with the packed logits checked against bf16's own error; time shares), ``liger_llama``
+  (the same step with Liger's RMSNorm, SwiGLU, RoPE and fused linear cross-entropy) and
+  ``fused_loss`` (plain against the torch, Liger and Cut Cross-Entropy kernels, bf16, both
+  vocabularies).
 - PART=2: ``train`` (20 stage-2
   steps under ``llava-norm train``: DeepSpeed ZeRO-2 at a real-width pair whose activations exceed
   its model states, ZeRO-2 at SigLIP-SO400M + Llama-3.2-3B, ZeRO-3 at Qwen2.5-7B where the plan
