@@ -107,6 +107,22 @@ def test_deepspeed_checkpoints_load_without_unpickling_code(tmp_path, capsys):
     assert "unpickled code ran" not in capsys.readouterr().out
 
 
+def test_deepspeeds_conversion_and_universal_load_read_without_unpickling_code(tmp_path, capsys):
+    """DeepSpeed's universal conversion and loading call torch.load with weights_only=False; under
+    weights_only_loads (how llava_norm.train.universal runs them) a pickled payload is refused."""
+    from llava_norm.train.universal import weights_only_loads
+
+    good, bad = tmp_path / "good.pt", tmp_path / "bad.pt"
+    torch.save({"param": torch.ones(2)}, good)
+    bad.write_bytes(pickle.dumps({"param": _Payload()}))
+    with weights_only_loads():
+        assert torch.equal(torch.load(str(good), weights_only=False)["param"], torch.ones(2))
+        with pytest.raises(pickle.UnpicklingError):
+            torch.load(str(bad), weights_only=False)
+    assert "unpickled code ran" not in capsys.readouterr().out
+    assert torch.load.__module__ == "torch.serialization"  # put back after
+
+
 def test_the_record_follows_every_launch_of_a_run(run):
     """Written at start, completed at the end; a resume that differs from the launch it continues
     says so in the record; a finished run whose record was left incomplete is completed."""
@@ -169,10 +185,11 @@ def test_a_checkpoint_without_log_state_gives_train_loss_over_the_steps_after_it
     assert summary["train_loss"] == next(e["loss"] for e in summary["log_history"] if e.get("step") == 3)
 
 
-def test_a_resume_on_another_number_of_processes_is_refused_before_anything_is_written(run):
-    """A checkpoint records the number of processes it was saved on; a launch with another number
-    is refused with both numbers named, before any file changes (here checkpoint-2 says 2 processes,
-    as a two-GPU run's would, and the launch is a single process)."""
+def test_a_resume_that_would_change_the_global_batch_is_refused_before_anything_is_written(run):
+    """A resume on another number of processes keeps the global batch (accumulation re-derived,
+    tests/test_world_size.py); with train.grad_accum fixed the global batch would change, and the
+    launch is refused naming both batches and the key that fixes it, before any file changes (here
+    checkpoint-2 says 2 processes, as a two-GPU run's would, and the launch is a single process)."""
     launch, out, _ = run
     launch()
     (out / "train_summary.json").unlink()
@@ -180,10 +197,12 @@ def test_a_resume_on_another_number_of_processes_is_refused_before_anything_is_w
     state = out / "checkpoint-2" / "data_state.json"
     saved = json.loads(state.read_text())
     assert saved["world_size"] == 1
-    state.write_text(json.dumps({**saved, "world_size": 2}))
+    state.write_text(json.dumps({**saved, "world_size": 2, "global_batch": 2 * saved["global_batch"]}))
     before = snapshot(out)
     from llava_norm.train.trainer import ResumeError
 
-    with pytest.raises(ResumeError, match=r"saved on 2 processes, relaunched on 1 process: a resume needs the same number"):
+    with pytest.raises(ResumeError, match=rf"global batch of {2 * saved['global_batch']} on 2 processes; on 1 process "
+                                          rf"it would be {saved['global_batch']}. Set train.global_batch_size to "
+                                          rf"{2 * saved['global_batch']}"):
         launch()
     assert snapshot(out) == before

@@ -2,8 +2,11 @@
 
 Owns the order in which samples are drawn. Image and text-only samples are shuffled
 separately and cut into windows of ``lookahead`` megabatches; each window is sorted by length
-and cut into megabatches of ``batch_size * world_size`` (so each rank's batch has similar
-lengths and one modality), and the megabatches are shuffled together. Sorting a window
+and cut into megabatches of one optimizer step's samples, ``batch_size * world_size *
+grad_accum`` (so the ranks' micro-batches at each accumulation step have similar lengths and one
+modality), and the megabatches are shuffled together. The order depends on the global batch,
+never on how it is split: a run resumed on another number of processes (accumulation re-derived)
+draws the same samples in each optimizer step. Sorting a window
 rather than one megabatch (HF's LengthGroupedSampler does the same with 50) roughly halves
 the padding share on LLaVA-NeXT-like lengths (bench/padding.py: 8 ranks, per-device batch 4,
 7.4% -> 4.0%; the rest comes from sorting by word counts, not tokens); ``lookahead=1`` is
@@ -108,10 +111,10 @@ class ShuffledSampler(EpochSampler):
 
 class ModalityLengthGroupedSampler(EpochSampler):
     def __init__(self, lengths, batch_size: int, world_size: int = 1, seed: int = 42,
-                 lookahead: int = DEFAULT_LOOKAHEAD):
+                 lookahead: int = DEFAULT_LOOKAHEAD, grad_accum: int = 1):
         super().__init__(len(lengths), seed)
         self.lengths = np.asarray(lengths, dtype=np.int64)
-        self.megabatch_size = batch_size * world_size
+        self.megabatch_size = batch_size * world_size * grad_accum  # the global batch
         self.lookahead = lookahead
 
     def order(self, epoch: int) -> list[int]:

@@ -11,6 +11,7 @@ resumes from it, trains nothing, and writes the final model and summary from it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -35,9 +36,10 @@ from llava_norm.train.final import save_final
 from llava_norm.train.params import freeze_backbones, freeze_for_lora
 from llava_norm.train.record import complete_finished_run, finish_record, start_record
 from llava_norm.train.relaunch import clear_outputs, plan_launch
-from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY
+from llava_norm.train.rundir import DATA_STATE, RUN_CONFIG, SKIPPED, SUMMARY
 from llava_norm.train.runlog import kept_wandb_run, main_process_messages
 from llava_norm.train.trainer import LlavaNormTrainer
+from llava_norm.train.universal import deepspeed_records, universal_checkpoint, weights_only_loads
 
 log = logging.getLogger(__name__)
 CALIBRATION_IMAGES = 16  # model.scale_value auto: the images c is measured on
@@ -115,11 +117,8 @@ def safe_deepspeed_loading() -> None:
     allowed by name for the load and nothing else is.
     """
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
-    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
 
-    allowed = [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+    allowed = deepspeed_records()
 
     def load(self, path: str, map_location=None):
         with torch.serialization.safe_globals(allowed):
@@ -164,15 +163,30 @@ def print_startup_plan(config: RunConfig) -> None:
     print(format_plan(plan, config.train.output_dir), flush=True)
 
 
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def saved_world_size(checkpoint: Path) -> int | None:
+    """The number of processes a checkpoint was saved on (None: not recorded)."""
+    path = Path(checkpoint) / DATA_STATE
+    return json.loads(path.read_text()).get("world_size") if path.is_file() else None
+
+
 def use_bf16(precision: str) -> bool:
     if precision == "auto":
         return torch.cuda.is_available()
     return precision == "bf16"
 
 
-def training_arguments(config: RunConfig) -> TrainingArguments:
+def training_arguments(config: RunConfig, universal: bool = False) -> TrainingArguments:
+    """``universal``: DeepSpeed loads the resumed checkpoint in its universal format."""
     t = config.train
-    grad_accum = effective_grad_accum(t, int(os.environ.get("WORLD_SIZE", "1")))
+    deepspeed = t.deepspeed
+    if universal:
+        deepspeed = json.loads(Path(t.deepspeed).read_text())
+        deepspeed.setdefault("checkpoint", {})["load_universal"] = True
+    grad_accum = effective_grad_accum(t, world_size())
     return TrainingArguments(
         output_dir=t.output_dir, run_name=t.run_name, seed=t.seed, data_seed=t.seed,
         num_train_epochs=t.epochs, max_steps=t.max_steps,
@@ -183,7 +197,7 @@ def training_arguments(config: RunConfig) -> TrainingArguments:
         bf16=use_bf16(t.precision), use_cpu=not torch.cuda.is_available(),
         activation_checkpointing=t.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False} if t.gradient_checkpointing else None,
-        deepspeed=t.deepspeed, save_strategy="steps", save_steps=t.save_steps, save_total_limit=None,
+        deepspeed=deepspeed, save_strategy="steps", save_steps=t.save_steps, save_total_limit=None,
         logging_steps=t.logging_steps, report_to=t.report_to, remove_unused_columns=False,
         dataloader_num_workers=config.data.num_workers, ddp_find_unused_parameters=False,
         disable_tqdm=False,
@@ -247,7 +261,13 @@ def run_training(config: RunConfig, check=None) -> Path | None:
     d = config.data
     encoder = conversation_tokenizer(bundle, d.prompt_format, dict(d.template_kwargs))
     max_length = min(d.max_length, d.pack_max_tokens) if d.packing else d.max_length
-    args = training_arguments(config)
+    # a DeepSpeed checkpoint saved on another number of processes resumes from its universal form
+    universal = bool(t.deepspeed and plan.checkpoint and saved_world_size(plan.checkpoint) != world_size())
+    args = training_arguments(config, universal)
+    resume_from = plan.checkpoint
+    if universal:
+        with args.main_process_first(local=False, desc="universal checkpoint"):
+            resume_from = universal_checkpoint(plan.checkpoint)
     # One process per node reads the corpus and writes the row indexes (data.index); the others
     # wait, then map what it wrote from the datasets cache (its file lock covers a shared cache).
     with args.main_process_first(local=True, desc="data index"):
@@ -293,7 +313,8 @@ def run_training(config: RunConfig, check=None) -> Path | None:
         log.info("resuming from %s", plan.checkpoint)
     # report_to "all" is resolved by TrainingArguments
     with kept_wandb_run(out if trainer.args.should_save and "wandb" in trainer.args.report_to else None):
-        result = trainer.train(resume_from_checkpoint=str(plan.checkpoint) if plan.checkpoint else None)
+        with weights_only_loads() if universal else contextlib.nullcontext():  # DeepSpeed's universal load
+            result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     model_dir = save_final(trainer, bundle, config)
     draws = trainer.all_skips(out)
     if trainer.args.should_save:

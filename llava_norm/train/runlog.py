@@ -101,18 +101,31 @@ class RunLog(TrainerCallback):
 
     def _restore(self, checkpoint: Path) -> None:
         t = self.trainer
-        path = checkpoint / LOG_STATE.format(rank=t.args.process_index)
-        if not path.is_file():  # written before the logs were kept: the sums and windows start again here
+        world, saved_world = t.args.world_size, t.saved_world_size or t.args.world_size
+        # On another number of processes the main process carries the saved ranks' windows and the
+        # others start empty: the logged mean over ranks and the summed tokens come out the same.
+        if saved_world == world:
+            ranks = [t.args.process_index]
+        else:
+            ranks = list(range(saved_world)) if t.args.process_index == 0 else []
+        paths = [checkpoint / LOG_STATE.format(rank=rank) for rank in ranks or [0]]
+        if not all(path.is_file() for path in paths):  # written before the logs were kept
             self.losses_from = t.state.global_step
             log.warning("%s has no %s: the logs' sums start again at step %d, and train_loss covers the steps "
-                        "after it only", checkpoint, path.name, t.state.global_step)
+                        "after it only", checkpoint, paths[0].name, t.state.global_step)
             return
-        state = json.loads(path.read_text())
+        states = [json.loads(path.read_text()) for path in paths]
+        window = states if ranks else []
+        loss = sum(state["loss_since_log"] for state in window)
+        if saved_world != world:
+            loss = loss * world / saved_world
         # float32 as the Trainer accumulates it: the resumed sums are bit for bit the uninterrupted run's
-        t._tr_loss = torch.tensor(state["loss_since_log"], dtype=torch.float32, device=t.args.device)
-        t._total_loss_scalar = state["logged_loss_sum"]
-        t._globalstep_last_logged = state["last_logged_step"]
-        self.tokens, self.longest, self.seconds = state["tokens"], state["longest"], state["seconds"]
+        t._tr_loss = torch.tensor(loss, dtype=torch.float32, device=t.args.device)
+        t._total_loss_scalar = states[0]["logged_loss_sum"]
+        t._globalstep_last_logged = states[0]["last_logged_step"]
+        self.tokens = sum(state["tokens"] for state in window)
+        self.longest = max((state["longest"] for state in window), default=0)
+        self.seconds = states[0]["seconds"]
 
 
 WANDB_VARIABLES = ("WANDB_RUN_ID", "WANDB_RESUME")  # what keep_wandb_run sets for wandb.init

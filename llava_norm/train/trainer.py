@@ -33,6 +33,7 @@ from llava_norm.data.sampler import EpochSampler, ModalityLengthGroupedSampler, 
 from llava_norm.train.params import make_optimizer
 from llava_norm.train.rundir import COMPLETE_MARKER, DATA_STATE, complete_checkpoints
 from llava_norm.train.runlog import RunLog
+from llava_norm.train.universal import remove_universal_copies
 
 
 def _gathered(params):
@@ -72,6 +73,7 @@ class LlavaNormTrainer(Trainer):
         self.run_log = RunLog(self)
         self.add_callback(self.run_log)
         self._counted_parameters: int | None = None  # for total_flos, see floating_point_ops
+        self.saved_world_size: int | None = None  # the resumed checkpoint's number of processes
 
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
@@ -79,7 +81,8 @@ class LlavaNormTrainer(Trainer):
             self._sampler = PackSampler(dataset.packs, seed=self.args.seed)
         elif self.group_by_modality_length:
             self._sampler = ModalityLengthGroupedSampler(dataset.modality_lengths, self.args.per_device_train_batch_size,
-                                                         self.args.world_size, seed=self.args.seed)
+                                                         self.args.world_size, seed=self.args.seed,
+                                                         grad_accum=self.args.gradient_accumulation_steps)
         else:
             self._sampler = ShuffledSampler(len(dataset), seed=self.args.seed)
         return self._sampler
@@ -91,7 +94,12 @@ class LlavaNormTrainer(Trainer):
             epoch, batches = epoch + 1, 0
         return {"epoch": epoch, "batches_consumed": batches, "batches_per_epoch": self._batches_per_epoch,
                 "order_fingerprint": self._sampler.fingerprint(epoch), "sampler": self._sampler.state_dict(),
-                "global_step": self.state.global_step, "world_size": self.args.world_size}
+                "global_step": self.state.global_step, "world_size": self.args.world_size,
+                "global_batch": self._global_batch()}
+
+    def _global_batch(self) -> int:
+        a = self.args
+        return a.per_device_train_batch_size * a.world_size * a.gradient_accumulation_steps
 
     def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint,
                              trial):
@@ -103,14 +111,23 @@ class LlavaNormTrainer(Trainer):
         if self.state.global_step > self.state.max_steps:
             raise ResumeError(f"{resume_from_checkpoint}: at step {self.state.global_step}, past this run's last "
                               f"step {self.state.max_steps} (train.max_steps or train.epochs lowered?)")
-        skips = self._skips_file(Path(resume_from_checkpoint))  # so the run's skipped.jsonl stays whole across kills
-        if skips.is_file():
-            self.skipped_samples = [json.loads(line) for line in skips.read_text().splitlines() if line]
         saved = self.check_data_order(resume_from_checkpoint)
+        # so the run's skipped.jsonl stays whole across kills; on another number of processes the
+        # main process carries every saved rank's records
+        ranks = [self.args.process_index] if self.saved_world_size == self.args.world_size else \
+            (range(self.saved_world_size) if self.args.process_index == 0 else [])
+        for rank in ranks:
+            skips = Path(resume_from_checkpoint) / f"skipped_rank{rank}.jsonl"
+            if skips.is_file():
+                self.skipped_samples += [json.loads(line) for line in skips.read_text().splitlines() if line]
         if (saved["epoch"], saved["batches_consumed"]) != (epochs, skip):
             raise ResumeError(f"{resume_from_checkpoint}: saved data position epoch {saved['epoch']} + "
                               f"{saved['batches_consumed']} micro-batches, but step {self.state.global_step} "
                               f"implies epoch {epochs} + {skip} (batch size or accumulation changed?)")
+        if self.saved_world_size != self.args.world_size and self.is_world_process_zero():
+            print(f"[llava-norm] resuming at step {self.state.global_step} on {_processes(self.args.world_size)}, "
+                  f"saved on {_processes(self.saved_world_size)} (global batch {self._global_batch()}: "
+                  f"{self.args.gradient_accumulation_steps} accumulation steps)", flush=True)
         if self.state.global_step == self.state.max_steps and self.is_world_process_zero():
             print(f"[llava-norm] {resume_from_checkpoint} is at the last step ({self.state.global_step}): nothing "
                   "left to train; writing the final model and summary from it", flush=True)
@@ -125,12 +142,16 @@ class LlavaNormTrainer(Trainer):
         if not path.is_file():
             raise ResumeError(f"{checkpoint}: no {DATA_STATE}; its position in the data is unknown")
         saved = json.loads(path.read_text())
-        if saved.get("world_size", self.args.world_size) != self.args.world_size:
-            raise ResumeError(f"{checkpoint}: saved on {_processes(saved['world_size'])}, relaunched on "
-                              f"{_processes(self.args.world_size)}: a resume needs the same number of processes (DeepSpeed's "
-                              "ZeRO partitions and each process's share of the data are saved per process); "
-                              f"relaunch on {saved['world_size']} (GPUS_PER_NODE x NNODES), or start over with "
-                              "train.restart=true")
+        world, saved_world = self.args.world_size, saved.get("world_size", self.args.world_size)
+        if saved_world != world:  # the same samples per step, split another way: rescale the position
+            if saved.get("global_batch") != self._global_batch():
+                raise ResumeError(f"{checkpoint}: saved with a global batch of {saved.get('global_batch', 'unknown')} "
+                                  f"on {_processes(saved_world)}; on {_processes(world)} it would be "
+                                  f"{self._global_batch()}. Set train.global_batch_size to "
+                                  f"{saved.get('global_batch', 'the saved one')} so the accumulation is re-derived")
+            saved = {**saved, "batches_consumed": saved["batches_consumed"] * saved_world // world,
+                     "batches_per_epoch": saved["batches_per_epoch"] * saved_world // world}
+        self.saved_world_size = saved_world
         if saved["order_fingerprint"] != self._sampler.fingerprint(saved["epoch"]):
             raise ResumeError(f"{checkpoint}: the data no longer gives epoch {saved['epoch']}'s sample "
                               "order (rows, their lengths, packing, the seed or the batch layout changed); resuming "
@@ -154,9 +175,30 @@ class LlavaNormTrainer(Trainer):
     def create_optimizer(self, model=None):
         if self.optimizer is None:
             self.optimizer = make_optimizer(self.model, self.optim_config, self.args.device)
+            self._group_settings = [{k: v for k, v in group.items() if k != "params"}
+                                    for group in self.optimizer.param_groups]
             # on the torch optimizer itself: DeepSpeed's ZeRO wrappers step it too
             self.optimizer.register_step_pre_hook(self.run_log.note_learning_rates)
         return self.optimizer
+
+    def _load_optimizer_and_scheduler(self, checkpoint) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None and self.saved_world_size not in (None, self.args.world_size):
+            # DeepSpeed's ZeRO-3 universal load copies the first group's settings (name, rate,
+            # weight decay) into every group; each group's own come back from how it was built and
+            # its rate from the resumed scheduler
+            rates = self.lr_scheduler.get_last_lr()
+            for group, settings, rate, base in zip(self.optimizer.param_groups, self._group_settings, rates,
+                                                   self.lr_scheduler.base_lrs):
+                group.update({**settings, "lr": rate, "initial_lr": base})
+            # ... and gives every partition one shared step counter, which AdamW then advanced once per
+            # partition at each step (wrong bias corrections): each gets a counter of its own
+            inner = self.optimizer
+            while hasattr(inner, "optimizer"):
+                inner = inner.optimizer
+            for state in inner.state.values():
+                if torch.is_tensor(state.get("step")):
+                    state["step"] = state["step"].clone()
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if model.training:
@@ -195,6 +237,15 @@ class LlavaNormTrainer(Trainer):
                     logs.update({f"norm/{k}": v for k, v in norm.gain_statistics().items()})
         super().log(logs, start_time)
 
+    def _finalize_training(self, *args, **kwargs):
+        # the steps since the last log enter train_loss as the mean over ranks, as every logged
+        # window does (transformers adds this rank's own sum)
+        if dist.is_available() and dist.is_initialized():
+            window = self._tr_loss.detach().clone()
+            dist.all_reduce(window)
+            self._tr_loss = window / self.args.world_size
+        return super()._finalize_training(*args, **kwargs)
+
     def _save_checkpoint(self, model, trial) -> None:
         super()._save_checkpoint(model, trial)  # args.save_total_limit is None: rotation is ours
         folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
@@ -212,6 +263,7 @@ class LlavaNormTrainer(Trainer):
             complete = complete_checkpoints(self._get_output_dir(trial=trial))
             for old in complete[: max(len(complete) - self.keep_checkpoints, 0)]:
                 shutil.rmtree(old, ignore_errors=True)
+            remove_universal_copies(Path(self._get_output_dir(trial=trial)))
 
     def _skips_file(self, folder: Path) -> Path:
         return folder / f"skipped_rank{self.args.process_index}.jsonl"

@@ -1,0 +1,96 @@
+"""Resuming a DeepSpeed checkpoint on another number of processes (``llava-norm train`` relaunched
+with more or fewer GPUs or nodes).
+
+Owns the conversion of a ZeRO checkpoint, whose optimizer state is partitioned per rank, into
+DeepSpeed's universal format (one folder per parameter: fp32 weights and Adam moments), which
+DeepSpeed loads with any world size (``checkpoint.load_universal``). The conversion goes into a
+new folder beside the checkpoint, ``checkpoint-K.universal``: the original is never changed, and
+the new folder counts only once its own completion marker is written, so a kill during the
+conversion leaves nothing that a later launch would read. It is removed when the resumed run
+writes its first checkpoint of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from llava_norm.train.rundir import COMPLETE_MARKER
+
+UNIVERSAL_SUFFIX = ".universal"
+
+
+def universal_checkpoint(checkpoint: Path) -> Path:
+    """The universal-format copy of ``checkpoint`` (converted now, or complete from an earlier launch)."""
+    out = checkpoint.with_name(checkpoint.name + UNIVERSAL_SUFFIX)
+    marker = out / COMPLETE_MARKER
+    source = _identity(checkpoint)
+    if marker.is_file() and json.loads(marker.read_text()) == source:  # made from these very files
+        return out
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    tag = (checkpoint / "latest").read_text().strip()
+    tmp.mkdir()
+    for item in checkpoint.iterdir():  # the Trainer's and our files; DeepSpeed's partitions are converted
+        if item.name not in (tag, "latest", COMPLETE_MARKER) and item.is_file():
+            shutil.copy2(item, tmp / item.name)
+    from deepspeed.checkpoint import ds_to_universal  # lazy: DeepSpeed only for a run that uses it
+
+    with weights_only_loads():
+        ds_to_universal.main(argparse.Namespace(
+            input_folder=str(checkpoint / tag), output_folder=str(tmp / f"{tag}_universal"), num_extract_workers=1,
+            num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True))
+    (tmp / "latest_universal").write_text(f"{tag}_universal")
+    (tmp / COMPLETE_MARKER).write_text(json.dumps(source))
+    os.replace(tmp, out)
+    return out
+
+
+def deepspeed_records() -> list[type]:
+    """The plain DeepSpeed classes its checkpoint files hold beside tensors, containers and strings
+    (loss scaler, ZeRO stage, fragment address): the only ones a load may rebuild."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler  # lazy: DeepSpeed runs only
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+@contextmanager
+def weights_only_loads():
+    """Every ``torch.load`` inside (DeepSpeed's conversion and universal loading call it with
+    ``weights_only=False``) restricted to tensors, containers and ``deepspeed_records``: a
+    checkpoint a user was handed cannot run code while it is converted or loaded."""
+    original, allowed = torch.load, deepspeed_records()
+
+    def load(*args, **kwargs):
+        kwargs["weights_only"] = True
+        with torch.serialization.safe_globals(allowed):
+            return original(*args, **kwargs)
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = original
+
+
+def _identity(checkpoint: Path) -> dict:
+    """The checkpoint's path and each of its files' size and modification time: a copy made from
+    other files (a checkpoint written again at the same step) does not match."""
+    files = {str(p.relative_to(checkpoint)): [p.stat().st_size, p.stat().st_mtime_ns]
+             for p in sorted(checkpoint.rglob("*")) if p.is_file()}
+    return {"source": str(checkpoint), "files": files}
+
+
+def remove_universal_copies(output_dir: Path) -> None:
+    """Once the run has a checkpoint of its own again, the converted copies are dead weight."""
+    for folder in Path(output_dir).glob(f"checkpoint-*{UNIVERSAL_SUFFIX}*"):
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,102 @@
+"""A run killed on one number of processes and relaunched, by the same command, on another: it
+continues from its last checkpoint with the same global batch and the same samples in each
+optimizer step, DeepSpeed's partitioned state converted to its universal format in a new folder.
+Losses are compared within 1e-4 relative, not bit for bit: with another world size the
+reductions run in another order."""
+
+import hashlib
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from launch import env, kill_at_checkpoint, run_launches, torchrun_command
+from tinydata import write_dataset
+
+from llava_norm.train.rundir import COMPLETE_MARKER
+
+ZERO = {2: "configs/deepspeed/zero2.json", 3: "configs/deepspeed/zero3.json"}
+# no LoRA dropout: its masks come from each rank's generator, which another world size cannot replay
+LORA = ["lora.enabled=true", "lora.rank=4", "lora.alpha=8", "lora.vision_tower=frozen", "lora.dropout=0"]
+# (stage, ZeRO stage, processes before the kill, after it, extra overrides). 24 rows at a global
+# batch of 8: 3 steps an epoch; the kill after step 2 leaves step 3 in epoch 0 and step 4 in epoch 1.
+# The first case logs every 3 steps: the kill cuts a log window, which the relaunch's one process
+# must close with the mean and tokens of both saved processes' halves.
+CASES = {
+    "stage1-zero2-2to1": (1, 2, 2, 1, ["train.logging_steps=3"]),
+    "stage2-zero3-1to2": (2, 3, 1, 2, []),
+    "lora-stage2-zero2-2to1": (2, 2, 2, 1, LORA),
+}
+
+
+def _config(root, tiny_dir, stage):
+    data, images = write_dataset(root / "data", n=24, text_only_every=3)
+    path = root / "run.yaml"
+    path.write_text(f"""
+model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama, norm_alignment: ln_textnorm_gwc}}
+data: {{mixture: [{{path: {data}, image_folder: {images}}}], prompt_format: {"plain" if stage == 1 else "chat"},
+       num_workers: 0, max_length: 256}}
+optim: {{lr: 2.0e-3, lr_projector: 3.0e-3, lr_norm: 4.0e-3, warmup_ratio: 0.25, scheduler: cosine}}
+train: {{stage: {stage}, per_device_batch_size: 2, global_batch_size: 8, save_steps: 1, save_total_limit: 20,
+        report_to: [], logging_steps: 1, max_steps: 4}}
+""")
+    return path
+
+
+def _steps(summary):
+    return {e["step"]: e for e in summary["log_history"] if "loss" in e}
+
+
+def _digest(folder):
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_run_killed_on_one_number_of_processes_continues_on_another(tmp_path, tiny_dir, case):
+    stage, zero, before, after, extra = CASES[case]
+    config = _config(tmp_path, tiny_dir, stage)
+    common = [f"train.deepspeed={ZERO[zero]}", *extra]
+    ref_out, out = tmp_path / "uninterrupted", tmp_path / "killed"
+    reference = run_launches([(torchrun_command(config, [f"train.output_dir={ref_out}", *common], before), env())],
+                             ref_out)
+    position = kill_at_checkpoint([(torchrun_command(config, [f"train.output_dir={out}", *common], before), env())],
+                                  out, 2)
+    assert (position["world_size"], position["global_batch"], position["batches_consumed"]) == \
+        (before, 8, 2 * (8 // (2 * before)))  # two steps of its accumulation
+    saved = out / "checkpoint-2"
+    original = _digest(saved)
+    # a conversion killed earlier: a half-written folder, and one without its completion marker
+    (out / "checkpoint-2.universal.tmp").mkdir()
+    (out / "checkpoint-2.universal.tmp" / "half").write_text("x")
+    (out / "checkpoint-2.universal").mkdir()
+
+    text = run_launches([(torchrun_command(config, [f"train.output_dir={out}", *common], after), env())], out,
+                        return_output=True)
+    processes = {1: "1 process", 2: "2 processes"}
+    assert f"resuming at step 2 on {processes[after]}, saved on {processes[before]} (global batch 8: " \
+           f"{8 // (2 * after)} accumulation steps)" in text
+    resumed = _summary(out)
+    assert (resumed["resumed_from"], resumed["steps_this_launch"]) == (str(saved), 2)
+    got, expected = _steps(resumed), _steps(reference)
+    logged = [3] if "train.logging_steps=3" in extra else [1, 2, 3, 4]
+    assert sorted(got) == sorted(expected) == logged
+    for step in [s for s in logged if s > 2]:  # logged after the resume, on the other number of processes
+        assert got[step]["loss"] == pytest.approx(expected[step]["loss"], rel=1e-4), step
+        lrs = {k: v for k, v in expected[step].items() if k.startswith("lr/")}
+        assert len(lrs) > 1 and {k: v for k, v in got[step].items() if k.startswith("lr/")} == pytest.approx(lrs, rel=1e-6)
+        assert got[step]["tokens"] == expected[step]["tokens"]  # the same samples in the step
+    assert resumed["train_loss"] == pytest.approx(reference["train_loss"], rel=1e-4)
+    assert _digest(saved) == original  # the checkpoint it resumed from is unchanged
+    assert not list(out.glob("*.universal*"))  # the converted copy is gone once the run saved its own
+    assert (out / "checkpoint-4" / COMPLETE_MARKER).is_file()
+    weights = "model/adapter_model.safetensors" if extra == LORA else "model/model.safetensors"
+    final, uninterrupted = load_file(str(out / weights)), load_file(str(ref_out / weights))
+    assert final.keys() == uninterrupted.keys()
+    for name in final:  # each parameter group trained at its own rate after the resume
+        torch.testing.assert_close(final[name], uninterrupted[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def _summary(out):
+    import json
+
+    return json.loads((out / "train_summary.json").read_text())
