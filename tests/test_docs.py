@@ -174,3 +174,10 @@ def test_the_readme_names_what_the_paper_module_compares():
     for benchmark in COLUMNS:
         assert headline(benchmark).column in flat
     assert not [v for row in TABLE_4.values() for v in row.values() if f"{v:.2f}" in flat]
+
+
+def test_the_readme_counts_the_breaks_check_breaks_applies():
+    from breaks import BREAKS
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert f"`make check-breaks` applies {len(BREAKS)} of those breaks" in " ".join(readme.split())
