@@ -252,8 +252,9 @@ def run_train(report: Report, work: Path, out: Path, limit_s: float, toy: bool, 
             report.write()
             continue
         sub = f"train_{run.name}"
+        # the run's log comes back with the report: a run cut short says where its time went
         code = run_part(sub, [sys.executable, "-m", "llava_norm.cli", "train", str(config)], left, report,
-                        out / "train.log" if toy else work / f"{sub}.log")
+                        out / f"{sub}.log")
         figures = train_figures(run, config) if code == 0 else {"error": f"exit {code}"}
         entry["results"].append({"run": run.name, **figures})
         report.data["parts"].pop(sub, None)
