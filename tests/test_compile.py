@@ -38,14 +38,23 @@ train: {{stage: 2, output_dir: {tmp_path}/{name}, max_steps: 3, per_device_batch
     return [h["loss"] for h in history if "loss" in h]
 
 
-def test_a_compiled_run_compiles_every_layer_and_trains_as_the_eager_run(tmp_path, tiny_dir):
+def test_a_compiled_run_compiles_every_layer_and_trains_as_the_eager_run(tmp_path, tiny_dir, monkeypatch):
     """aot_eager: dynamo's capture and AOTAutograd's joint graph, the parts of a compile that can
     change what is computed, without inductor's code generation (a C++ compile per graph on CPU)."""
     from torch._dynamo.utils import counters
 
     eager = _run(tmp_path, tiny_dir, "eager", "compile: false")
     counters.clear()
+    compiled_modules, compile = [], torch.nn.Module.compile
+
+    def spy(module, *args, **kwargs):
+        compiled_modules.append(type(module).__name__)
+        return compile(module, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "compile", spy)
     compiled = _run(tmp_path, tiny_dir, "compiled", "compile: true, compile_backend: aot_eager")
+    # every layer of both stacks (the tiny backbones have 3 each), and the graphs ran
+    assert sorted(compiled_modules) == ["LlamaDecoderLayer"] * 3 + ["SiglipEncoderLayer"] * 3
     assert counters["stats"]["unique_graphs"] >= 2  # at least the decoder layer's graph and the tower layer's
     assert len(eager) == len(compiled) == 3
     torch.testing.assert_close(torch.tensor(compiled), torch.tensor(eager), rtol=1e-5, atol=1e-6)

@@ -5,11 +5,12 @@ Losses are compared within 1e-4 relative, not bit for bit: with another world si
 reductions run in another order."""
 
 import hashlib
+import subprocess
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from launch import env, kill_at_checkpoint, run_launches, torchrun_command
+from launch import REPO, env, kill_at_checkpoint, run_launches, torchrun_command
 from tinydata import write_dataset
 
 from llava_norm.train.rundir import COMPLETE_MARKER
@@ -28,8 +29,10 @@ CASES = {
 }
 
 
-def _config(root, tiny_dir, stage):
+def _config(root, tiny_dir, stage, bad_image=False):
     data, images = write_dataset(root / "data", n=24, text_only_every=3)
+    if bad_image:  # found when drawn: each process's skip records must all reach the summary
+        (images / "0001.png").write_bytes(b"not a png")
     path = root / "run.yaml"
     path.write_text(f"""
 model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama, norm_alignment: ln_textnorm_gwc}}
@@ -54,7 +57,7 @@ def _digest(folder):
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_run_killed_on_one_number_of_processes_continues_on_another(tmp_path, tiny_dir, case):
     stage, zero, before, after, extra = CASES[case]
-    config = _config(tmp_path, tiny_dir, stage)
+    config = _config(tmp_path, tiny_dir, stage, bad_image=extra == LORA)
     common = [f"train.deepspeed={ZERO[zero]}", *extra]
     ref_out, out = tmp_path / "uninterrupted", tmp_path / "killed"
     reference = run_launches([(torchrun_command(config, [f"train.output_dir={ref_out}", *common], before), env())],
@@ -87,6 +90,8 @@ def test_a_run_killed_on_one_number_of_processes_continues_on_another(tmp_path, 
         assert got[step]["tokens"] == expected[step]["tokens"]  # the same samples in the step
     assert resumed["train_loss"] == pytest.approx(reference["train_loss"], rel=1e-4)
     assert _digest(saved) == original  # the checkpoint it resumed from is unchanged
+    skipped = [(out / run / "skipped.jsonl").read_text().splitlines() for run in (out, ref_out)]
+    assert sorted(skipped[0]) == sorted(skipped[1]) and (extra != LORA or skipped[0])
     assert not list(out.glob("*.universal*"))  # the converted copy is gone once the run saved its own
     assert (out / "checkpoint-4" / COMPLETE_MARKER).is_file()
     weights = "model/adapter_model.safetensors" if extra == LORA else "model/model.safetensors"
@@ -94,6 +99,42 @@ def test_a_run_killed_on_one_number_of_processes_continues_on_another(tmp_path, 
     assert final.keys() == uninterrupted.keys()
     for name in final:  # each parameter group trained at its own rate after the resume
         torch.testing.assert_close(final[name], uninterrupted[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+class _Payload:
+    def __reduce__(self):
+        return (print, ("unpickled code ran",))
+
+
+def test_the_conversion_and_the_universal_load_unpickle_no_code(tmp_path, tiny_dir):
+    """DeepSpeed reads its files with weights_only=False; a payload in the checkpoint being converted,
+    or in the converted copy a relaunch loads, is refused and never runs."""
+    import pickle
+    import shutil
+
+    from llava_norm.train.universal import universal_checkpoint
+
+    config = _config(tmp_path, tiny_dir, 1)
+    out = tmp_path / "killed"
+    common = [f"train.deepspeed={ZERO[2]}", f"train.output_dir={out}"]
+    kill_at_checkpoint([(torchrun_command(config, common, 2), env())], out, 2)
+    payload = pickle.dumps({"state": _Payload()})
+    handed = tmp_path / "handed" / "checkpoint-2"  # a checkpoint with a payload where DeepSpeed's state goes
+    shutil.copytree(out / "checkpoint-2", handed)
+    for state in handed.glob("global_step2/*optim_states.pt"):
+        state.write_bytes(payload)
+    with pytest.raises(pickle.UnpicklingError):
+        universal_checkpoint(handed, tmp_path / "handed")
+    copy = universal_checkpoint(out / "checkpoint-2", out)  # a good conversion, then tampered with
+    tampered = list(copy.glob("global_step2_universal/zero/*/fp32.pt"))
+    assert tampered
+    for state in tampered:
+        state.write_bytes(payload)
+    done = subprocess.run(torchrun_command(config, common, 1), cwd=REPO, env=env(), capture_output=True, text=True,
+                          timeout=300)
+    text = done.stdout + done.stderr
+    assert done.returncode != 0 and "Weights only load failed" in text, text[-3000:]
+    assert "unpickled code ran" not in text
 
 
 def _summary(out):

@@ -39,7 +39,8 @@ from llava_norm.train.relaunch import clear_outputs, plan_launch
 from llava_norm.train.rundir import DATA_STATE, RUN_CONFIG, SKIPPED, SUMMARY
 from llava_norm.train.runlog import kept_wandb_run, main_process_messages
 from llava_norm.train.trainer import LlavaNormTrainer
-from llava_norm.train.universal import deepspeed_records, universal_checkpoint, weights_only_loads
+from llava_norm.train.universal import (UNIVERSAL_WAIT_S, deepspeed_records, remove_universal_copies,
+                                         universal_checkpoint, weights_only_loads)
 
 log = logging.getLogger(__name__)
 CALIBRATION_IMAGES = 16  # model.scale_value auto: the images c is measured on
@@ -200,7 +201,7 @@ def training_arguments(config: RunConfig, universal: bool = False) -> TrainingAr
         deepspeed=deepspeed, save_strategy="steps", save_steps=t.save_steps, save_total_limit=None,
         logging_steps=t.logging_steps, report_to=t.report_to, remove_unused_columns=False,
         dataloader_num_workers=config.data.num_workers, ddp_find_unused_parameters=False,
-        disable_tqdm=False,
+        disable_tqdm=False, **({"ddp_timeout": UNIVERSAL_WAIT_S} if universal else {}),
     )
 
 
@@ -262,12 +263,9 @@ def run_training(config: RunConfig, check=None) -> Path | None:
     encoder = conversation_tokenizer(bundle, d.prompt_format, dict(d.template_kwargs))
     max_length = min(d.max_length, d.pack_max_tokens) if d.packing else d.max_length
     # a DeepSpeed checkpoint saved on another number of processes resumes from its universal form
-    universal = bool(t.deepspeed and plan.checkpoint and saved_world_size(plan.checkpoint) != world_size())
+    saved_world = saved_world_size(plan.checkpoint) if plan.checkpoint else None
+    universal = bool(t.deepspeed and saved_world not in (None, world_size()))
     args = training_arguments(config, universal)
-    resume_from = plan.checkpoint
-    if universal:
-        with args.main_process_first(local=False, desc="universal checkpoint"):
-            resume_from = universal_checkpoint(plan.checkpoint)
     # One process per node reads the corpus and writes the row indexes (data.index); the others
     # wait, then map what it wrote from the datasets cache (its file lock covers a shared cache).
     with args.main_process_first(local=True, desc="data index"):
@@ -305,6 +303,10 @@ def run_training(config: RunConfig, check=None) -> Path | None:
     if plan.checkpoint:  # refuse a resume the data cannot continue before any record is rewritten
         trainer.check_data_order(plan.checkpoint)
     out = Path(t.output_dir)
+    resume_from = plan.checkpoint
+    if universal:  # the global process 0 converts, into this run's folder; the others wait, then check
+        with args.main_process_first(local=False, desc="universal checkpoint"):
+            resume_from = universal_checkpoint(plan.checkpoint, out, convert=args.process_index == 0)
     if trainer.args.should_save:
         out.mkdir(parents=True, exist_ok=True)
         (out / CONFIG_FILE).write_text(to_yaml(config))
@@ -316,6 +318,8 @@ def run_training(config: RunConfig, check=None) -> Path | None:
         with weights_only_loads() if universal else contextlib.nullcontext():  # DeepSpeed's universal load
             result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     model_dir = save_final(trainer, bundle, config)
+    if universal and trainer.args.should_save:  # a resume at the last step saved no checkpoint to clear it
+        remove_universal_copies(out)
     draws = trainer.all_skips(out)
     if trainer.args.should_save:
         skipped = unique_skips(dataset.rejected, draws)

@@ -4,10 +4,11 @@ with more or fewer GPUs or nodes).
 Owns the conversion of a ZeRO checkpoint, whose optimizer state is partitioned per rank, into
 DeepSpeed's universal format (one folder per parameter: fp32 weights and Adam moments), which
 DeepSpeed loads with any world size (``checkpoint.load_universal``). The conversion goes into a
-new folder beside the checkpoint, ``checkpoint-K.universal``: the original is never changed, and
-the new folder counts only once its own completion marker is written, so a kill during the
-conversion leaves nothing that a later launch would read. It is removed when the resumed run
-writes its first checkpoint of its own.
+new folder in the resuming run's output directory, ``checkpoint-K.universal``: the original is
+never changed, and the new folder counts only once its own completion marker (naming the files it
+was made from) is written, so a kill during the conversion leaves nothing a later launch would
+read. One process converts; the others only check its marker. It is removed when the resumed run
+writes its first checkpoint of its own, or finishes.
 """
 
 from __future__ import annotations
@@ -24,15 +25,23 @@ import torch
 from llava_norm.train.rundir import COMPLETE_MARKER
 
 UNIVERSAL_SUFFIX = ".universal"
+# How long the other processes wait for the conversion (one process reads and writes the whole
+# optimizer state: a 7B checkpoint's takes minutes to tens of minutes), instead of the default
+# 30 minutes of torch.distributed's collectives.
+UNIVERSAL_WAIT_S = 4 * 3600
 
 
-def universal_checkpoint(checkpoint: Path) -> Path:
-    """The universal-format copy of ``checkpoint`` (converted now, or complete from an earlier launch)."""
-    out = checkpoint.with_name(checkpoint.name + UNIVERSAL_SUFFIX)
+def universal_checkpoint(checkpoint: Path, output_dir: Path, convert: bool = True) -> Path:
+    """The universal-format copy of ``checkpoint`` in ``output_dir``: converted now, or complete
+    from an earlier launch and made from these very files. ``convert=False``: only that check."""
+    out = Path(output_dir) / (checkpoint.name + UNIVERSAL_SUFFIX)
     marker = out / COMPLETE_MARKER
     source = _identity(checkpoint)
-    if marker.is_file() and json.loads(marker.read_text()) == source:  # made from these very files
+    if marker.is_file() and json.loads(marker.read_text()) == source:
         return out
+    if not convert:
+        raise RuntimeError(f"{out}: no complete universal copy of {checkpoint} after the conversion (is "
+                           "train.output_dir on a file system every node shares?)")
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
@@ -45,8 +54,8 @@ def universal_checkpoint(checkpoint: Path) -> Path:
 
     with weights_only_loads():
         ds_to_universal.main(argparse.Namespace(
-            input_folder=str(checkpoint / tag), output_folder=str(tmp / f"{tag}_universal"), num_extract_workers=1,
-            num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True))
+            input_folder=str(checkpoint / tag), output_folder=str(tmp / f"{tag}_universal"), num_extract_workers=4,
+            num_merge_workers=2, keep_temp_folder=False, strict=True, inject_missing_state=True))  # DeepSpeed's defaults
     (tmp / "latest_universal").write_text(f"{tag}_universal")
     (tmp / COMPLETE_MARKER).write_text(json.dumps(source))
     os.replace(tmp, out)
