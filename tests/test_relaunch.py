@@ -107,6 +107,27 @@ def test_deepspeed_checkpoints_load_without_unpickling_code(tmp_path, capsys):
     assert "unpickled code ran" not in capsys.readouterr().out
 
 
+def test_llava_norm_check_says_a_launch_resumes_on_another_number_of_processes(run):
+    """The preflight reads the checkpoint a launch would resume: on another number of processes it
+    says so, and where the global batch would change it is a problem naming the value to set."""
+    from llava_norm.train.preflight import preflight
+
+    launch, out, path = run
+    launch()
+    (out / "train_summary.json").unlink()
+    shutil.rmtree(out / "checkpoint-3")
+    state = out / "checkpoint-2" / "data_state.json"
+    saved = json.loads(state.read_text())
+    state.write_text(json.dumps({**saved, "world_size": 2}))  # the same global batch (2) on 2 processes
+    report = preflight(path, [], gpus=1, plan=False)
+    assert report.ok and f"resumes {out / 'checkpoint-2'} (saved on 2 processes) on 1" in report.summary
+    state.write_text(json.dumps({**saved, "world_size": 2, "global_batch": 4}))
+    report = preflight(path, [], gpus=1, plan=False)
+    assert [p for p in report.problems if "checkpoint-2 was saved with a global batch of 4 on 2 processes; on 1 "
+            "it would be 2: set train.global_batch_size to 4" in p]
+    assert preflight(path, [], gpus=2, plan=False).ok  # 2 processes: the checkpoint's own shape
+
+
 def test_deepspeeds_conversion_and_universal_load_read_without_unpickling_code(tmp_path, capsys):
     """DeepSpeed's universal conversion and loading call torch.load with weights_only=False; under
     weights_only_loads (how llava_norm.train.universal runs them) a pickled payload is refused."""

@@ -25,6 +25,7 @@ from llava_norm.config_checks import path_problems
 from llava_norm.config_schema import ConfigError, DataSource, RunConfig, effective_grad_accum
 from llava_norm.data.rows import read_rows_file
 from llava_norm.data.sources import resolve
+from llava_norm.train.rundir import DATA_STATE
 
 # ${oc.env:NAME} or ${oc.env:NAME,default} in a YAML file
 ENV_REFERENCE = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
@@ -213,9 +214,38 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
         f"data: {rows:,} rows in {len(config.data.mixture)} source(s) (before the row rules)",
         f"backbones: vision {config.model.vision_tower} ({where['vision_tower']}); llm {config.model.llm} ({where['llm']})",
     ]
+    if accum is not None:
+        _resume_shape(report, path, config, world, accum)
     if plan and accum is not None:  # without a world size that divides the batch there is no launch to plan
         _plan(report, gpus, nodes, gpu_memory_gib, gpu_name)
     return report
+
+
+def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: int) -> None:
+    """A launch that would resume a checkpoint saved on another number of processes: said in the
+    summary, or a problem where the global batch would change (the trainer refuses it too)."""
+    from llava_norm.train.relaunch import RelaunchError, plan_launch  # lazy: relaunch reads the run's files
+
+    try:
+        checkpoint = plan_launch(config).checkpoint
+    except (RelaunchError, OSError, ValueError):  # the launch says why; not a question of its shape
+        return
+    state = Path(checkpoint) / DATA_STATE if checkpoint else None
+    if state is None or not state.is_file():
+        return
+    saved = json.loads(state.read_text())
+    saved_world, saved_batch = saved.get("world_size", world), saved.get("global_batch")
+    if saved_world == world:
+        return
+    batch = config.train.per_device_batch_size * world * accum
+    if saved_batch is not None and saved_batch != batch:
+        report.problems.append(f"{path}: {checkpoint.name} was saved with a global batch of {saved_batch} on "
+                               f"{saved_world} processes; on {world} it would be {batch}: set train.global_batch_size "
+                               f"to {saved_batch} so the accumulation is re-derived")
+        return
+    converted = " after its DeepSpeed state is converted to the universal format (disk: README)" \
+        if config.train.deepspeed else ""
+    report.summary.append(f"resumes {checkpoint} (saved on {saved_world} processes) on {world}{converted}")
 
 
 def _plan(report: Report, gpus: int, nodes: int, memory: float | None, name: str | None) -> None:
