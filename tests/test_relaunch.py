@@ -107,17 +107,22 @@ def test_deepspeed_checkpoints_load_without_unpickling_code(tmp_path, capsys):
     assert "unpickled code ran" not in capsys.readouterr().out
 
 
+def _stopped_after_checkpoint_2(launch, out):
+    """The run trained, then left as if killed right after checkpoint-2: its data state file and record."""
+    launch()
+    (out / "train_summary.json").unlink()
+    shutil.rmtree(out / "checkpoint-3")
+    state = out / "checkpoint-2" / "data_state.json"
+    return state, json.loads(state.read_text())
+
+
 def test_llava_norm_check_says_a_launch_resumes_on_another_number_of_processes(run):
     """The preflight reads the checkpoint a launch would resume: on another number of processes it
     says so, and where the global batch would change it is a problem naming the value to set."""
     from llava_norm.train.preflight import preflight
 
     launch, out, path = run
-    launch()
-    (out / "train_summary.json").unlink()
-    shutil.rmtree(out / "checkpoint-3")
-    state = out / "checkpoint-2" / "data_state.json"
-    saved = json.loads(state.read_text())
+    state, saved = _stopped_after_checkpoint_2(launch, out)
     state.write_text(json.dumps({**saved, "world_size": 2}))  # the same global batch (2) on 2 processes
     report = preflight(path, [], gpus=1, plan=False)
     assert report.ok and f"resumes {out / 'checkpoint-2'} (saved on 2 processes) on 1" in report.summary
@@ -212,11 +217,7 @@ def test_a_resume_that_would_change_the_global_batch_is_refused_before_anything_
     launch is refused naming both batches and the key that fixes it, before any file changes (here
     checkpoint-2 says 2 processes, as a two-GPU run's would, and the launch is a single process)."""
     launch, out, _ = run
-    launch()
-    (out / "train_summary.json").unlink()
-    shutil.rmtree(out / "checkpoint-3")
-    state = out / "checkpoint-2" / "data_state.json"
-    saved = json.loads(state.read_text())
+    state, saved = _stopped_after_checkpoint_2(launch, out)
     assert saved["world_size"] == 1
     state.write_text(json.dumps({**saved, "world_size": 2, "global_batch": 2 * saved["global_batch"]}))
     before = snapshot(out)
