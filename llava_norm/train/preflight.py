@@ -25,7 +25,7 @@ from llava_norm.config_checks import path_problems
 from llava_norm.config_schema import ConfigError, DataSource, RunConfig, effective_grad_accum
 from llava_norm.data.rows import read_rows_file
 from llava_norm.data.sources import resolve
-from llava_norm.train.rundir import DATA_STATE
+from llava_norm.train.rundir import data_state
 
 # ${oc.env:NAME} or ${oc.env:NAME,default} in a YAML file
 ENV_REFERENCE = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
@@ -230,10 +230,9 @@ def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: in
         checkpoint = plan_launch(config).checkpoint
     except (RelaunchError, OSError, ValueError):  # the launch says why; not a question of its shape
         return
-    state = Path(checkpoint) / DATA_STATE if checkpoint else None
-    if state is None or not state.is_file():
+    saved = data_state(checkpoint) if checkpoint else None
+    if saved is None:
         return
-    saved = json.loads(state.read_text())
     saved_world, saved_batch = saved.get("world_size", world), saved.get("global_batch")
     if saved_world == world:
         return

@@ -36,7 +36,7 @@ from llava_norm.train.final import save_final
 from llava_norm.train.params import freeze_backbones, freeze_for_lora
 from llava_norm.train.record import complete_finished_run, finish_record, start_record
 from llava_norm.train.relaunch import clear_outputs, plan_launch
-from llava_norm.train.rundir import DATA_STATE, RUN_CONFIG, SKIPPED, SUMMARY
+from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY, data_state
 from llava_norm.train.runlog import kept_wandb_run, main_process_messages
 from llava_norm.train.trainer import LlavaNormTrainer
 from llava_norm.train.universal import (UNIVERSAL_WAIT_S, deepspeed_records, remove_universal_copies,
@@ -168,12 +168,6 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def saved_world_size(checkpoint: Path) -> int | None:
-    """The number of processes a checkpoint was saved on (None: not recorded)."""
-    path = Path(checkpoint) / DATA_STATE
-    return json.loads(path.read_text()).get("world_size") if path.is_file() else None
-
-
 def use_bf16(precision: str) -> bool:
     if precision == "auto":
         return torch.cuda.is_available()
@@ -263,7 +257,7 @@ def run_training(config: RunConfig, check=None) -> Path | None:
     encoder = conversation_tokenizer(bundle, d.prompt_format, dict(d.template_kwargs))
     max_length = min(d.max_length, d.pack_max_tokens) if d.packing else d.max_length
     # a DeepSpeed checkpoint saved on another number of processes resumes from its universal form
-    saved_world = saved_world_size(plan.checkpoint) if plan.checkpoint else None
+    saved_world = (data_state(plan.checkpoint) or {}).get("world_size") if plan.checkpoint else None
     universal = bool(t.deepspeed and saved_world not in (None, world_size()))
     args = training_arguments(config, universal)
     # One process per node reads the corpus and writes the row indexes (data.index); the others

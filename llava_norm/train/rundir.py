@@ -9,6 +9,7 @@ final summary. Resume, relaunch and the analyses all find checkpoints through
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -28,3 +29,9 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT.match(p.name)) and p.is_dir()]
     return [p for _, p in sorted(found) if (p / COMPLETE_MARKER).is_file()]
+
+
+def data_state(checkpoint: str | Path) -> dict | None:
+    """A checkpoint's ``data_state.json`` (None: it has none)."""
+    path = Path(checkpoint) / DATA_STATE
+    return json.loads(path.read_text()) if path.is_file() else None

@@ -104,10 +104,7 @@ class RunLog(TrainerCallback):
         world, saved_world = t.args.world_size, t.saved_world_size or t.args.world_size
         # On another number of processes the main process carries the saved ranks' windows and the
         # others start empty: the logged mean over ranks and the summed tokens come out the same.
-        if saved_world == world:
-            ranks = [t.args.process_index]
-        else:
-            ranks = list(range(saved_world)) if t.args.process_index == 0 else []
+        ranks = t.carried_ranks()
         paths = [checkpoint / LOG_STATE.format(rank=rank) for rank in ranks or [0]]
         if not all(path.is_file() for path in paths):  # written before the logs were kept
             self.losses_from = t.state.global_step

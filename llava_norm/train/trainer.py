@@ -31,7 +31,7 @@ from transformers import Trainer
 from llava_norm.data.packing import PackedDataset, PackSampler
 from llava_norm.data.sampler import EpochSampler, ModalityLengthGroupedSampler, ShuffledSampler
 from llava_norm.train.params import make_optimizer
-from llava_norm.train.rundir import COMPLETE_MARKER, DATA_STATE, complete_checkpoints
+from llava_norm.train.rundir import COMPLETE_MARKER, DATA_STATE, complete_checkpoints, data_state
 from llava_norm.train.runlog import RunLog
 from llava_norm.train.universal import remove_universal_copies
 
@@ -114,10 +114,8 @@ class LlavaNormTrainer(Trainer):
         saved = self.check_data_order(resume_from_checkpoint)
         # so the run's skipped.jsonl stays whole across kills; on another number of processes the
         # main process carries every saved rank's records
-        ranks = [self.args.process_index] if self.saved_world_size == self.args.world_size else \
-            (range(self.saved_world_size) if self.args.process_index == 0 else [])
-        for rank in ranks:
-            skips = Path(resume_from_checkpoint) / f"skipped_rank{rank}.jsonl"
+        for rank in self.carried_ranks():
+            skips = self._skips_file(Path(resume_from_checkpoint), rank)
             if skips.is_file():
                 self.skipped_samples += [json.loads(line) for line in skips.read_text().splitlines() if line]
         if (saved["epoch"], saved["batches_consumed"]) != (epochs, skip):
@@ -138,10 +136,9 @@ class LlavaNormTrainer(Trainer):
         else ResumeError. Cheap (the sampler only), so a launch checks it before writing anything."""
         if self._sampler is None:
             self._get_train_sampler()
-        path = Path(checkpoint) / DATA_STATE
-        if not path.is_file():
+        saved = data_state(checkpoint)
+        if saved is None:
             raise ResumeError(f"{checkpoint}: no {DATA_STATE}; its position in the data is unknown")
-        saved = json.loads(path.read_text())
         world, saved_world = self.args.world_size, saved.get("world_size", self.args.world_size)
         if saved_world != world:  # the same samples per step, split another way: rescale the position
             if saved.get("global_batch") != self._global_batch():
@@ -265,8 +262,16 @@ class LlavaNormTrainer(Trainer):
                 shutil.rmtree(old, ignore_errors=True)
             remove_universal_copies(Path(self._get_output_dir(trial=trial)))
 
-    def _skips_file(self, folder: Path) -> Path:
-        return folder / f"skipped_rank{self.args.process_index}.jsonl"
+    def carried_ranks(self) -> list[int]:
+        """The saved ranks whose per-rank records (skips, log window) this process takes on at a
+        resume: its own; on another number of processes, every saved rank's on the main process
+        and none on the others."""
+        if self.saved_world_size in (None, self.args.world_size):
+            return [self.args.process_index]
+        return list(range(self.saved_world_size)) if self.args.process_index == 0 else []
+
+    def _skips_file(self, folder: Path, rank: int | None = None) -> Path:
+        return folder / f"skipped_rank{self.args.process_index if rank is None else rank}.jsonl"
 
     def _write_skips(self, folder: Path) -> None:
         self._skips_file(folder).write_text("".join(json.dumps(r) + "\n" for r in self.skipped_samples))
@@ -280,7 +285,7 @@ class LlavaNormTrainer(Trainer):
             return []
         records = []
         for rank in range(self.args.world_size):
-            part = out / f"skipped_rank{rank}.jsonl"
+            part = self._skips_file(out, rank)
             records += [json.loads(line) for line in part.read_text().splitlines() if line]
             part.unlink()
         return records
