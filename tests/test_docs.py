@@ -181,3 +181,10 @@ def test_the_readme_counts_the_breaks_check_breaks_applies():
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert f"`make check-breaks` applies {len(BREAKS)} of those breaks" in " ".join(readme.split())
+
+
+def test_every_break_still_finds_the_line_it_edits():
+    """A break whose line the code no longer has would leave `make check-breaks` checking nothing."""
+    from breaks import BREAKS, ROOT
+
+    assert [b.name for b in BREAKS if (ROOT / b.path).read_text().count(b.old) != 1] == []
