@@ -15,20 +15,23 @@ from llava_norm.worker import die_with_launcher, exit_launched_worker
 
 
 def _train(args) -> None:
+    # lazy: start-up; a config error is said before torch and transformers load (seconds per process)
+    from llava_norm.config import ConfigError, load_config
+
+    try:  # what the config names on this machine is the launch check's (below): every problem at once
+        config = load_config(args.config, args.overrides, check_paths=False)
+    except ConfigError as error:
+        sys.exit(f"config error: {error}")
+
     import torch.distributed as dist
 
     # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.config import ConfigError, load_config
     from llava_norm.data.dataset import BadSampleError
     from llava_norm.train.preflight import preflight
     from llava_norm.train.relaunch import RelaunchError
     from llava_norm.train.run import LaunchCheckError, run_training
     from llava_norm.train.trainer import ResumeError
 
-    try:  # what the config names on this machine is the launch check's (below): every problem at once
-        config = load_config(args.config, args.overrides, check_paths=False)
-    except ConfigError as error:
-        sys.exit(f"config error: {error}")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     try:  # the checks of `llava-norm check`, on this launch's shape (the start-up plan is printed apart)

@@ -88,7 +88,9 @@ def test_gpu_kit_toy_runs_every_part_and_imports_only_what_the_gpu_machine_has(t
     on the GPU machine's list or among the carried wheels (a missing one would fail the GPU run)."""
     imports = tmp_path / "imports"
     imports.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "2", "KIT_RECORD_IMPORTS": str(imports),
+    # one intra-op thread, as every launch in the suite: OpenMP threads beyond the cores the other
+    # test workers leave free spin while they wait for each other
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "KIT_RECORD_IMPORTS": str(imports),
            "PYTHONPATH": os.pathsep.join([str(BENCH / "kit_imports"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, str(BENCH / "gpu_kit.py"), "--toy", "--out", str(tmp_path / "out"),
                            "--work", str(tmp_path / "work")], capture_output=True, text=True, timeout=400, env=env)

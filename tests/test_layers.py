@@ -159,3 +159,16 @@ def test_the_command_line_starts_without_the_heavy_libraries():
             "print('llava_norm' in CONFIG_MAPPING)")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert loaded[:2] == ["[]", "True"], loaded
+
+
+def test_a_config_error_from_train_is_said_before_torch_loads(tmp_path):
+    """``llava-norm train`` reads its config before the training stack loads, so a config error
+    costs a fraction of a second, not the libraries' start-up (a fresh interpreter)."""
+    config = tmp_path / "c.yaml"
+    config.write_text("model: {vision_tower: x, llm: y}\n")
+    code = ("import sys\nfrom llava_norm.cli import main\n"
+            f"try:\n    main(['train', {str(config)!r}])\nexcept SystemExit as stop:\n    print(stop.code)\n"
+            "print(sorted(m for m in ('torch', 'deepspeed', 'datasets') if m in sys.modules))")
+    said, loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                  check=True).stdout.splitlines()
+    assert said.startswith(f"config error: {config}: key 'train.output_dir'") and loaded == "[]", (said, loaded)
