@@ -27,13 +27,14 @@ install-gpu: $(STAMP)
 	$(PY) -m pip install -q -r requirements-gpu.txt
 	MAX_JOBS=$(MAX_JOBS) $(PY) -m pip install --no-build-isolation -r requirements-flash-attn.txt
 
-# pytest-xdist, one test module per worker at a time (its module-scoped runs built once). Three
-# workers on two cores: the launch-bound modules wait on process start-up and collectives,
-# and the in-process modules fill those waits.
-TEST_JOBS ?= 3
+# pytest-xdist, one test module per worker at a time (its module-scoped runs built once), the
+# longest modules first (tests/conftest.py; --no-loadscope-reorder keeps that order). Four
+# workers on two cores: the launch-bound modules wait on process start-up, kills and
+# collectives, and the others fill those waits.
+TEST_JOBS ?= 4
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder tests
 
 # Each named break of tests/breaks.py applied in turn: the test that names it must fail.
 check-breaks: $(STAMP)

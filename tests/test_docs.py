@@ -11,8 +11,6 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
-
 from llava_norm.config import load_config
 from llava_norm.plan import format_plan, gpu_memory, make_plan
 from llava_norm.plan.backbones import backbone_config, vision_part
@@ -188,3 +186,16 @@ def test_every_break_still_finds_the_line_it_edits():
     from breaks import BREAKS, ROOT
 
     assert [b.name for b in BREAKS if (ROOT / b.path).read_text().count(b.old) != 1] == []
+
+
+def test_the_tests_readme_quotes_the_command_make_test_runs():
+    makefile = (ROOT / "Makefile").read_text()
+    jobs = re.search(r"^TEST_JOBS \?= (\d+)$", makefile, re.M).group(1)
+    recipe = re.search(r"^test: .*\n\t\$\(PY\) -m (pytest .*)$", makefile, re.M).group(1).replace("$(TEST_JOBS)", jobs)
+    assert f"`{recipe.replace(' -q', '')}`" in " ".join((ROOT / "tests/README.md").read_text().split())
+
+
+def test_the_modules_scheduled_first_exist():
+    from conftest import LONGEST_FIRST
+
+    assert all((ROOT / "tests" / name).is_file() for name in LONGEST_FIRST), LONGEST_FIRST

@@ -57,12 +57,14 @@ def sweep(tmp_path_factory, tiny_dir):
                               "--slurm-arg=--partition=gpu"], cwd=REPO, env=env(), capture_output=True, text=True,
                              timeout=600)
     assert written.returncode == 0, written.stderr
-    tasks = []
-    for task in range(len(NAMES)):
-        done = subprocess.run(["bash", str(slurm / "sweep.sbatch")], env={**env(), "SLURM_ARRAY_TASK_ID": str(task)},
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        tasks.append(done.stdout)
+    # The array's tasks side by side, as Slurm runs them: one data index cache, one world, four runs.
+    logs = [root / f"task{task}.log" for task in range(len(NAMES))]
+    running = [subprocess.Popen(["bash", str(slurm / "sweep.sbatch")], env={**env(), "SLURM_ARRAY_TASK_ID": str(task)},
+                                stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
+               for task, log in enumerate(logs)]
+    for proc, log in zip(running, logs):
+        assert proc.wait(timeout=600) == 0, log.read_text()[-6000:]
+    tasks = [log.read_text() for log in logs]
     table = subprocess.run(["bash", str(slurm / "table.sbatch")], env=env(), capture_output=True, text=True,
                            timeout=600)
     assert table.returncode == 0, table.stdout[-3000:] + table.stderr[-3000:]
