@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, TrainingArguments, set_seed
 
 from llava_norm.config import RunConfig, effective_grad_accum, lora_vision_mode, to_yaml
-from llava_norm.config_schema import NORM_ARMS, ConfigError, packing_llm_problem
+from llava_norm.config_schema import NORM_ARMS, ConfigError, packing_llm_problem, world_size
 from llava_norm.data.collate import collate
 from llava_norm.data.conversation import conversation_tokenizer
 from llava_norm.data.dataset import SupervisedDataset, count_by_cause
@@ -150,7 +150,7 @@ def print_startup_plan(config: RunConfig) -> None:
 
     Informational: a plan that cannot be made (a backbone family the meta device cannot trace)
     is said in one line and the run goes on."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = world_size()
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     memory = name = None
     if torch.cuda.is_available():
@@ -162,10 +162,6 @@ def print_startup_plan(config: RunConfig) -> None:
         print(f"[llava-norm] no plan for this launch: {type(error).__name__}: {str(error).splitlines()[0]}")
         return
     print(format_plan(plan, config.train.output_dir), flush=True)
-
-
-def world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def use_bf16(precision: str) -> bool:
