@@ -24,7 +24,8 @@ from llava_norm_demo.tiny import make_tiny
 # --no-loadscope-reorder (the Makefile's test target). The modules whose runs take longest go
 # first, so that none of them starts near the end and runs on alone while the other cores idle;
 # the in-process modules then fill in. Longest first, by `pytest --durations` of the whole suite.
-LONGEST_FIRST = ("test_sweep.py", "test_resume.py", "test_world_size.py", "test_pipeline.py", "test_training.py",
+LONGEST_FIRST = ("test_sweep.py", "test_resume.py", "test_pipeline.py", "test_resume_ddp_one_process.py",
+                 "test_world_size.py", "test_training.py",
                  "test_bench.py", "test_slurm.py", "test_packed_training.py", "test_eval_runner.py", "test_demo.py",
                  "test_run_logs.py", "test_lora.py", "test_plan.py", "test_check.py", "test_docs.py")
 

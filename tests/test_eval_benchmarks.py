@@ -330,7 +330,7 @@ def test_scienceqa_img_prompt_skips_text_only_rows_and_scores_letter_dot(tmp_pat
         return {"image": image, "question": question, "choices": ["cat", "dog", "eel"], "answer": answer,
                 "hint": hint, "subject": "natural science"}
 
-    path = write_parquet(tmp_path / "ScienceQA-IMG" / "test-00000-of-00001.parquet", [
+    write_parquet(tmp_path / "ScienceQA-IMG" / "test-00000-of-00001.parquet", [
         row("Which is a mammal?", "", 1, hf_image(RED)),
         row("Text only?", "", 0, None),  # no image: not part of -IMG
         row("Which swims?", "Look at the picture.", 2, hf_image(GREEN)),

@@ -1,5 +1,7 @@
 """Runs that survive a SIGKILL anywhere: exact resume in every launch shape, kills that leave no
-worker behind, and relaunches of a finished run that change nothing.
+worker behind, and relaunches of a finished run that change nothing. The cases launched with
+DeepSpeed by torchrun are here, with the kills during a save; the DDP and one-process cases are
+in test_resume_ddp_one_process.py (the cases themselves: resumecases.py).
 
 Each case kills a real launch (torchrun, the shell scripts, or two torchrun agents standing in
 for two nodes) right after a checkpoint, proves the kill happened where the case says (epoch
@@ -14,146 +16,25 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
-from launch import (REPO, env, free_port, kill_at_checkpoint, kill_during_final_save, kill_during_save, run_launches,
-                    script_command, snapshot, summary_figures, torchrun_command)
-from tinydata import write_dataset, write_next_dataset
 from transformers import get_scheduler
+
+from launch import kill_during_final_save, kill_during_save, run_launches, summary_figures
+from resumecases import (CASES, DDP_OR_ONE_PROCESS, MAX_STEPS, STEPS_PER_EPOCH, ZERO, config_file,
+                         killed_run_resumes_exactly, launches_of, per_step, reference_store)
 
 from llava_norm.config import load_config
 from llava_norm.train.params import learning_rates
 from llava_norm.train.rundir import complete_checkpoints
 
-ZERO = {2: REPO / "configs/deepspeed/zero2.json", 3: REPO / "configs/deepspeed/zero3.json"}
-STEPS_PER_EPOCH = 3  # every case: 3 optimizer steps of 2 micro-batches per rank per epoch
-MAX_STEPS = 8
+HERE = [case for case in CASES if case not in DDP_OR_ONE_PROCESS]
+
+# the uninterrupted runs, built once per module
+references_fixture = pytest.fixture(scope="module", name="references")(reference_store)
 
 
-def _config(root: Path, tiny_dir: Path, stage: int, rows: int, bad_rows: bool = False, parquet: bool = False) -> Path:
-    data, images = write_dataset(root / "data", n=rows, text_only_every=3)
-    if bad_rows:  # one image that fails when drawn, one row that fails at load
-        (images / "0001.png").write_bytes(b"not a png")
-        rows = json.loads(data.read_text())
-        data.write_text(json.dumps([*rows, {"id": "broken", "conversations": [{"from": "human", "value": "hi"}]}]))
-    source = f"{{path: {data}, image_folder: {images}}}"
-    if parquet:  # the same rows in the NeXT hub layout, images embedded
-        shards = write_next_dataset(data, images, root / "next", shards=2) / "data"
-        source = f"{{path: {shards}}}"
-        if bad_rows:  # and a shard whose download was cut short
-            (shards / "train-00002-of-00002.parquet").write_bytes((shards / "train-00000-of-00002.parquet").read_bytes()[:99])
-    path = root / f"stage{stage}.yaml"
-    path.write_text(f"""
-model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama, norm_alignment: ln_textnorm_gwc}}
-data: {{mixture: [{source}], prompt_format: {"plain" if stage == 1 else "chat"},
-       num_workers: 0, max_length: 256}}
-optim: {{lr: 2.0e-3, lr_projector: 3.0e-3, lr_norm: 4.0e-3, warmup_ratio: 0.25, scheduler: cosine}}
-train: {{stage: {stage}, per_device_batch_size: 2, grad_accum: 2, save_steps: 1, save_total_limit: 20,
-        report_to: [], logging_steps: 1, max_steps: {MAX_STEPS}}}
-""")
-    return path
-
-
-def _launches(shape: str, config: Path, overrides: list[str], stage: int):
-    script = "pretrain.sh" if stage == 1 else "finetune.sh"
-    if shape == "one-process":  # no torchrun: what GPUS_PER_NODE=1 does, DeepSpeed included
-        return [(script_command(script, config, overrides), {**env(), "GPUS_PER_NODE": "1"})]
-    if shape == "two-nodes":  # two torchrun agents with one worker each, rendezvous on 127.0.0.1
-        port = str(free_port())
-        return [(script_command(script, config, overrides),
-                 {**env(), "GPUS_PER_NODE": "1", "NNODES": "2", "NODE_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-                  "MASTER_PORT": port}) for rank in (0, 1)]
-    return [(torchrun_command(config, overrides), env())]
-
-
-def _per_step(summary: dict) -> dict[int, dict]:
-    return {e["step"]: {k: v for k, v in e.items() if k == "loss" or k.startswith("lr/")}
-            for e in summary["log_history"] if "loss" in e}
-
-
-# (launch shape, stage, ZeRO stage or None for plain DDP, kill steps); with 3 steps per epoch,
-# step 2 is inside epoch 0, step 3 the boundary, steps 4, 5 and 7 inside epochs 1 and 2.
-# LoRA stage 2 is killed in epoch 1 in test_lora.py.
-CASES = {
-    "zero2-stage2-epoch0-then-epoch1": ("torchrun", 2, 2, [2, 5]),
-    "two-nodes-zero2-stage2-boundary": ("two-nodes", 2, 2, [3]),
-    "ddp-stage1-epoch1": ("torchrun", 1, None, [4]),
-    "zero3-stage2-epoch2": ("torchrun", 2, 3, [7]),
-    "one-process-zero2-stage1-epoch1-bad-rows": ("one-process", 1, 2, [5]),
-    "packed-fused-zero3-stage2-epoch1": ("torchrun", 2, 3, [4]),
-    "packed-fused-lora-zero2-stage2-epoch2": ("torchrun", 2, 2, [7]),
-    "parquet-ddp-stage2-epoch1-bad-rows": ("torchrun", 2, None, [4]),
-    "parquet-one-process-zero2-stage2-epoch0-bad-rows": ("one-process", 2, 2, [2]),
-}
-# Packed cases: 36 rows in 24 rows of at most 320 tokens, so 3 steps per epoch here too
-# (asserted from each checkpoint's own record of micro-batches per epoch).
-PACKED = ["data.packing=true", "data.pack_max_tokens=320", "train.loss=fused"]
-LORA = ["lora.enabled=true", "lora.rank=4", "lora.alpha=8", "lora.vision_tower=frozen"]
-
-
-@pytest.fixture(scope="module")
-def references(tmp_path_factory):
-    """Uninterrupted runs, one per (stage, ZeRO, world size): two torchrun agents of one worker
-    each must give bit for bit what one agent with two workers gives, so they share one."""
-    root, runs = tmp_path_factory.mktemp("references"), {}
-
-    def get(key, launches_for):
-        if key not in runs:
-            out = root / "-".join(map(str, key))
-            runs[key] = (out, run_launches(launches_for(out), out))
-        return runs[key]
-
-    return get
-
-
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", HERE)
 def test_killed_run_resumes_exactly(tmp_path, tiny_dir, references, case):
-    shape, stage, zero, kills = CASES[case]
-    world, bad = (1 if shape == "one-process" else 2), "bad-rows" in case
-    packed, parquet = case.startswith("packed"), case.startswith("parquet")
-    rows = 36 if packed else STEPS_PER_EPOCH * 2 * 2 * world
-    config = _config(tmp_path, tiny_dir, stage, rows, bad_rows=bad, parquet=parquet)
-    common = [f"train.deepspeed={ZERO[zero]}"] if zero else []
-    common += (PACKED if packed else []) + (LORA if "lora" in case else [])
-    ref_out, reference = references((stage, zero, world, bad, parquet, *common), lambda o: _launches(
-        "torchrun" if shape == "two-nodes" else shape, config, [f"train.output_dir={o}", *common], stage))
-    out = tmp_path / "killed"
-    assert sorted(_per_step(reference)) == list(range(1, MAX_STEPS + 1))
-
-    launches = _launches(shape, config, [f"train.output_dir={out}", *common], stage)
-    for step in kills:
-        position = kill_at_checkpoint(launches, out, step)
-        # Where the kill fell, from the checkpoint's own record: epoch and micro-batches consumed in it.
-        assert (position["epoch"], position["batches_consumed"]) == (step // STEPS_PER_EPOCH,
-                                                                     (step % STEPS_PER_EPOCH) * 2), position
-        assert position["batches_per_epoch"] == STEPS_PER_EPOCH * 2
-        assert (position["sampler"]["kind"] == "PackSampler") == packed
-    resumed = run_launches(launches, out)
-    assert resumed["resumed_from"] == str(out / f"checkpoint-{kills[-1]}")
-    assert resumed["steps_this_launch"] == MAX_STEPS - kills[-1] > 0
-    assert _per_step(resumed) == _per_step(reference)  # losses and every group's lr, bit-exact on CPU
-    weights = "model/adapter_model.safetensors" if "lora" in case else "model/model.safetensors"
-    final, expected = load_file(str(out / weights)), load_file(str(ref_out / weights))
-    assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in final)
-
-    skipped = (out / "skipped.jsonl").read_text()
-    assert skipped == (ref_out / "skipped.jsonl").read_text()  # the same rows skipped, as often, across kills
-    if bad:
-        truncated = {("*", "shard_unreadable")} if parquet else set()
-        assert {(r["row"], r["cause"]) for r in map(json.loads, skipped.splitlines())} == {
-            ("s1", "image_corrupt"), ("broken", "bad_conversation"), *truncated}
-        assert resumed["skipped_by_cause"] == {"bad_conversation": 1, "image_corrupt": 1,
-                                               **({"shard_unreadable": 1} if parquet else {})}
-    if parquet:  # one process read the data; the others, and every later launch, mapped its index
-        assert (reference["data_index_builds"], reference["data_index_built_by"]) == (1, ["0"])
-        assert resumed["data_index_builds"] == 0
-    if case != next(iter(CASES)):
-        return
-    # Relaunching the finished run: exits 0 at once, trains nothing, writes nothing.
-    before = snapshot(out)
-    text = run_launches(launches, out, return_output=True)
-    assert f"complete at step {MAX_STEPS}" in text
-    assert snapshot(out) == before
+    killed_run_resumes_exactly(tmp_path, tiny_dir, references, case)
 
 
 # A kill while a checkpoint is being written: early (its first file half-written), in the middle
@@ -167,12 +48,12 @@ SAVE_KILLS = [(2, "early"), (3, "middle"), (5, "late")]
 
 
 def test_a_kill_during_a_save_resumes_from_the_checkpoint_before(tmp_path, tiny_dir, references):
-    config = _config(tmp_path, tiny_dir, 2, STEPS_PER_EPOCH * 2 * 2 * 2)
+    config = config_file(tmp_path, tiny_dir, 2, STEPS_PER_EPOCH * 2 * 2 * 2)
     common = [f"train.deepspeed={ZERO[2]}"]
-    ref_out, reference = references((2, 2, 2, False, False, *common), lambda o: _launches(
+    ref_out, reference = references((2, 2, 2, False, False, *common), lambda o: launches_of(
         "torchrun", config, [f"train.output_dir={o}", *common], 2))
     out = tmp_path / "killed"
-    launches = _launches("torchrun", config, [f"train.output_dir={out}", *common], 2)
+    launches = launches_of("torchrun", config, [f"train.output_dir={out}", *common], 2)
     resumed_from = None
     for step, phase in SAVE_KILLS:
         stopped_in, printed = kill_during_save(launches, out, step, phase)
@@ -210,9 +91,9 @@ def test_a_kill_during_a_save_resumes_from_the_checkpoint_before(tmp_path, tiny_
 def test_each_groups_logged_learning_rate_is_the_one_its_update_used(tmp_path, tiny_dir, references):
     """lr/<group> at step k is the scheduler's rate for update k (reading the optimizer after the
     step logs the next update's); the cosine schedule moves every step."""
-    config = _config(tmp_path, tiny_dir, 2, STEPS_PER_EPOCH * 2 * 2 * 2)
+    config = config_file(tmp_path, tiny_dir, 2, STEPS_PER_EPOCH * 2 * 2 * 2)
     common = [f"train.deepspeed={ZERO[2]}"]
-    _, reference = references((2, 2, 2, False, False, *common), lambda o: _launches(
+    _, reference = references((2, 2, 2, False, False, *common), lambda o: launches_of(
         "torchrun", config, [f"train.output_dir={o}", *common], 2))
     rates = learning_rates(load_config(config, [f"train.output_dir={tmp_path}"]).optim)
     groups = [{"params": [torch.zeros(1, requires_grad=True)], "lr": lr} for lr in rates.values()]
@@ -223,4 +104,4 @@ def test_each_groups_logged_learning_rate_is_the_one_its_update_used(tmp_path, t
         expected[step] = {f"lr/{name}": g["lr"] for name, g in zip(rates, schedule.optimizer.param_groups)}
         schedule.optimizer.step()
         schedule.step()
-    assert {s: {k: v for k, v in e.items() if k != "loss"} for s, e in _per_step(reference).items()} == expected
+    assert {s: {k: v for k, v in e.items() if k != "loss"} for s, e in per_step(reference).items()} == expected

@@ -6,7 +6,6 @@ of a multi-node launch without a rendezvous address."""
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
