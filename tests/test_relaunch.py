@@ -128,8 +128,12 @@ def test_llava_norm_check_says_a_launch_resumes_on_another_number_of_processes(r
     assert report.ok and f"resumes {out / 'checkpoint-2'} (saved on 2 processes) on 1" in report.summary
     state.write_text(json.dumps({**saved, "world_size": 2, "global_batch": 4}))
     report = preflight(path, [], gpus=1, plan=False)
-    assert [p for p in report.problems if "checkpoint-2 was saved with a global batch of 4 on 2 processes; on 1 "
-            "it would be 2: set train.global_batch_size to 4" in p]
+    assert [p for p in report.problems if "checkpoint-2: saved with a global batch of 4 on 2 processes; on 1 "
+            "process it would be 2. Set train.global_batch_size to 4" in p]
+    # a checkpoint that recorded no global batch: the trainer refuses it, so the check says so too
+    state.write_text(json.dumps({**{k: v for k, v in saved.items() if k != "global_batch"}, "world_size": 2}))
+    report = preflight(path, [], gpus=1, plan=False)
+    assert [p for p in report.problems if "checkpoint-2: saved on 2 processes without a record of its global batch" in p]
     assert preflight(path, [], gpus=2, plan=False).ok  # 2 processes: the checkpoint's own shape
 
 
@@ -226,5 +230,11 @@ def test_a_resume_that_would_change_the_global_batch_is_refused_before_anything_
     with pytest.raises(ResumeError, match=rf"global batch of {2 * saved['global_batch']} on 2 processes; on 1 process "
                                           rf"it would be {saved['global_batch']}. Set train.global_batch_size to "
                                           rf"{2 * saved['global_batch']}"):
+        launch()
+    assert snapshot(out) == before
+    # one that recorded no global batch cannot show its steps would hold the same samples
+    state.write_text(json.dumps({**{k: v for k, v in saved.items() if k != "global_batch"}, "world_size": 2}))
+    before = snapshot(out)
+    with pytest.raises(ResumeError, match="saved on 2 processes without a record of its global batch"):
         launch()
     assert snapshot(out) == before

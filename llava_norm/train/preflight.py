@@ -25,7 +25,7 @@ from llava_norm.config_checks import path_problems
 from llava_norm.config_schema import ConfigError, DataSource, RunConfig, effective_grad_accum
 from llava_norm.data.rows import read_rows_file
 from llava_norm.data.sources import resolve
-from llava_norm.train.rundir import data_state
+from llava_norm.train.rundir import data_state, global_batch_problem
 
 # ${oc.env:NAME} or ${oc.env:NAME,default} in a YAML file
 ENV_REFERENCE = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
@@ -223,7 +223,7 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
 
 def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: int) -> None:
     """A launch that would resume a checkpoint saved on another number of processes: said in the
-    summary, or a problem where the global batch would change (the trainer refuses it too)."""
+    summary, or a problem where the trainer would refuse it (``global_batch_problem``)."""
     from llava_norm.train.relaunch import RelaunchError, plan_launch  # lazy: relaunch reads the run's files
 
     try:
@@ -233,14 +233,12 @@ def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: in
     saved = data_state(checkpoint) if checkpoint else None
     if saved is None:
         return
-    saved_world, saved_batch = saved.get("world_size", world), saved.get("global_batch")
+    saved_world = saved.get("world_size", world)
     if saved_world == world:
         return
-    batch = config.train.per_device_batch_size * world * accum
-    if saved_batch is not None and saved_batch != batch:
-        report.problems.append(f"{path}: {checkpoint.name} was saved with a global batch of {saved_batch} on "
-                               f"{saved_world} processes; on {world} it would be {batch}: set train.global_batch_size "
-                               f"to {saved_batch} so the accumulation is re-derived")
+    problem = global_batch_problem(saved, world, config.train.per_device_batch_size * world * accum)
+    if problem:  # the trainer's own check, said before the launch
+        report.problems.append(f"{path}: {checkpoint.name}: {problem}")
         return
     converted = " after its DeepSpeed state is converted to the universal format (disk: README)" \
         if config.train.deepspeed else ""

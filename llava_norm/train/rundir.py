@@ -4,7 +4,8 @@ Owns the names every reader and writer of a run agree on: ``checkpoint-N/`` fold
 marker that makes one complete (written last, after every rank has saved), the files each
 checkpoint carries beside the Trainer's (the run's config, its position in the data), and the
 final summary. Resume, relaunch and the analyses all find checkpoints through
-``complete_checkpoints``.
+``complete_checkpoints``; the trainer and ``llava-norm check`` decide whether a checkpoint's
+position carries over to another number of processes through ``global_batch_problem``.
 """
 
 from __future__ import annotations
@@ -35,3 +36,24 @@ def data_state(checkpoint: str | Path) -> dict | None:
     """A checkpoint's ``data_state.json`` (None: it has none)."""
     path = Path(checkpoint) / DATA_STATE
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def processes(n: int) -> str:
+    return f"{n} process" + ("" if n == 1 else "es")
+
+
+def global_batch_problem(saved: dict, world: int, global_batch: int) -> str | None:
+    """Why a checkpoint's data position (its ``data_state.json``) does not carry over to a launch
+    of ``world`` processes whose global batch is ``global_batch``; None where it does. On another
+    number of processes each step holds the same samples only with the same global batch, so a
+    checkpoint that recorded none cannot move."""
+    saved_world, recorded = saved.get("world_size", world), saved.get("global_batch")
+    if saved_world == world:
+        return None
+    if recorded is None:
+        return (f"saved on {processes(saved_world)} without a record of its global batch, so on "
+                f"{processes(world)} its steps could hold other samples; resume it on {processes(saved_world)}")
+    if recorded != global_batch:
+        return (f"saved with a global batch of {recorded} on {processes(saved_world)}; on {processes(world)} it would "
+                f"be {global_batch}. Set train.global_batch_size to {recorded} so the accumulation is re-derived")
+    return None

@@ -31,7 +31,8 @@ from transformers import Trainer
 from llava_norm.data.packing import PackedDataset, PackSampler
 from llava_norm.data.sampler import EpochSampler, ModalityLengthGroupedSampler, ShuffledSampler
 from llava_norm.train.params import make_optimizer
-from llava_norm.train.rundir import COMPLETE_MARKER, DATA_STATE, complete_checkpoints, data_state
+from llava_norm.train.rundir import (COMPLETE_MARKER, DATA_STATE, complete_checkpoints, data_state,
+                                     global_batch_problem, processes)
 from llava_norm.train.runlog import RunLog
 from llava_norm.train.universal import remove_universal_copies
 
@@ -123,8 +124,8 @@ class LlavaNormTrainer(Trainer):
                               f"{saved['batches_consumed']} micro-batches, but step {self.state.global_step} "
                               f"implies epoch {epochs} + {skip} (batch size or accumulation changed?)")
         if self.saved_world_size != self.args.world_size and self.is_world_process_zero():
-            print(f"[llava-norm] resuming at step {self.state.global_step} on {_processes(self.args.world_size)}, "
-                  f"saved on {_processes(self.saved_world_size)} (global batch {self._global_batch()}: "
+            print(f"[llava-norm] resuming at step {self.state.global_step} on {processes(self.args.world_size)}, "
+                  f"saved on {processes(self.saved_world_size)} (global batch {self._global_batch()}: "
                   f"{self.args.gradient_accumulation_steps} accumulation steps)", flush=True)
         if self.state.global_step == self.state.max_steps and self.is_world_process_zero():
             print(f"[llava-norm] {resume_from_checkpoint} is at the last step ({self.state.global_step}): nothing "
@@ -141,11 +142,9 @@ class LlavaNormTrainer(Trainer):
             raise ResumeError(f"{checkpoint}: no {DATA_STATE}; its position in the data is unknown")
         world, saved_world = self.args.world_size, saved.get("world_size", self.args.world_size)
         if saved_world != world:  # the same samples per step, split another way: rescale the position
-            if saved.get("global_batch") != self._global_batch():
-                raise ResumeError(f"{checkpoint}: saved with a global batch of {saved.get('global_batch', 'unknown')} "
-                                  f"on {_processes(saved_world)}; on {_processes(world)} it would be "
-                                  f"{self._global_batch()}. Set train.global_batch_size to "
-                                  f"{saved.get('global_batch', 'the saved one')} so the accumulation is re-derived")
+            problem = global_batch_problem(saved, world, self._global_batch())
+            if problem:
+                raise ResumeError(f"{checkpoint}: {problem}")
             saved = {**saved, "batches_consumed": saved["batches_consumed"] * saved_world // world,
                      "batches_per_epoch": saved["batches_per_epoch"] * saved_world // world}
         self.saved_world_size = saved_world
@@ -289,7 +288,3 @@ class LlavaNormTrainer(Trainer):
             records += [json.loads(line) for line in part.read_text().splitlines() if line]
             part.unlink()
         return records
-
-
-def _processes(n: int) -> str:
-    return f"{n} process" + ("" if n == 1 else "es")
