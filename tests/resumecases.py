@@ -82,8 +82,9 @@ LORA = ["lora.enabled=true", "lora.rank=4", "lora.alpha=8", "lora.vision_tower=f
 
 
 def reference_store(tmp_path_factory):
-    """Uninterrupted runs, one per (stage, ZeRO, world size): two torchrun agents of one worker
-    each must give bit for bit what one agent with two workers gives, so they share one."""
+    """Uninterrupted runs, one per key (stage, ZeRO, world size, bad rows, parquet, overrides): two
+    torchrun agents of one worker each must give bit for bit what one agent with two workers
+    gives, so they share one."""
     root, runs = tmp_path_factory.mktemp("references"), {}
 
     def get(key, launches_for):

@@ -1,7 +1,7 @@
 """Relaunching on an output dir that holds a run: every decision, and what the files look like after.
 
 Single process, in-process and without DeepSpeed, so each launch costs a few seconds; the
-multi-process shapes are in test_resume.py.
+multi-process shapes are in test_resume.py and test_resume_ddp_one_process.py.
 """
 
 import json
@@ -118,14 +118,15 @@ def _stopped_after_checkpoint_2(launch, out):
 
 def test_llava_norm_check_says_a_launch_resumes_on_another_number_of_processes(run):
     """The preflight reads the checkpoint a launch would resume: on another number of processes it
-    says so, and where the global batch would change it is a problem naming the value to set."""
+    says so; where the global batch would change it is a problem naming the value to set, and where
+    the checkpoint recorded none it is a problem too (the trainer's own rule, rundir.global_batch_problem)."""
     from llava_norm.train.preflight import preflight
 
     launch, out, path = run
     state, saved = _stopped_after_checkpoint_2(launch, out)
     state.write_text(json.dumps({**saved, "world_size": 2}))  # the same global batch (2) on 2 processes
     report = preflight(path, [], gpus=1, plan=False)
-    assert report.ok and f"resumes {out / 'checkpoint-2'} (saved on 2 processes) on 1" in report.summary
+    assert report.ok and f"resumes {out / 'checkpoint-2'} (saved on 2 processes) on 1 process" in report.summary
     state.write_text(json.dumps({**saved, "world_size": 2, "global_batch": 4}))
     report = preflight(path, [], gpus=1, plan=False)
     assert [p for p in report.problems if "checkpoint-2: saved with a global batch of 4 on 2 processes; on 1 "

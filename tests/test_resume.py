@@ -1,6 +1,6 @@
-"""Runs that survive a SIGKILL anywhere: exact resume in every launch shape, kills that leave no
-worker behind, and relaunches of a finished run that change nothing. The cases launched with
-DeepSpeed by torchrun are here, with the kills during a save; the DDP and one-process cases are
+"""Runs that survive a SIGKILL anywhere, launched with DeepSpeed by torchrun (one agent, or two
+standing in for two nodes): exact resume, kills that leave no worker behind, kills during a
+save, and relaunches of a finished run that change nothing. The DDP and one-process cases are
 in test_resume_ddp_one_process.py (the cases themselves: resumecases.py).
 
 Each case kills a real launch (torchrun, the shell scripts, or two torchrun agents standing in

@@ -1,4 +1,4 @@
-"""Both training stages under DeepSpeed ZeRO-2/3 with 2 CPU processes (exact resume: test_resume.py)."""
+"""Both training stages under DeepSpeed ZeRO-2/3 with 2 CPU processes (exact resume: test_resume.py, test_resume_ddp_one_process.py)."""
 
 import subprocess
 import sys

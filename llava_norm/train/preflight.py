@@ -25,7 +25,7 @@ from llava_norm.config_checks import path_problems
 from llava_norm.config_schema import ConfigError, DataSource, RunConfig, effective_grad_accum
 from llava_norm.data.rows import read_rows_file
 from llava_norm.data.sources import resolve
-from llava_norm.train.rundir import data_state, global_batch_problem
+from llava_norm.train.rundir import data_state, global_batch_problem, processes
 
 # ${oc.env:NAME} or ${oc.env:NAME,default} in a YAML file
 ENV_REFERENCE = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
@@ -242,7 +242,7 @@ def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: in
         return
     converted = " after its DeepSpeed state is converted to the universal format (disk: README)" \
         if config.train.deepspeed else ""
-    report.summary.append(f"resumes {checkpoint} (saved on {saved_world} processes) on {world}{converted}")
+    report.summary.append(f"resumes {checkpoint} (saved on {processes(saved_world)}) on {processes(world)}{converted}")
 
 
 def _plan(report: Report, gpus: int, nodes: int, memory: float | None, name: str | None) -> None:
