@@ -136,6 +136,9 @@ def test_llava_norm_check_says_a_launch_resumes_on_another_number_of_processes(r
     report = preflight(path, [], gpus=1, plan=False)
     assert [p for p in report.problems if "checkpoint-2: saved on 2 processes without a record of its global batch" in p]
     assert preflight(path, [], gpus=2, plan=False).ok  # 2 processes: the checkpoint's own shape
+    state.unlink()  # no data position at all: the trainer refuses it on any number of processes
+    report = preflight(path, [], gpus=2, plan=False)
+    assert [p for p in report.problems if "checkpoint-2: no data_state.json; its position in the data is unknown" in p]
 
 
 def test_deepspeeds_conversion_and_universal_load_read_without_unpickling_code(tmp_path, capsys):

@@ -25,7 +25,7 @@ from llava_norm.config_checks import path_problems
 from llava_norm.config_schema import ConfigError, DataSource, RunConfig, effective_grad_accum
 from llava_norm.data.rows import read_rows_file
 from llava_norm.data.sources import resolve
-from llava_norm.train.rundir import data_state, global_batch_problem, processes
+from llava_norm.train.rundir import NO_DATA_STATE, data_state, global_batch_problem, processes
 
 # ${oc.env:NAME} or ${oc.env:NAME,default} in a YAML file
 ENV_REFERENCE = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
@@ -223,15 +223,19 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
 
 def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: int) -> None:
     """A launch that would resume a checkpoint saved on another number of processes: said in the
-    summary, or a problem where the trainer would refuse it (``global_batch_problem``)."""
+    summary, or a problem where the trainer would refuse it (``global_batch_problem``); a
+    checkpoint without its data position is a problem on any number."""
     from llava_norm.train.relaunch import RelaunchError, plan_launch  # lazy: relaunch reads the run's files
 
     try:
         checkpoint = plan_launch(config).checkpoint
     except (RelaunchError, OSError, ValueError):  # the launch says why; not a question of its shape
         return
-    saved = data_state(checkpoint) if checkpoint else None
-    if saved is None:
+    if checkpoint is None:
+        return
+    saved = data_state(checkpoint)
+    if saved is None:  # the trainer refuses to resume it: said here first
+        report.problems.append(f"{path}: {checkpoint.name}: {NO_DATA_STATE}")
         return
     saved_world = saved.get("world_size", world)
     if saved_world == world:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 COMPLETE_MARKER = "checkpoint_complete"
 DATA_STATE = "data_state.json"  # in each checkpoint: epoch, micro-batches consumed, order digest
+NO_DATA_STATE = f"no {DATA_STATE}; its position in the data is unknown"  # such a checkpoint is never resumed
 RUN_CONFIG = "run_config.yaml"  # in each checkpoint: the resolved config it was trained with
 SUMMARY = "train_summary.json"  # in output_dir: written last; ``complete: true`` marks a finished run
 SKIPPED = "skipped.jsonl"  # in output_dir: one record per bad row dropped (file, row, cause)

@@ -31,7 +31,7 @@ from transformers import Trainer
 from llava_norm.data.packing import PackedDataset, PackSampler
 from llava_norm.data.sampler import EpochSampler, ModalityLengthGroupedSampler, ShuffledSampler
 from llava_norm.train.params import make_optimizer
-from llava_norm.train.rundir import (COMPLETE_MARKER, DATA_STATE, complete_checkpoints, data_state,
+from llava_norm.train.rundir import (COMPLETE_MARKER, DATA_STATE, NO_DATA_STATE, complete_checkpoints, data_state,
                                      global_batch_problem, processes)
 from llava_norm.train.runlog import RunLog
 from llava_norm.train.universal import remove_universal_copies
@@ -139,7 +139,7 @@ class LlavaNormTrainer(Trainer):
             self._get_train_sampler()
         saved = data_state(checkpoint)
         if saved is None:
-            raise ResumeError(f"{checkpoint}: no {DATA_STATE}; its position in the data is unknown")
+            raise ResumeError(f"{checkpoint}: {NO_DATA_STATE}")
         world, saved_world = self.args.world_size, saved.get("world_size", self.args.world_size)
         if saved_world != world:  # the same samples per step, split another way: rescale the position
             problem = global_batch_problem(saved, world, self._global_batch())
