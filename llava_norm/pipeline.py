@@ -1,8 +1,8 @@
 """``scripts/pipeline.sh``: stage 1 -> stage 2 -> evaluation -> results table, per arm and seed.
 
-Owns the chain and its reuse rule: a step is reused only when its provenance record
-(``llava_norm.provenance``) matches the record of what it would compute now, and its outputs
-are still the ones recorded. Otherwise it runs, with the differing keys or inputs in the log,
+Owns the chain: a step is reused only when its decision (``llava_norm.reuse``: its provenance
+record matches the record of what it would compute now, and its outputs are still the ones
+recorded) says so. Otherwise it runs, with the differing keys or inputs in the log,
 and so does every later step of the same arm. An interrupted stage whose record matches is
 resumed, not restarted. The code version is recorded and reported but only counts with
 ``code_counts``; ``reuse_stale`` keeps a stale step on purpose, and the table marks its row.
@@ -17,7 +17,6 @@ named ``<arm>@seed<k>``; the table then carries the statistics over seeds
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -29,34 +28,13 @@ from pathlib import Path
 from tqdm import tqdm
 
 from llava_norm.analysis.ablation import run_name, write_ablation
-from llava_norm.config import load_config
 from llava_norm.evaluation.arguments import DEFAULT_DATA_ROOT, parse_eval_args
-from llava_norm.evaluation.settings import benchmark_settings, settings_differences
 from llava_norm.evaluation.table import EVAL_SUMMARY, write_table
 from llava_norm.layout import PROJECTOR_FILE
-from llava_norm.provenance import (
-    Record,
-    differences,
-    environment,
-    environment_differences,
-    fingerprint,
-    read_record,
-    write_record,
-)
-from llava_norm.train.record import training_record
-from llava_norm.train.rundir import SUMMARY, complete_checkpoints
+from llava_norm.provenance import Record, fingerprint, read_record, write_record
+from llava_norm.reuse import Decision, compare, eval_decision, stage_decision
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@dataclass
-class Decision:
-    reuse: bool
-    reasons: list[str] = field(default_factory=list)  # why it must run: what differs, or what is missing
-    notes: list[str] = field(default_factory=list)  # recorded differences that do not count (code, libraries)
-    stale: bool = False  # an output exists, computed from something else (or unprovable)
-    finished: bool = False  # that output is complete: the only kind --reuse-stale may keep
-    forced: bool = False  # an earlier step of the same arm ran
 
 
 @dataclass
@@ -150,14 +128,6 @@ def launch(command: list[str], log: Path | None, env: dict | None = None) -> Non
         raise RuntimeError(f"step failed (exit {code}): {' '.join(command)}\n--- last lines of {log} ---\n{tail}")
 
 
-def compare(found: Record, expected: Record, code_counts: bool) -> tuple[list[str], list[str]]:
-    """(what makes the output stale, what is only noted): a different code or library version
-    is a note unless ``code_counts``."""
-    reasons = differences(found, expected)
-    notes = environment_differences(found.environment, expected.environment)
-    return (reasons + notes, []) if code_counts else (reasons, notes)
-
-
 def recorded_step(name: str, out: Path, expected: Callable[[], Record], run: Callable[[], None],
                   code_counts: bool = False) -> Step:
     """A step that writes one folder and leaves its provenance record in it (the demo's world,
@@ -193,55 +163,6 @@ def launch_world_size(env: dict[str, str]) -> int:
 
         per_node = str(max(torch.cuda.device_count(), 1))
     return int(per_node) * int(merged.get("NNODES") or merged.get("SLURM_NNODES") or 1)
-
-
-def stage_decision(yaml_path: Path, overrides: list[str], out: Path, world: int, code_counts: bool) -> Decision:
-    """Reuse a training stage only if its record matches what ``yaml_path`` + overrides would train now."""
-    expected = training_record(load_config(yaml_path, [*overrides, f"train.output_dir={out}"]), world)
-    found = read_record(out)
-    if found is None:
-        holds_run = (out / SUMMARY).exists() or bool(complete_checkpoints(out))
-        return Decision(False, ["its output has no provenance record" if holds_run else "not run yet"],
-                        stale=holds_run)
-    reasons, notes = compare(found, expected, code_counts)
-    outputs = {"model": out / "model", "projector": out / PROJECTOR_FILE}
-    missing = [name for name in found.outputs if not outputs[name].exists()]
-    finished = found.complete and not missing
-    if found.complete:
-        reasons += [f"output {name} is missing" for name in missing]
-    if not reasons and found.complete:
-        changed = [name for name, recorded in found.outputs.items() if recorded != fingerprint(outputs[name])]
-        reasons = [f"output {name} was changed after the run recorded it" for name in changed]
-        finished = not changed  # outputs no record describes: nothing to keep, even with --reuse-stale
-    if reasons:
-        return Decision(False, reasons, notes, stale=True, finished=finished)
-    if not found.complete:
-        return Decision(False, ["interrupted: resuming it"], notes)
-    return Decision(True, notes=notes, finished=True)
-
-
-def eval_decision(argv: list[str], out: Path, code_counts: bool) -> Decision:
-    """Reuse an evaluation only if every requested benchmark's result has the settings (checkpoint
-    and data fingerprints included) that evaluating now would record."""
-    config = parse_eval_args(argv)
-    reasons, notes, stale, finished = [], [], False, True
-    now = environment()
-    for request in config.benchmarks:
-        path = out / f"{request.name}.json"
-        if not path.is_file():
-            reasons.append(f"{request.name}: not evaluated yet")
-            finished = False
-            continue
-        result = json.loads(path.read_text())
-        keys = settings_differences(result.get("settings", {}), benchmark_settings(config, request))
-        env = environment_differences(result.get("environment", {}), now)
-        if code_counts:
-            keys, env = keys + env, []
-        if keys:
-            stale = True
-            reasons.append(f"{request.name}: " + ", ".join(keys))
-        notes += [f"{request.name}: {n}" for n in env]
-    return Decision(not reasons, reasons, notes, stale=stale, finished=finished)
 
 
 @dataclass(frozen=True)

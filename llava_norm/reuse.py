@@ -1,0 +1,86 @@
+"""The pipeline's reuse rule, one decision per step: reuse a step only when its provenance record
+(``llava_norm.provenance``) matches the record of what it would compute now and its outputs are
+still the ones recorded. Owns ``Decision`` and the checks of the training stages and of the
+evaluations; ``llava_norm.pipeline`` runs the chain these decisions drive.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llava_norm.config import load_config
+from llava_norm.evaluation.arguments import parse_eval_args
+from llava_norm.evaluation.settings import benchmark_settings, settings_differences
+from llava_norm.layout import PROJECTOR_FILE
+from llava_norm.provenance import Record, differences, environment, environment_differences, fingerprint, read_record
+from llava_norm.train.record import training_record
+from llava_norm.train.rundir import SUMMARY, complete_checkpoints
+
+
+@dataclass
+class Decision:
+    reuse: bool
+    reasons: list[str] = field(default_factory=list)  # why it must run: what differs, or what is missing
+    notes: list[str] = field(default_factory=list)  # recorded differences that do not count (code, libraries)
+    stale: bool = False  # an output exists, computed from something else (or unprovable)
+    finished: bool = False  # that output is complete: the only kind --reuse-stale may keep
+    forced: bool = False  # an earlier step of the same arm ran
+
+
+def compare(found: Record, expected: Record, code_counts: bool) -> tuple[list[str], list[str]]:
+    """(what makes the output stale, what is only noted): a different code or library version
+    is a note unless ``code_counts``."""
+    reasons = differences(found, expected)
+    notes = environment_differences(found.environment, expected.environment)
+    return (reasons + notes, []) if code_counts else (reasons, notes)
+
+
+def stage_decision(yaml_path: Path, overrides: list[str], out: Path, world: int, code_counts: bool) -> Decision:
+    """Reuse a training stage only if its record matches what ``yaml_path`` + overrides would train now."""
+    expected = training_record(load_config(yaml_path, [*overrides, f"train.output_dir={out}"]), world)
+    found = read_record(out)
+    if found is None:
+        holds_run = (out / SUMMARY).exists() or bool(complete_checkpoints(out))
+        return Decision(False, ["its output has no provenance record" if holds_run else "not run yet"],
+                        stale=holds_run)
+    reasons, notes = compare(found, expected, code_counts)
+    outputs = {"model": out / "model", "projector": out / PROJECTOR_FILE}
+    missing = [name for name in found.outputs if not outputs[name].exists()]
+    finished = found.complete and not missing
+    if found.complete:
+        reasons += [f"output {name} is missing" for name in missing]
+    if not reasons and found.complete:
+        changed = [name for name, recorded in found.outputs.items() if recorded != fingerprint(outputs[name])]
+        reasons = [f"output {name} was changed after the run recorded it" for name in changed]
+        finished = not changed  # outputs no record describes: nothing to keep, even with --reuse-stale
+    if reasons:
+        return Decision(False, reasons, notes, stale=True, finished=finished)
+    if not found.complete:
+        return Decision(False, ["interrupted: resuming it"], notes)
+    return Decision(True, notes=notes, finished=True)
+
+
+def eval_decision(argv: list[str], out: Path, code_counts: bool) -> Decision:
+    """Reuse an evaluation only if every requested benchmark's result has the settings (checkpoint
+    and data fingerprints included) that evaluating now would record."""
+    config = parse_eval_args(argv)
+    reasons, notes, stale, finished = [], [], False, True
+    now = environment()
+    for request in config.benchmarks:
+        path = out / f"{request.name}.json"
+        if not path.is_file():
+            reasons.append(f"{request.name}: not evaluated yet")
+            finished = False
+            continue
+        result = json.loads(path.read_text())
+        keys = settings_differences(result.get("settings", {}), benchmark_settings(config, request))
+        env = environment_differences(result.get("environment", {}), now)
+        if code_counts:
+            keys, env = keys + env, []
+        if keys:
+            stale = True
+            reasons.append(f"{request.name}: " + ", ".join(keys))
+        notes += [f"{request.name}: {n}" for n in env]
+    return Decision(not reasons, reasons, notes, stale=stale, finished=finished)
