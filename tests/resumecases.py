@@ -71,12 +71,12 @@ CASES = {
     "parquet-ddp-stage2-epoch1-bad-rows": ("torchrun", 2, None, [4]),
     "parquet-one-process-zero2-stage2-epoch0-bad-rows": ("one-process", 2, 2, [2]),
 }
-# Packed cases: 36 rows in 24 rows of at most 320 tokens, so 3 steps per epoch here too
-# (asserted from each checkpoint's own record of micro-batches per epoch).
 # The two modules' shares, so that pytest-xdist runs them side by side (one module per worker):
 # test_resume_ddp_one_process.py takes these, test_resume.py the rest (DeepSpeed under torchrun,
 # with the kills during a save that share its ZeRO-2 reference).
 DDP_OR_ONE_PROCESS = [case for case, (shape, _, zero, _) in CASES.items() if shape == "one-process" or zero is None]
+# Packed cases: 36 rows in 24 rows of at most 320 tokens, so 3 steps per epoch here too
+# (asserted from each checkpoint's own record of micro-batches per epoch).
 PACKED = ["data.packing=true", "data.pack_max_tokens=320", "train.loss=fused"]
 LORA = ["lora.enabled=true", "lora.rank=4", "lora.alpha=8", "lora.vision_tower=frozen"]
 

@@ -6,12 +6,10 @@ import pytest
 
 from resumecases import DDP_OR_ONE_PROCESS, killed_run_resumes_exactly, reference_store
 
-HERE = DDP_OR_ONE_PROCESS
-
 # the uninterrupted runs, built once per module
 references_fixture = pytest.fixture(scope="module", name="references")(reference_store)
 
 
-@pytest.mark.parametrize("case", HERE)
+@pytest.mark.parametrize("case", DDP_OR_ONE_PROCESS)
 def test_killed_run_resumes_exactly(tmp_path, tiny_dir, references, case):
     killed_run_resumes_exactly(tmp_path, tiny_dir, references, case)
