@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ class TrainRun:
     batch: int
     checkpointing: bool
     why: str
+    compile: bool = False  # train.compile: the decoder and encoder layers under torch.compile
 
 
 TRAIN_RUNS = [
@@ -36,6 +38,8 @@ TRAIN_RUNS = [
              "activations above the model states: a 152K vocabulary's logits at 32 rows, no checkpointing"),
     TrainRun("llama3b_zero2", "google/siglip-so400m-patch14-384", "meta-llama/Llama-3.2-3B-Instruct", 2, 4, True,
              "the paper's Llama-3.2-3B stack under ZeRO-2"),
+    TrainRun("llama3b_zero2_compiled", "google/siglip-so400m-patch14-384", "meta-llama/Llama-3.2-3B-Instruct", 2, 4,
+             True, "the same with train.compile, the setting behind gpu_step.py's MFU", compile=True),
     TrainRun("qwen7b_zero3", "google/siglip-so400m-patch14-384", "Qwen/Qwen2.5-7B-Instruct", 3, 2, True,
              "the paper's Qwen2.5-7B stack under ZeRO-3"),
 ]
@@ -66,6 +70,7 @@ def _config_text(run: TrainRun, vision: Path, llm: Path, world: Path, work: Path
             f"num_workers: 2}}\n"
             f"train: {{output_dir: {work}/runs/{run.name}, max_steps: {steps}, per_device_batch_size: {run.batch}, "
             f"global_batch_size: {run.batch}, grad_accum: 1, gradient_checkpointing: {str(run.checkpointing).lower()}, "
+            f"compile: {str(run.compile).lower()}, "
             f"save_steps: 100000, report_to: [], restart: true, "
             f"deepspeed: {REPO_ROOT}/configs/deepspeed/zero{run.zero}.json}}\n")
 
@@ -79,7 +84,7 @@ def train_setup(run: TrainRun, work: Path, toy: bool) -> tuple[Path, str | None]
         if not (work / "tiny" / "qwen2").is_dir():
             make_tiny(work / "tiny", seed=0)
         vision, llm, base, steps = work / "tiny" / "siglip", work / "tiny" / "qwen2", "tiny_stage2.yaml", 2
-        run = TrainRun(run.name, "", "", run.zero, 2, run.checkpointing, run.why)
+        run = TrainRun(run.name, "", "", run.zero, 2, run.checkpointing, run.why, run.compile)
     else:  # planned from the shipped configs first: a run that cannot fit writes no backbone
         vision, llm, base, steps = run.vision, run.llm, "stage2.yaml", STEPS
     config = work / f"{run.name}.yaml"
@@ -90,9 +95,11 @@ def train_setup(run: TrainRun, work: Path, toy: bool) -> tuple[Path, str | None]
     if plan.fits(plan.peak()) is False:
         return config, (f"the plan's peak {plan.peak() / 2 ** 30:.1f} GiB does not fit this GPU's "
                         f"{plan.gpu_memory_gib:.0f} GiB (llava-norm plan {config.name} --gpus 1)")
-    if not toy:
+    if not toy:  # printed with the time taken: a run cut short at its limit says where the time went
+        started = time.monotonic()
         config.write_text(_config_text(run, _backbone(run.vision, work), _backbone(run.llm, work), world, work, base,
                                        steps))
+        print(f"[train] {run.name}: backbones written or found in {time.monotonic() - started:.0f} s", flush=True)
     return config, None
 
 

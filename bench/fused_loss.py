@@ -37,8 +37,10 @@ def rss_bytes() -> int:
         return int(handle.read().split()[1]) * resource.getpagesize()
 
 
-def measure(kind: str, vocab: int, tokens: int, hidden: int, dtype: str, device: str, repeats: int) -> dict:
-    """One loss step's peak memory rise and median time, in this process."""
+def measure(kind: str, vocab: int, tokens: int, hidden: int, dtype: str, device: str, repeats: int,
+            chunk_mib: int | None = None) -> dict:
+    """One loss step's peak memory rise and median time, in this process; ``chunk_mib``: the torch
+    path's fp32 logits per chunk (default ``CHUNK_BYTES``)."""
     import torch
     from transformers.loss.loss_utils import ForCausalLMLoss
 
@@ -55,13 +57,14 @@ def measure(kind: str, vocab: int, tokens: int, hidden: int, dtype: str, device:
     w = (torch.randn(vocab, hidden, dtype=dt, device=device) * 0.02).requires_grad_(True)
     labels = torch.randint(0, vocab, (1, tokens), device=device)
     count = labels[..., 1:].numel()
+    chunk = max(16, chunk_mib * 2**20 // (4 * vocab)) if chunk_mib else None
 
     def step():
         h.grad = w.grad = None
         if kind == "plain":
             loss = ForCausalLMLoss(h @ w.T, labels, vocab, num_items_in_batch=count)
         else:
-            loss = causal_lm_loss(h, w, labels, num_items_in_batch=count, kernel=kind)
+            loss = causal_lm_loss(h, w, labels, num_items_in_batch=count, kernel=kind, chunk=chunk)
         loss.backward()
         return float(loss.detach())
 
@@ -85,20 +88,23 @@ def measure(kind: str, vocab: int, tokens: int, hidden: int, dtype: str, device:
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    return {"peak_bytes": peak, "seconds": statistics.median(times), "loss": loss}
+    result = {"peak_bytes": peak, "seconds": statistics.median(times), "loss": loss}
+    if cuda:  # in this process: main holds them against the plain path's (its peak is a rise over them)
+        result["grads"] = (h.grad.detach(), w.grad.detach())
+    return result
 
 
-def run_kind(kind: str, vocab: int, args) -> dict:
+def run_kind(kind: str, vocab: int, args, chunk_mib: int | None = None) -> dict:
     """One measurement: in this process on CUDA (the allocator's peak is reset for each), in a
     fresh process on CPU (the peak resident set only grows)."""
     if args.device.startswith("cuda"):
         import torch
 
         torch.cuda.empty_cache()
-        return measure(kind, vocab, args.tokens, args.hidden, args.dtype, args.device, args.repeats)
+        return measure(kind, vocab, args.tokens, args.hidden, args.dtype, args.device, args.repeats, chunk_mib)
     child = [sys.executable, __file__, "--one", kind, str(vocab), "--tokens", str(args.tokens),
              "--hidden", str(args.hidden), "--dtype", args.dtype, "--device", args.device,
-             "--repeats", str(args.repeats)]
+             "--repeats", str(args.repeats)] + (["--chunk-mib", str(chunk_mib)] if chunk_mib else [])
     done = subprocess.run(child, capture_output=True, text=True, cwd=REPO_ROOT)
     if done.returncode:
         raise RuntimeError(done.stderr.strip())
@@ -115,51 +121,60 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=None,
                         help="fused kernels against plain (default: torch on CPU; torch, liger, cce on CUDA)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--chunk-mib", type=int, nargs="+", default=None,
+                        help="the torch kernel's fp32 logits per chunk, each size its own row (default: CHUNK_BYTES)")
     parser.add_argument("--one", nargs=2, metavar=("KIND", "VOCAB"), help=argparse.SUPPRESS)  # a child run
     args = parser.parse_args()
     if args.one:
-        result = measure(args.one[0], int(args.one[1]), args.tokens, args.hidden, args.dtype, args.device, args.repeats)
+        result = measure(args.one[0], int(args.one[1]), args.tokens, args.hidden, args.dtype, args.device, args.repeats,
+                         args.chunk_mib[0] if args.chunk_mib else None)
         print(json.dumps(result))
         return
-    fused_kinds = args.kinds or (["torch", "liger", "cce"] if args.device.startswith("cuda") else ["torch"])
+    kinds = args.kinds or (["torch", "liger", "cce"] if args.device.startswith("cuda") else ["torch"])
+    # (label, kernel, the torch path's chunk in MiB or None): each chunk size of the torch path is a row of its own
+    fused = [(f"torch@{mib}MiB", kind, mib) if kind == "torch" and args.chunk_mib else (kind, kind, None)
+             for kind in kinds for mib in (args.chunk_mib if kind == "torch" and args.chunk_mib else [None])]
     print(f"loss step at {args.tokens} tokens, hidden {args.hidden}, {args.dtype} on {args.device} "
           f"(each figure one measurement{'' if args.device.startswith('cuda') else ' in a fresh process'})", flush=True)
     verdicts = []
     for vocab in args.vocabs:
         results = {}
-        for kind in ["plain", *fused_kinds]:
+        for label, kind, mib in [("plain", "plain", None), *fused]:
             try:
-                r = results[kind] = run_kind(kind, vocab, args)
+                r = results[label] = run_kind(kind, vocab, args, mib)
             except RuntimeError as error:
-                print(f"vocab {vocab:>7} {kind:>5}: FAILED: {str(error)[-300:]}", flush=True)
+                print(f"vocab {vocab:>7} {label:>5}: FAILED: {str(error)[-300:]}", flush=True)
                 continue
             if "skipped" in r:
-                print(f"vocab {vocab:>7} {kind:>5}: skipped ({r['skipped']})", flush=True)
+                print(f"vocab {vocab:>7} {label:>5}: skipped ({r['skipped']})", flush=True)
                 continue
-            print(f"vocab {vocab:>7} {kind:>5}: peak +{r['peak_bytes'] / 2**30:.2f} GiB, {r['seconds'] * 1e3:.2f} ms/step, "
+            print(f"vocab {vocab:>7} {label:>5}: peak +{r['peak_bytes'] / 2**30:.2f} GiB, {r['seconds'] * 1e3:.2f} ms/step, "
                   f"loss {r['loss']:.4f}", flush=True)
         if "plain" not in results:
             continue
         plain = results["plain"]
         # Any loss must produce the output weight's gradient, so plain / that is the best ratio possible.
         gradient = vocab * args.hidden * (4 if args.dtype == "fp32" else 2)
-        for kind in fused_kinds:
-            r = results.get(kind)
+        for label, _, _ in fused:
+            r = results.get(label)
             if not r or "skipped" in r:
                 continue
             less, slower = plain["peak_bytes"] / r["peak_bytes"], r["seconds"] / plain["seconds"]
+            # each gradient's largest difference from the plain path's, over the plain one's largest entry
+            diffs = {f"grad_{name}_diff": float((a.float() - b.float()).abs().max() / b.float().abs().max())
+                     for name, a, b in zip(("hidden", "weight"), r.get("grads", ()), plain.get("grads", ()))}
             ok = less >= MEMORY_TARGET and slower <= TIME_TARGET
             verdicts.append(ok)
-            print(f"vocab {vocab:>7} {kind}: {less:.1f}x less memory at {slower:.2f}x the time "
+            print(f"vocab {vocab:>7} {label}: {less:.1f}x less memory at {slower:.2f}x the time "
                   f"({'meets' if ok else 'misses'} >= {MEMORY_TARGET:g}x at <= {TIME_TARGET:.2f}x); the weight "
-                  f"gradient alone is {gradient / 2**30:.2f} GiB (best possible {plain['peak_bytes'] / gradient:.1f}x)",
-                  flush=True)
-            print("KIT-RESULT " + json.dumps({"vocab": vocab, "kernel": kind, "dtype": args.dtype,
+                  f"gradient alone is {gradient / 2**30:.2f} GiB (best possible {plain['peak_bytes'] / gradient:.1f}x)"
+                  + "".join(f"; {k} {v:.2%}" for k, v in diffs.items()), flush=True)
+            print("KIT-RESULT " + json.dumps({"vocab": vocab, "kernel": label, "dtype": args.dtype,
                                               "tokens": args.tokens, "hidden": args.hidden,
                                               "memory_ratio": less, "time_ratio": slower, "meets": ok,
                                               "plain_ms": plain["seconds"] * 1e3, "fused_ms": r["seconds"] * 1e3,
                                               "plain_gib": plain["peak_bytes"] / 2**30,
-                                              "fused_gib": r["peak_bytes"] / 2**30}), flush=True)
+                                              "fused_gib": r["peak_bytes"] / 2**30, **diffs}), flush=True)
     print(f"target {'met' if verdicts and all(verdicts) else 'missed'} by {sum(verdicts)} of {len(verdicts)} "
           f"kernel x vocabulary pairs")
 

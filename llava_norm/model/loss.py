@@ -39,15 +39,17 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for start in range(0, hidden.shape[0], chunk):
             part, target = hidden[start:start + chunk], targets[start:start + chunk]
-            logits = (part @ weight.T).float()  # as the plain path: logits in the compute dtype, loss in fp32
-            # log-sum-exp and softmax in place of the logits: no second chunk-sized tensor
-            logits.sub_(logits.amax(dim=-1, keepdim=True))
-            picked = logits.gather(1, target[:, None]).squeeze(1)
-            total = logits.exp_().sum(dim=-1)
-            loss += (total.log() - picked).sum()
-            grad = logits.div_(total[:, None])
-            grad[torch.arange(len(target), device=grad.device), target] -= 1
-            grad = grad.to(weight.dtype)
+            rows = torch.arange(len(target), device=hidden.device)
+            logits = part @ weight.T  # in the compute dtype, as the plain path's
+            # fp32 log-probabilities read straight from it (one kernel on CUDA), as the plain path's
+            # fp32 cross-entropy; the softmax minus the one-hot is then written, rounded once, into
+            # the logits' own storage: three passes over the chunk, where the plain path makes more.
+            log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+            picked = log_probs[rows, target]
+            loss -= picked.sum()
+            grad = torch.exp(log_probs, out=logits)
+            del log_probs
+            grad[rows, target] = (picked.exp() - 1).to(grad.dtype)
             if grad_hidden is not None:
                 torch.mm(grad, weight, out=grad_hidden[start:start + chunk])
             if grad_weight is not None:
@@ -107,8 +109,9 @@ def gpu_kernel(name: str):
 def fused_held_bytes(rows: int, hidden: int, vocab: int, element_size: int, weight_trained: bool) -> int:
     """Bytes the fused loss holds from its forward to its backward, which autograd's saved-tensor
     hooks do not see (``ctx.grads``; Liger's kernel holds the same two): the gradient of the
-    hidden states and, when the output layer trains, of its weight, plus one chunk of logits."""
-    return (rows * hidden + (vocab * hidden if weight_trained else 0)) * element_size + CHUNK_BYTES
+    hidden states and, when the output layer trains, of its weight, plus one chunk's logits."""
+    logits = CHUNK_BYTES * (4 + element_size) // 4  # a chunk's fp32 log-probabilities and its logits
+    return (rows * hidden + (vocab * hidden if weight_trained else 0)) * element_size + logits
 
 
 def _gpu(device: torch.device) -> bool:
