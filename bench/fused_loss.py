@@ -40,7 +40,7 @@ def rss_bytes() -> int:
 def measure(kind: str, vocab: int, tokens: int, hidden: int, dtype: str, device: str, repeats: int,
             chunk_mib: int | None = None) -> dict:
     """One loss step's peak memory rise and median time, in this process; ``chunk_mib``: the torch
-    path's fp32 logits per chunk (default ``CHUNK_BYTES``)."""
+    path's logits per chunk in the compute dtype (default ``CHUNK_BYTES``)."""
     import torch
     from transformers.loss.loss_utils import ForCausalLMLoss
 
@@ -57,7 +57,7 @@ def measure(kind: str, vocab: int, tokens: int, hidden: int, dtype: str, device:
     w = (torch.randn(vocab, hidden, dtype=dt, device=device) * 0.02).requires_grad_(True)
     labels = torch.randint(0, vocab, (1, tokens), device=device)
     count = labels[..., 1:].numel()
-    chunk = max(16, chunk_mib * 2**20 // (4 * vocab)) if chunk_mib else None
+    chunk = max(16, chunk_mib * 2**20 // (w.element_size() * vocab)) if chunk_mib else None
 
     def step():
         h.grad = w.grad = None
@@ -122,7 +122,7 @@ def main() -> None:
                         help="fused kernels against plain (default: torch on CPU; torch, liger, cce on CUDA)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--chunk-mib", type=int, nargs="+", default=None,
-                        help="the torch kernel's fp32 logits per chunk, each size its own row (default: CHUNK_BYTES)")
+                        help="the torch kernel's logits per chunk (compute dtype), each size its own row (default: CHUNK_BYTES)")
     parser.add_argument("--one", nargs=2, metavar=("KIND", "VOCAB"), help=argparse.SUPPRESS)  # a child run
     args = parser.parse_args()
     if args.one:

@@ -79,7 +79,7 @@ def loss_command(toy: bool) -> list[str]:
     if toy:
         return script + ["--tokens", "64", "--hidden", "32", "--vocabs", "512", "--repeats", "1"]
     return script + ["--device", "cuda", "--dtype", "bf16", "--repeats", "10", "--kinds", "torch", "liger", "cce",
-                     "--chunk-mib", "64", "256", "1024"]
+                     "--chunk-mib", "256", "512", "1024"]
 
 
 class Report:

@@ -39,6 +39,18 @@ def test_chunked_loss_and_gradients_match_the_plain_path(chunk, normalise):
         torch.testing.assert_close(a, b, **TOL)
 
 
+def test_softmax_blocks_inside_a_chunk_match_the_plain_path(monkeypatch):
+    """The softmax is taken a block of rows at a time inside each chunk: blocks of 2 rows in
+    chunks of 5, so blocks end inside a chunk and at its end."""
+    monkeypatch.setattr(loss_module, "BLOCK_BYTES", 2 * 4 * 101)
+    h, w, labels = _case(1)
+    plain = ForCausalLMLoss(h @ w.T, labels, w.shape[0])
+    ours = causal_lm_loss(h, w, labels, chunk=5)
+    torch.testing.assert_close(ours, plain, **TOL)
+    for a, b in zip(torch.autograd.grad(ours, (h, w)), torch.autograd.grad(plain, (h, w))):
+        torch.testing.assert_close(a, b, **TOL)
+
+
 def test_no_target_gives_zero_loss_with_a_graph():
     h, w, labels = _case(1)
     loss = causal_lm_loss(h, w, torch.full_like(labels, IGNORE_INDEX), num_items_in_batch=5)

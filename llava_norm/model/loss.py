@@ -21,7 +21,12 @@ import torch
 from llava_norm.data.conversation import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
-CHUNK_BYTES = 64 * 2**20  # the logits held at once by the chunked path: its memory beyond the gradients
+# The chunked path's two sizes. A chunk is the rows whose logits one matmul makes, in the compute
+# dtype: on a GPU a chunk of a few hundred rows runs its matmuls well under their speed, so it is
+# large. Its softmax is taken a block of rows at a time in fp32, written back into the logits' own
+# storage, so the fp32 copy never spans the chunk.
+CHUNK_BYTES = 512 * 2**20  # a chunk's logits in the compute dtype
+BLOCK_BYTES = 64 * 2**20  # a block's fp32 log-probabilities
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -37,23 +42,16 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        block = max(1, BLOCK_BYTES // (4 * weight.shape[0]))
         for start in range(0, hidden.shape[0], chunk):
             part, target = hidden[start:start + chunk], targets[start:start + chunk]
-            rows = torch.arange(len(target), device=hidden.device)
             logits = part @ weight.T  # in the compute dtype, as the plain path's
-            # fp32 log-probabilities read straight from it (one kernel on CUDA), as the plain path's
-            # fp32 cross-entropy; the softmax minus the one-hot is then written, rounded once, into
-            # the logits' own storage: three passes over the chunk, where the plain path makes more.
-            log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-            picked = log_probs[rows, target]
-            loss -= picked.sum()
-            grad = torch.exp(log_probs, out=logits)
-            del log_probs
-            grad[rows, target] = (picked.exp() - 1).to(grad.dtype)
+            for at in range(0, len(part), block):
+                loss += _softmax_minus_one_hot_(logits[at:at + block], target[at:at + block])
             if grad_hidden is not None:
-                torch.mm(grad, weight, out=grad_hidden[start:start + chunk])
+                torch.mm(logits, weight, out=grad_hidden[start:start + chunk])
             if grad_weight is not None:
-                grad_weight.addmm_(grad.T, part)
+                grad_weight.addmm_(logits.T, part)
         # Held on ctx, not saved: backward hands them over, scaled in place, with no reference
         # left, so autograd moves them into .grad instead of copying the weight-sized one.
         # (The graph cannot be backpropagated twice, which training never does.)
@@ -70,10 +68,22 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None
 
 
+def _softmax_minus_one_hot_(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The rows' summed cross-entropy; ``logits`` is overwritten with its gradient, softmax minus
+    the one-hot, rounded once into its dtype. fp32 log-probabilities straight from the compute
+    dtype (one kernel on CUDA), as the plain path's fp32 cross-entropy."""
+    rows = torch.arange(len(target), device=logits.device)
+    log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+    picked = log_probs[rows, target]
+    logits.copy_(log_probs.exp_())
+    logits[rows, target] = (picked.exp() - 1).to(logits.dtype)
+    return -picked.sum()
+
+
 def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                                  chunk: int | None = None) -> torch.Tensor:
     """Summed cross-entropy of ``hidden @ weight.T`` against ``targets`` (no ignored rows)."""
-    chunk = chunk or max(16, CHUNK_BYTES // (4 * weight.shape[0]))
+    chunk = chunk or max(16, CHUNK_BYTES // (weight.element_size() * weight.shape[0]))
     return _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, chunk)
 
 
@@ -109,9 +119,12 @@ def gpu_kernel(name: str):
 def fused_held_bytes(rows: int, hidden: int, vocab: int, element_size: int, weight_trained: bool) -> int:
     """Bytes the fused loss holds from its forward to its backward, which autograd's saved-tensor
     hooks do not see (``ctx.grads``; Liger's kernel holds the same two): the gradient of the
-    hidden states and, when the output layer trains, of its weight, plus one chunk's logits."""
-    logits = CHUNK_BYTES * (4 + element_size) // 4  # a chunk's fp32 log-probabilities and its logits
-    return (rows * hidden + (vocab * hidden if weight_trained else 0)) * element_size + logits
+    hidden states and, when the output layer trains, of its weight, plus one chunk's logits and
+    one block's fp32 log-probabilities."""
+    chunk = min(rows, max(16, CHUNK_BYTES // (element_size * vocab)))
+    block = min(chunk, max(1, BLOCK_BYTES // (4 * vocab)))
+    return ((rows * hidden + (vocab * hidden if weight_trained else 0)) * element_size
+            + chunk * vocab * element_size + block * vocab * 4)
 
 
 def _gpu(device: torch.device) -> bool:
