@@ -52,6 +52,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 torch.mm(logits, weight, out=grad_hidden[start:start + chunk])
             if grad_weight is not None:
                 grad_weight.addmm_(logits.T, part)
+            del logits  # before the next chunk's matmul allocates its own
         # Held on ctx, not saved: backward hands them over, scaled in place, with no reference
         # left, so autograd moves them into .grad instead of copying the weight-sized one.
         # (The graph cannot be backpropagated twice, which training never does.)
