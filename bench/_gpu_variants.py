@@ -250,7 +250,7 @@ def profile_shares(model, micro: list[dict], loss_kind: str, device) -> dict:
 
     def step():
         for batch in micro:
-            model(**batch, loss_kind=loss_kind).loss.backward()
+            model(**batch, loss_kind=loss_kind, loss_kernel="liger").loss.backward()
         with record_function("optimizer"):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -89,7 +89,8 @@ def attention_kinds(device: torch.device, asked: list[str]) -> list[str]:
 
 def apply_liger(model) -> None:
     """Liger's RMSNorm, SwiGLU and RoPE kernels on the language model (its fused linear
-    cross-entropy is the model's own ``loss_kind="fused"`` path, llava_norm/model/loss.py)."""
+    cross-entropy is the model's own ``loss_kind="fused"`` path with ``loss_kernel="liger"``,
+    llava_norm/model/loss.py)."""
     from liger_kernel.transformers import monkey_patch
 
     apply = {"llama": monkey_patch.apply_liger_kernel_to_llama, "qwen2": monkey_patch.apply_liger_kernel_to_qwen2}
@@ -111,7 +112,7 @@ def timed_steps(model, micro_batches: list[dict], steps: int, warmup: int, devic
                 sync(device)
                 start = time.perf_counter()
             for batch in micro_batches:
-                model(**batch, loss_kind=loss_kind).loss.backward()
+                model(**batch, loss_kind=loss_kind, loss_kernel="liger").loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         sync(device)

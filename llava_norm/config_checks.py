@@ -71,6 +71,23 @@ def _attention(config: RunConfig) -> None:
                               "and a CUDA GPU; use sdpa")
 
 
+# train.fused_loss_kernel's GPU kernels: the distribution each needs (llava_norm.model.loss imports it)
+FUSED_LOSS_DISTRIBUTIONS = {"liger": "liger-kernel", "cce": "cut-cross-entropy"}
+
+
+def _fused_loss_kernel(config: RunConfig) -> None:
+    t = config.train
+    if t.loss == "fused" and t.fused_loss_kernel in FUSED_LOSS_DISTRIBUTIONS:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            version(FUSED_LOSS_DISTRIBUTIONS[t.fused_loss_kernel])
+        except PackageNotFoundError:
+            raise ConfigError(f"key 'train.fused_loss_kernel': {t.fused_loss_kernel} needs the "
+                              f"{FUSED_LOSS_DISTRIBUTIONS[t.fused_loss_kernel]} package (make install-gpu); "
+                              f"torch needs none") from None
+
+
 def _compile(config: RunConfig) -> None:
     if config.train.compile:
         import torch._dynamo
@@ -256,5 +273,5 @@ def _must_exist(path: str, key: str, kind: str = "") -> None:
 
 
 # check_paths' steps, in order; each raises its own ConfigError
-PATH_CHECKS = (_data_paths, _backbone_dirs, _attention, _compile, _chat_template, _packing_family, _projector,
+PATH_CHECKS = (_data_paths, _backbone_dirs, _attention, _fused_loss_kernel, _compile, _chat_template, _packing_family, _projector,
                _deepspeed, _resume_and_output, _lora_targets)

@@ -133,10 +133,12 @@ class TrainConfig:
     compile_backend: str = "inductor"  # any torch._dynamo backend; aot_eager traces without code generation
     precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     # plain: transformers' loss on the full logits; fused: the same loss without the logits tensor
-    # (Liger Kernel on CUDA when installed, else chunked torch; llava_norm.model.loss).
+    # (llava_norm.model.loss), by fused_loss_kernel: torch (chunked, the fastest measured on a GPU),
+    # or on CUDA liger / cce (Liger Kernel, Cut Cross-Entropy: more memory saved, more time).
     loss: str = "plain"
+    fused_loss_kernel: str = "torch"
     deepspeed: Optional[str] = None  # path to a DeepSpeed JSON (configs/deepspeed/zero{2,3}.json)
-    save_steps: int = 500
+    save_steps: int = 500  # 0: no checkpoint at all, the final model only (a killed run starts over)
     save_total_limit: int = 2
     resume: str = "auto"  # auto | none | a checkpoint dir
     # A relaunch on an output_dir that already holds a run (llava_norm.train.relaunch): a finished
@@ -280,6 +282,7 @@ CHOICES = {
     "optim.scheduler": SCHEDULERS,
     "train.precision": ("auto", "bf16", "fp32"),
     "train.loss": ("plain", "fused"),
+    "train.fused_loss_kernel": ("torch", "liger", "cce"),
 }
 # Ranges ("> x", ">= x" or "[low, high)"); checked here because the Trainer, DataLoader, peft or
 # the norm layer would reject them only after the model has loaded, or silently accept them.
@@ -290,7 +293,7 @@ RANGES = {
     "optim.warmup_ratio": "[0, 1)",  # transformers reads a warmup >= 1 as a number of steps
     "optim.adam_beta1": "[0, 1)", "optim.adam_beta2": "[0, 1)", "optim.adam_epsilon": "> 0",
     "train.per_device_batch_size": ">= 1", "train.grad_accum": ">= 1", "train.global_batch_size": ">= 1",
-    "train.save_steps": ">= 1", "train.logging_steps": ">= 1", "train.norm_stats_steps": ">= 0",
+    "train.save_steps": ">= 0", "train.logging_steps": ">= 1", "train.norm_stats_steps": ">= 0",
     # 0 would let checkpoint pruning delete the newest complete checkpoint, leaving nothing to resume.
     "train.save_total_limit": ">= 1",
     "lora.rank": ">= 1", "lora.alpha": "> 0", "lora.dropout": "[0, 1)",

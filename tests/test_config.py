@@ -280,6 +280,22 @@ def test_uninstalled_integrations_and_flash_attention(setup):
         assert "key 'model.attn_implementation'" in message
 
 
+def test_a_named_fused_loss_kernel_needs_its_package(setup, monkeypatch):
+    import importlib.metadata
+
+    def absent(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", absent)
+    fused = ["train.loss=fused", "train.stage=2"]
+    _, message = _load_case(setup, fused + ["train.fused_loss_kernel=liger"], None)
+    assert "key 'train.fused_loss_kernel': liger needs the liger-kernel package" in message, message
+    load_config(setup["base"], fused)  # the chunked torch kernel, the default, needs none
+    load_config(setup["base"], ["train.fused_loss_kernel=cce"])  # unused by the plain loss
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "1.0")
+    load_config(setup["base"], fused + ["train.fused_loss_kernel=cce"])
+
+
 @pytest.mark.parametrize("overrides,key", [
     (["train.deepspeed={d}/bad.json"], "train.deepspeed"),  # malformed DeepSpeed JSON
     (["lora.enabled=true"], "lora.enabled"),  # LoRA with a stage-1 config

@@ -57,14 +57,14 @@ def test_no_target_gives_zero_loss_with_a_graph():
     assert loss.item() == 0 and loss.requires_grad
 
 
-def test_cpu_falls_back_to_the_chunked_path_and_says_so_once(caplog):
+def test_a_gpu_kernel_named_on_cpu_falls_back_to_the_chunked_path_and_says_so_once(caplog):
     loss_module._say_once.cache_clear()
     h, w, labels = _case(2)
     with caplog.at_level(logging.WARNING, logger="llava_norm.model.loss"):
-        for _ in range(3):
-            causal_lm_loss(h, w, labels)
+        for kernel in ("torch", "liger", "liger", "torch"):
+            causal_lm_loss(h, w, labels, kernel=kernel)
     said = [r.getMessage() for r in caplog.records if "fused" in r.getMessage()]
-    assert said == ["train.loss fused: no fused kernel runs on cpu; using the chunked torch cross-entropy"]
+    assert said == ["train.loss fused: liger runs on CUDA only, not on cpu; using the chunked torch cross-entropy"]
 
 
 @pytest.mark.parametrize("llm", ["llama", "qwen3"])  # tied and untied output embeddings
@@ -148,13 +148,13 @@ def test_a_gpu_kernel_gets_the_supervised_rows_and_sums(monkeypatch, kernel):
         torch.testing.assert_close(a, b, **TOL)
 
 
-def test_auto_takes_the_first_kernel_that_imports_and_torch_elsewhere(monkeypatch):
-    monkeypatch.setattr(loss_module, "gpu_kernel", lambda name: None if name == next(iter(loss_module.GPU_KERNELS))
-                        else print)
-    second = list(loss_module.GPU_KERNELS)[1]
-    assert loss_module.fused_kernel(torch.device("cuda"))[0] == second
-    assert loss_module.fused_kernel(torch.device("cpu"))[0] is None
-    assert loss_module.fused_kernel(torch.device("cuda"), "torch")[0] is None
+def test_the_chunked_path_is_the_default_and_a_gpu_kernel_runs_where_named(monkeypatch):
+    monkeypatch.setattr(loss_module, "gpu_kernel", lambda name: None if name == "cce" else print)
+    cuda = torch.device("cuda")
+    assert loss_module.fused_kernel(cuda)[0] is None  # the default: torch, though liger "imports"
+    assert loss_module.fused_kernel(cuda, "liger")[0] == "liger"
+    assert loss_module.fused_kernel(cuda, "cce") == (None, "cce is not installed or does not import")
+    assert loss_module.fused_kernel(torch.device("cpu"), "liger")[0] is None
 
 
 def test_generate_keeps_only_the_last_logits(tiny_dir):

@@ -50,3 +50,42 @@ train: {{output_dir: {tmp_path}/out}}
     # checkpoint-6 was being written when the run died: no marker.
     plan = plan_launch(config)
     assert (plan.action, plan.checkpoint) == ("resume", tmp_path / "out" / "checkpoint-4")
+
+
+def test_save_steps_zero_writes_no_checkpoint_and_the_final_model(tmp_path, tiny_dir):
+    """A benchmark run that cannot hold a checkpoint (a 3B DeepSpeed checkpoint is about 58 GB):
+    no checkpoint folder at any step, the final model and summary still written."""
+    data, images = write_dataset(tmp_path / "data", n=4)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"""
+model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama}}
+data: {{mixture: [{{path: {data}, image_folder: {images}}}], num_workers: 0}}
+train: {{stage: 2, output_dir: {tmp_path}/out, max_steps: 2, per_device_batch_size: 2, save_steps: 0, report_to: []}}
+""")
+    run_training(load_config(config))
+    out = tmp_path / "out"
+    assert not list(out.glob("checkpoint-*"))
+    assert (out / "train_summary.json").is_file() and list((out / "model").glob("*.safetensors"))
+
+
+def test_the_named_fused_loss_kernel_reaches_the_loss(tmp_path, tiny_dir, monkeypatch, caplog):
+    """train.fused_loss_kernel travels config -> trainer -> model -> loss: named here on a CPU,
+    Liger's kernel cannot run, and the loss says so (its package passed for installed)."""
+    import importlib.metadata
+    import logging
+
+    from llava_norm.model import loss as loss_module
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "1.0")
+    loss_module._say_once.cache_clear()
+    data, images = write_dataset(tmp_path / "data", n=4)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"""
+model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama}}
+data: {{mixture: [{{path: {data}, image_folder: {images}}}], num_workers: 0}}
+train: {{stage: 2, output_dir: {tmp_path}/out, max_steps: 1, per_device_batch_size: 2, save_steps: 0, report_to: [],
+        loss: fused, fused_loss_kernel: liger}}
+""")
+    with caplog.at_level(logging.WARNING, logger="llava_norm.model.loss"):
+        run_training(load_config(config))
+    assert "train.loss fused: liger runs on CUDA only, not on cpu; using the chunked torch cross-entropy" in caplog.text

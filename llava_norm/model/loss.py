@@ -4,10 +4,12 @@ Owns ``causal_lm_loss``: the same value as transformers' ``ForCausalLMLoss`` (la
 within each row, ignore index -100, a sum over the targets divided by ``num_items_in_batch``
 or, without it, their mean) and the same gradients, computed from the last hidden states and
 the output weight. Rows with no target are dropped before the output projection (in stage 2
-the image and prompt tokens are most of a sample). The rest goes to a GPU kernel where one runs
-(CUDA with Liger Kernel or Cut Cross-Entropy installed: ``GPU_KERNELS``), else to a chunked
-torch version: logits exist one chunk at a time, and each chunk's gradients are taken in the
-forward pass, so backward holds no logits at all. Same matmuls as the plain path, no recompute.
+the image and prompt tokens are most of a sample). The rest goes to a chunked torch version:
+logits exist one chunk at a time, and each chunk's gradients are taken in the forward pass, so
+backward holds no logits at all. Same matmuls as the plain path, no recompute. On a GPU it was
+the fastest of the kernels measured (bench/RESULTS.md), so it is the default everywhere; a GPU
+kernel package is used where named (``train.fused_loss_kernel``: ``GPU_KERNELS``), for more
+memory saved at more time.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ def _say_once(message: str) -> None:
     log.warning(message)
 
 
-# GPU kernels of the fused linear cross-entropy, in the order ``kernel="auto"`` tries them:
+# GPU kernels of the fused linear cross-entropy, by the name ``train.fused_loss_kernel`` gives:
 # (module, function, keyword arguments that make it the summed, unfiltered loss). Cut Cross-Entropy's
 # default gradient filtering drops small softmax entries: off here, so gradients stay the plain path's.
 GPU_KERNELS = {
@@ -132,23 +134,21 @@ def _gpu(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def fused_kernel(device: torch.device, kernel: str = "auto"):
-    """(name, fn) of the GPU kernel the fused loss uses on ``device``, or (None, why none runs):
-    ``kernel`` "auto" takes the first of GPU_KERNELS that imports, "torch" the chunked torch path."""
+def fused_kernel(device: torch.device, kernel: str = "torch"):
+    """(name, fn) of the GPU kernel ``kernel`` names, or (None, why it does not run here): "torch"
+    is the chunked torch path, which needs none."""
     if kernel == "torch":
         return None, "kernel 'torch' asked for"
     if not _gpu(device):
-        return None, f"no fused kernel runs on {device.type}"
-    for name in (GPU_KERNELS if kernel == "auto" else [kernel]):
-        if (fn := gpu_kernel(name)) is not None:
-            return name, fn
-    return None, (f"none of {', '.join(GPU_KERNELS)} is installed or imports (pip install liger-kernel)"
-                  if kernel == "auto" else f"{kernel} is not installed or does not import")
+        return None, f"{kernel} runs on CUDA only, not on {device.type}"
+    if (fn := gpu_kernel(kernel)) is not None:
+        return kernel, fn
+    return None, f"{kernel} is not installed or does not import"
 
 
 def causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                    num_items_in_batch: torch.Tensor | int | None = None, chunk: int | None = None,
-                   kernel: str = "auto") -> torch.Tensor:
+                   kernel: str = "torch") -> torch.Tensor:
     """``ForCausalLMLoss(hidden @ weight.T, labels, num_items_in_batch)`` without the logits tensor."""
     shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].to(hidden.device)
     keep = shifted != IGNORE_INDEX
@@ -159,7 +159,7 @@ def causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Ten
     elif name is not None:
         total = fn_or_problem(rows, weight, targets).float()
     else:
-        if hidden.device.type != "meta":  # a plan's shape-only trace (llava_norm.plan) says nothing
+        if kernel != "torch" and hidden.device.type != "meta":  # a plan's shape-only trace says nothing
             _say_once(f"train.loss fused: {fn_or_problem}; using the chunked torch cross-entropy")
         total = chunked_linear_cross_entropy(rows, weight, targets, chunk)
     if num_items_in_batch is None:

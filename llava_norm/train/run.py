@@ -188,7 +188,8 @@ def training_arguments(config: RunConfig, universal: bool = False) -> TrainingAr
         bf16=use_bf16(t.precision), use_cpu=not torch.cuda.is_available(),
         activation_checkpointing=t.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False} if t.gradient_checkpointing else None,
-        deepspeed=deepspeed, save_strategy="steps", save_steps=t.save_steps, save_total_limit=None,
+        deepspeed=deepspeed, save_strategy="steps" if t.save_steps else "no", save_steps=t.save_steps or 500,
+        save_total_limit=None,
         logging_steps=t.logging_steps, report_to=t.report_to, remove_unused_columns=False,
         dataloader_num_workers=config.data.num_workers, ddp_find_unused_parameters=False,
         disable_tqdm=False, **({"ddp_timeout": UNIVERSAL_WAIT_S} if universal else {}),
@@ -285,7 +286,7 @@ def run_training(config: RunConfig, check=None) -> Path | None:
                   f"{CALIBRATION_IMAGES} training images = {value:.6g} (stored with the checkpoint)")
     trainer = LlavaNormTrainer(
         model=bundle.model, args=args, train_dataset=train_dataset,
-        data_collator=train_collate, loss_kind=t.loss,
+        data_collator=train_collate, loss_kind=t.loss, loss_kernel=t.fused_loss_kernel,
         optim_config=config.optim, group_by_modality_length=config.data.group_by_modality_length,
         norm_stats_steps=t.norm_stats_steps, keep_checkpoints=t.save_total_limit,
         checkpoint_files={RUN_CONFIG: to_yaml(config)},

@@ -55,12 +55,12 @@ class ResumeError(RuntimeError):
 class LlavaNormTrainer(Trainer):
     def __init__(self, *args, optim_config, group_by_modality_length: bool, norm_stats_steps: int,
                  keep_checkpoints: int, checkpoint_files: dict[str, str] | None = None, loss_kind: str = "plain",
-                 **kwargs):
+                 loss_kernel: str = "torch", **kwargs):
         """``checkpoint_files``: name -> text written into every checkpoint before it is marked
         complete (the run's resolved config, so a relaunch can compare against it).
-        ``loss_kind``: train.loss, passed to the model's forward."""
+        ``loss_kind``, ``loss_kernel``: train.loss and train.fused_loss_kernel, passed to the model's forward."""
         super().__init__(*args, **kwargs)
-        self.loss_kind = loss_kind
+        self.loss_kind, self.loss_kernel = loss_kind, loss_kernel
         self.checkpoint_files = dict(checkpoint_files or {})
         self._sampler: EpochSampler | None = None
         self._epoch = 0
@@ -205,7 +205,7 @@ class LlavaNormTrainer(Trainer):
         self.run_log.count(int(tokens if tokens is not None else inputs["attention_mask"].sum()),
                            inputs["input_ids"].shape[-1])
         if self.loss_kind != "plain":
-            inputs["loss_kind"] = self.loss_kind
+            inputs["loss_kind"], inputs["loss_kernel"] = self.loss_kind, self.loss_kernel
         return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                     num_items_in_batch=num_items_in_batch)
 
