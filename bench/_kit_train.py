@@ -64,6 +64,8 @@ def _world(work: Path) -> Path:
 
 
 def _config_text(run: TrainRun, vision: Path, llm: Path, world: Path, work: Path, base: str, steps: int) -> str:
+    # save_steps 0: no checkpoint. A 3B run's (about 58 GB with its optimizer states) filled the GPU
+    # machine's 64 GiB disk beside the backbones (bench/RESULTS.md); the final model is still written.
     return (f"base: [{REPO_ROOT}/configs/_base/{base}]\n"
             f"model: {{vision_tower: {vision}, llm: {llm}, norm_alignment: ln_textnorm_gwc}}\n"
             f"data: {{mixture: [{{path: {world}/instruct/synth_instruct.json, image_folder: {world}/images}}], "
@@ -71,7 +73,7 @@ def _config_text(run: TrainRun, vision: Path, llm: Path, world: Path, work: Path
             f"train: {{output_dir: {work}/runs/{run.name}, max_steps: {steps}, per_device_batch_size: {run.batch}, "
             f"global_batch_size: {run.batch}, grad_accum: 1, gradient_checkpointing: {str(run.checkpointing).lower()}, "
             f"compile: {str(run.compile).lower()}, "
-            f"save_steps: 100000, report_to: [], restart: true, "
+            f"save_steps: 0, report_to: [], restart: true, "
             f"deepspeed: {REPO_ROOT}/configs/deepspeed/zero{run.zero}.json}}\n")
 
 
