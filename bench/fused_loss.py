@@ -10,7 +10,7 @@ process: peak memory is the rise of the process's peak resident set (CPU) or of
 ``torch.cuda.max_memory_allocated`` (GPU) over what the inputs and weight already hold, and
 time is the median of ``--repeats`` steps after one warm-up. Plain and fused alternate.
 
-    .venv/bin/python bench/fused_loss.py                     # CPU, fp32: about 10 minutes on 2 cores
+    .venv/bin/python bench/fused_loss.py                     # CPU, fp32: about 15 minutes on 2 cores
     .venv/bin/python bench/fused_loss.py --tokens 1024       # quicker, same ratios roughly
     python bench/fused_loss.py --device cuda --dtype bf16    # on a GPU: torch, Liger and Cut Cross-Entropy
 """
