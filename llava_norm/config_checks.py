@@ -71,7 +71,8 @@ def _attention(config: RunConfig) -> None:
                               "and a CUDA GPU; use sdpa")
 
 
-# train.fused_loss_kernel's GPU kernels: the distribution each needs (llava_norm.model.loss imports it)
+# train.fused_loss_kernel's GPU kernels: the distribution each needs (llava_norm.model.loss imports it;
+# liger-kernel is in requirements-gpu.txt)
 FUSED_LOSS_DISTRIBUTIONS = {"liger": "liger-kernel", "cce": "cut-cross-entropy"}
 
 
@@ -84,8 +85,8 @@ def _fused_loss_kernel(config: RunConfig) -> None:
             version(FUSED_LOSS_DISTRIBUTIONS[t.fused_loss_kernel])
         except PackageNotFoundError:
             raise ConfigError(f"key 'train.fused_loss_kernel': {t.fused_loss_kernel} needs the "
-                              f"{FUSED_LOSS_DISTRIBUTIONS[t.fused_loss_kernel]} package (make install-gpu); "
-                              f"torch needs none") from None
+                              f"{FUSED_LOSS_DISTRIBUTIONS[t.fused_loss_kernel]} package (pip install "
+                              f"{FUSED_LOSS_DISTRIBUTIONS[t.fused_loss_kernel]}); torch needs none") from None
 
 
 def _compile(config: RunConfig) -> None:
@@ -273,5 +274,5 @@ def _must_exist(path: str, key: str, kind: str = "") -> None:
 
 
 # check_paths' steps, in order; each raises its own ConfigError
-PATH_CHECKS = (_data_paths, _backbone_dirs, _attention, _fused_loss_kernel, _compile, _chat_template, _packing_family, _projector,
-               _deepspeed, _resume_and_output, _lora_targets)
+PATH_CHECKS = (_data_paths, _backbone_dirs, _attention, _fused_loss_kernel, _compile, _chat_template, _packing_family,
+               _projector, _deepspeed, _resume_and_output, _lora_targets)

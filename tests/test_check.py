@@ -38,6 +38,9 @@ def test_a_good_launch_passes_with_a_summary(world, monkeypatch):
     assert "world size 2 (1 node(s) x 2 GPUs), gradient accumulation 2, global batch 8" in text
     assert "data: 16 rows in 2 source(s)" in text  # 8 JSON rows + the same 8 in the shards
     assert "(fits 80.0 GiB)" in text and "host memory at start-up" in text
+    assert not report.warnings, report.warnings
+    saves_none = preflight(config, ["train.save_steps=0"], gpus=2, gpu_memory_gib=80, plan=False)
+    assert saves_none.ok and any("'train.save_steps': 0 writes no checkpoint" in w for w in saves_none.warnings)
 
 
 def test_every_problem_is_one_line_naming_its_key_file_or_variable(world, monkeypatch, tmp_path):

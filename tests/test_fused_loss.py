@@ -1,6 +1,8 @@
 """train.loss fused: the chunked cross-entropy against transformers' own causal-LM loss."""
 
 import logging
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -161,3 +163,44 @@ def test_generate_keeps_only_the_last_logits(tiny_dir):
     """forward names logits_to_keep, so generate() computes the prompt's last logits only."""
     bundle = build_model(ModelSpec(str(tiny_dir / "siglip"), str(tiny_dir / "llama")))
     assert bundle.model._supports_logits_to_keep()
+
+
+def test_under_autocast_fp32_weights_match_the_plain_path_in_bf16():
+    """Training without DeepSpeed in bf16: fp32 weights, and autocast makes the output layer's
+    logits in bf16; the chunks are made in bf16 too, the gradients come back in fp32."""
+    h, w, labels = _case(6, length=64, hidden=64, vocab=300)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = ForCausalLMLoss(torch.nn.functional.linear(h, w), labels, w.shape[0])
+        grads = torch.autograd.grad(plain, (h, w))
+        ours = causal_lm_loss(h, w, labels, chunk=16)
+        mine = torch.autograd.grad(ours, (h, w))
+    torch.testing.assert_close(ours, plain, rtol=1e-3, atol=1e-3)
+    for a, b in zip(mine, grads):
+        assert a.dtype == b.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-3)
+
+
+def test_under_no_grad_no_weight_sized_gradient_is_made(monkeypatch):
+    """Evaluation's loss: a trainable output weight, but no_grad, so nothing weight-sized is allocated."""
+    h, w, labels = _case(7)
+    made = []
+    zeros_like = torch.zeros_like
+    monkeypatch.setattr(torch, "zeros_like", lambda t, *a, **k: made.append(tuple(t.shape)) or zeros_like(t, *a, **k))
+    with torch.no_grad():
+        loss = causal_lm_loss(h, w, labels)
+    assert not loss.requires_grad and tuple(w.shape) not in made
+    causal_lm_loss(h, w, labels)
+    assert tuple(w.shape) in made  # the check above can fail
+
+
+def test_the_plans_loss_term_is_the_h100s_measured_peak():
+    """fused_held_bytes (the plan's term for the fused loss) against the loss step's peak measured on
+    an H100 with the shipped chunk and block sizes (bench/results: 4,096 tokens, hidden 3,072, bf16):
+    a change of either size, or of what the loss allocates, must be measured again."""
+    text = (Path(__file__).resolve().parents[1] / "bench/results/gpu_2026-11-26_fused_blocks.txt").read_text()
+    shipped = text.split("BLOCK_MIB 64\n")[1].split("BLOCK_MIB")[0]
+    assert (loss_module.CHUNK_BYTES, loss_module.BLOCK_BYTES) == (512 * 2**20, 64 * 2**20)
+    for vocab in (128_256, 152_064):
+        measured = float(re.search(rf"vocab\s+{vocab} torch@512MiB: peak \+([\d.]+) GiB", shipped).group(1))
+        planned = loss_module.fused_held_bytes(4095, 3072, vocab, 2, True) / 2**30  # 4,095 rows have a target
+        assert abs(planned / measured - 1) < 0.02, (vocab, planned, measured)

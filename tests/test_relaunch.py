@@ -87,6 +87,10 @@ def test_checkpoint_with_another_config_is_refused_unless_allowed(run):
     assert plan_launch(load_config(path, ["data.pack_max_tokens=512"])).action == "resume"
     with pytest.raises(RelaunchError, match=r"data\.packing: False -> True"):
         plan_launch(load_config(path, ["data.packing=true", "data.pack_max_tokens=512"]))
+    # nor the fused loss's kernel with the plain loss; with the fused loss it is a change
+    assert plan_launch(load_config(path, ["train.fused_loss_kernel=cce"])).action == "resume"
+    with pytest.raises(RelaunchError, match=r"train\.loss: 'plain' -> 'fused'"):
+        plan_launch(load_config(path, ["train.loss=fused", "train.fused_loss_kernel=cce"], check_paths=False))
 
 
 class _Payload:

@@ -70,13 +70,13 @@ train: {{stage: 2, output_dir: {tmp_path}/out, max_steps: 2, per_device_batch_si
 
 def test_the_named_fused_loss_kernel_reaches_the_loss(tmp_path, tiny_dir, monkeypatch, caplog):
     """train.fused_loss_kernel travels config -> trainer -> model -> loss: named here on a CPU,
-    Liger's kernel cannot run, and the loss says so (its package passed for installed)."""
-    import importlib.metadata
+    Liger's kernel cannot run, and the loss says so (the launch check told torch is its package)."""
     import logging
 
+    from llava_norm import config_checks
     from llava_norm.model import loss as loss_module
 
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "1.0")
+    monkeypatch.setattr(config_checks, "FUSED_LOSS_DISTRIBUTIONS", {"liger": "torch"})
     loss_module._say_once.cache_clear()
     data, images = write_dataset(tmp_path / "data", n=4)
     config = tmp_path / "c.yaml"

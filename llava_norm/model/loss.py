@@ -36,24 +36,31 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     chunk by chunk in forward (backward only scales them)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk):
-        # Only the gradients autograd will ask for: none under no_grad, no weight-sized tensor or
-        # matmul for a frozen output layer (stage 1, LoRA). The weight's is summed over chunks in
-        # its own dtype, as Liger does by default: a float32 sum would be the largest tensor here in
-        # bf16, at the price of one bf16 rounding per chunk.
+    def forward(ctx, hidden, weight, targets, chunk, dtype):
+        # Only the gradients autograd will ask for: no weight-sized tensor or matmul for a frozen
+        # output layer (stage 1, LoRA). The weight's is summed over chunks in its own dtype, as
+        # Liger does by default: a float32 sum would be the largest tensor here in bf16, at the
+        # price of one bf16 rounding per chunk.
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         block = max(1, BLOCK_BYTES // (4 * weight.shape[0]))
+        matmul_weight = weight.to(dtype)  # the weight itself unless autocast computes in another dtype
         for start in range(0, hidden.shape[0], chunk):
-            part, target = hidden[start:start + chunk], targets[start:start + chunk]
-            logits = part @ weight.T  # in the compute dtype, as the plain path's
+            part, target = hidden[start:start + chunk].to(dtype), targets[start:start + chunk]
+            logits = part @ matmul_weight.T  # in the compute dtype, as the plain path's
             for at in range(0, len(part), block):
                 loss += _softmax_minus_one_hot_(logits[at:at + block], target[at:at + block])
             if grad_hidden is not None:
-                torch.mm(logits, weight, out=grad_hidden[start:start + chunk])
+                if grad_hidden.dtype == dtype:
+                    torch.mm(logits, matmul_weight, out=grad_hidden[start:start + chunk])
+                else:
+                    grad_hidden[start:start + chunk] = logits @ matmul_weight
             if grad_weight is not None:
-                grad_weight.addmm_(logits.T, part)
+                if grad_weight.dtype == dtype:
+                    grad_weight.addmm_(logits.T, part)
+                else:  # autocast: a compute-dtype product, summed in the weight's own dtype
+                    grad_weight += logits.T @ part
             del logits  # before the next chunk's matmul allocates its own
         # Held on ctx, not saved: backward hands them over, scaled in place, with no reference
         # left, so autograd moves them into .grad instead of copying the weight-sized one.
@@ -68,13 +75,13 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         for grad in (grad_hidden, grad_weight):
             if grad is not None:
                 grad.mul_(grad_loss.float())  # a 0-dim fp32 factor: one rounding, not a bf16 1/N
-        return grad_hidden, grad_weight, None, None
+        return grad_hidden, grad_weight, None, None, None
 
 
 def _softmax_minus_one_hot_(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """The rows' summed cross-entropy; ``logits`` is overwritten with its gradient, softmax minus
-    the one-hot, rounded once into its dtype. fp32 log-probabilities straight from the compute
-    dtype (one kernel on CUDA), as the plain path's fp32 cross-entropy."""
+    the one-hot, rounded once into its dtype. The log-probabilities are fp32, as the plain path's
+    fp32 cross-entropy (from bf16 logits torch first makes an fp32 copy: two fp32 blocks at once)."""
     rows = torch.arange(len(target), device=logits.device)
     log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
     picked = log_probs[rows, target]
@@ -83,11 +90,23 @@ def _softmax_minus_one_hot_(logits: torch.Tensor, target: torch.Tensor) -> torch
     return -picked.sum()
 
 
+def _autocast_dtype(device_type: str) -> torch.dtype | None:
+    try:
+        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    except RuntimeError:  # a device type autocast does not know (the plan's meta tensors)
+        return None
+
+
 def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                                  chunk: int | None = None) -> torch.Tensor:
-    """Summed cross-entropy of ``hidden @ weight.T`` against ``targets`` (no ignored rows)."""
-    chunk = chunk or max(16, CHUNK_BYTES // (weight.element_size() * weight.shape[0]))
-    return _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, chunk)
+    """Summed cross-entropy of ``hidden @ weight.T`` against ``targets`` (no ignored rows). Under
+    autocast (fp32 weights computing in bf16: training without DeepSpeed) the logits are made in
+    autocast's dtype, as the plain path's output layer makes them."""
+    dtype = _autocast_dtype(hidden.device.type) or weight.dtype
+    if not torch.is_grad_enabled():  # a Function's needs_input_grad ignores no_grad: no gradient to find
+        hidden, weight = hidden.detach(), weight.detach()
+    chunk = chunk or max(16, CHUNK_BYTES // (dtype.itemsize * weight.shape[0]))
+    return _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, chunk, dtype)
 
 
 @functools.cache
@@ -120,14 +139,14 @@ def gpu_kernel(name: str):
 
 
 def fused_held_bytes(rows: int, hidden: int, vocab: int, element_size: int, weight_trained: bool) -> int:
-    """Bytes the fused loss holds from its forward to its backward, which autograd's saved-tensor
-    hooks do not see (``ctx.grads``; Liger's kernel holds the same two): the gradient of the
-    hidden states and, when the output layer trains, of its weight, plus one chunk's logits and
-    one block's fp32 log-probabilities."""
+    """Bytes the fused loss adds at its peak that autograd's saved-tensor hooks do not see: the
+    gradient of the hidden states and, when the output layer trains, of its weight (held on
+    ``ctx``; Liger's kernel holds the same two), the supervised rows' copy, one chunk's logits
+    and its fp32 blocks (two from bf16 logits: the conversion, then the log-probabilities)."""
     chunk = min(rows, max(16, CHUNK_BYTES // (element_size * vocab)))
     block = min(chunk, max(1, BLOCK_BYTES // (4 * vocab)))
-    return ((rows * hidden + (vocab * hidden if weight_trained else 0)) * element_size
-            + chunk * vocab * element_size + block * vocab * 4)
+    return ((2 * rows * hidden + (vocab * hidden if weight_trained else 0)) * element_size
+            + chunk * vocab * element_size + block * vocab * 4 * (1 if element_size == 4 else 2))
 
 
 def _gpu(device: torch.device) -> bool:

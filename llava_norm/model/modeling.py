@@ -126,9 +126,9 @@ class LlavaNormForConditionalGeneration(LlavaNormPreTrainedModel, LlavaForCondit
                 mm_encoder_outputs=None, loss_kind: str = "plain", loss_kernel: str = "torch", **kwargs):
         """``loss_kind="fused"`` (``train.loss``): the same loss from the hidden states, never
         materialising the logits (``model.loss``, by ``loss_kernel``: ``train.fused_loss_kernel``);
-        the output then carries no logits. Every input
-        of the parent's forward is named here: generate() passes only what forward names (an
-        unnamed ``logits_to_keep`` would make it compute the logits of the whole prompt)."""
+        the output then carries no logits. Every input of the parent's forward is named here:
+        generate() passes only what forward names (an unnamed ``logits_to_keep`` would make it
+        compute the logits of the whole prompt)."""
         inputs = dict(input_ids=input_ids, pixel_values=pixel_values, attention_mask=attention_mask,
                       position_ids=position_ids, past_key_values=past_key_values, inputs_embeds=inputs_embeds,
                       vision_feature_layer=vision_feature_layer, image_sizes=image_sizes,

@@ -214,6 +214,9 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
         f"data: {rows:,} rows in {len(config.data.mixture)} source(s) (before the row rules)",
         f"backbones: vision {config.model.vision_tower} ({where['vision_tower']}); llm {config.model.llm} ({where['llm']})",
     ]
+    if t.save_steps == 0:
+        report.warnings.append(f"{path}: key 'train.save_steps': 0 writes no checkpoint: a killed or requeued run "
+                               "starts over from step 0")
     if accum is not None:
         _resume_shape(report, path, config, world, accum)
     if plan and accum is not None:  # without a world size that divides the batch there is no launch to plan

@@ -188,7 +188,7 @@ def training_arguments(config: RunConfig, universal: bool = False) -> TrainingAr
         bf16=use_bf16(t.precision), use_cpu=not torch.cuda.is_available(),
         activation_checkpointing=t.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False} if t.gradient_checkpointing else None,
-        deepspeed=deepspeed, save_strategy="steps" if t.save_steps else "no", save_steps=t.save_steps or 500,
+        deepspeed=deepspeed, save_strategy="steps" if t.save_steps else "no", save_steps=t.save_steps,
         save_total_limit=None,
         logging_steps=t.logging_steps, report_to=t.report_to, remove_unused_columns=False,
         dataloader_num_workers=config.data.num_workers, ddp_find_unused_parameters=False,
