@@ -74,6 +74,8 @@ def _config_text(run: TrainRun, vision: Path, llm: Path, world: Path, work: Path
             f"global_batch_size: {run.batch}, grad_accum: 1, gradient_checkpointing: {str(run.checkpointing).lower()}, "
             f"compile: {str(run.compile).lower()}, "
             f"save_steps: 0, report_to: [], restart: true, "
+            # the last three steps profiled: the table lands in the run's log, which the kit returns
+            f"profile_steps: {f'[{steps - 2}, {steps}]' if steps > 3 else 'null'}, "
             f"deepspeed: {REPO_ROOT}/configs/deepspeed/zero{run.zero}.json}}\n")
 
 
@@ -124,7 +126,8 @@ def train_figures(run: TrainRun, config: Path) -> dict:
     run_dir = Path(load_config(config, check_paths=False).train.output_dir)
     history = json.loads((run_dir / "train_summary.json").read_text())["log_history"]
     steps = [h for h in history if "tokens_per_second" in h]
-    later = steps[3:] or steps  # the first steps carry warm-up (kernel choice, the allocator's growth)
+    # the first steps carry warm-up (kernel choice, the allocator's growth), the last three the profiler
+    later = [h for h in steps[3:] if h.get("step", 0) < STEPS - 2] or steps
     longest = max(h.get("longest_row", 0) for h in steps)  # rows are padded to their batch's longest
     plan = _plan(config, longest)
     peaks = [h["peak_memory_gib"] for h in steps if "peak_memory_gib" in h]

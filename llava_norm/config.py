@@ -185,6 +185,10 @@ def validate(config: RunConfig, check_paths: bool = True) -> None:
         raise ConfigError("key 'model.trust_remote_code': data.packing needs the LLM's attention from "
                           "transformers, which builds per-sample masks from position ids; remote modelling code "
                           "may let packed samples attend to each other")
+    window = t.profile_steps
+    if window is not None and not (len(window) == 2 and 1 <= window[0] <= window[1]):
+        raise ConfigError(f"key 'train.profile_steps': {list(window)} is not [first, last] with "
+                          "1 <= first <= last")
     if t.loss == "fused" and lora.enabled and lora.lm_head:
         raise ConfigError("key 'lora.lm_head': train.loss fused reads the output weight directly, which an "
                           "adapted lm_head does not have; use train.loss plain")

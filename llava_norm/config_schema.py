@@ -150,6 +150,9 @@ class TrainConfig:
     allow_config_change: bool = False
     logging_steps: int = 1
     norm_stats_steps: int = 50
+    # [first, last]: torch.profiler over these global steps on the main process, written to
+    # output_dir/profile/ (llava_norm.train.profile)
+    profile_steps: Optional[list[int]] = None
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     run_name: Optional[str] = None
 

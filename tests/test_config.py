@@ -175,6 +175,8 @@ CASES = [
     ([], "optim.lr", "base: base.yaml\noptim: {lr: fast}\n"),
     (["train.train_vision_tower=maybe"], "train.train_vision_tower", None),
     (["train.stage=3"], "train.stage", None),
+    (["train.profile_steps=[3,2]"], "train.profile_steps", None),  # last before first
+    (["train.profile_steps=[0,2]"], "train.profile_steps", None),
     (["foo"], "foo", None),  # not KEY=VALUE
     (["data.mixture.0.path=x.json"], r"data.mixture.0.path", None),
     ([], "base", "base: missing_parent.yaml\n"),

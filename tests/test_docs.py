@@ -128,7 +128,6 @@ def test_the_readmes_run_paths_are_where_the_configs_and_the_pipeline_write():
 def test_readme_gpu_figures_are_the_kits_recorded_results():
     """The README's H100 figures are those in bench/results/ (the kit's own JSON), not retyped ones."""
     results = Path(__file__).resolve().parents[1] / "bench" / "results"
-    part1 = json.loads((results / "gpu_kit_2026-11-26_part1.json").read_text())["parts"]
     train = json.loads((results / "gpu_kit_2026-11-26_train.json").read_text())["parts"]["train"]["results"]
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     steps = json.loads((results / "gpu_kit_2026-11-26_compile.json").read_text())["parts"]["step_llama"]["results"]

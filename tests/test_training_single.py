@@ -89,3 +89,22 @@ train: {{stage: 2, output_dir: {tmp_path}/out, max_steps: 1, per_device_batch_si
     with caplog.at_level(logging.WARNING, logger="llava_norm.model.loss"):
         run_training(load_config(config))
     assert "train.loss fused: liger runs on CUDA only, not on cpu; using the chunked torch cross-entropy" in caplog.text
+
+
+def test_profile_steps_write_a_trace_and_the_top_operators_of_those_steps(tmp_path, tiny_dir):
+    import json
+
+    data, images = write_dataset(tmp_path / "data", n=8)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"""
+model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama}}
+data: {{mixture: [{{path: {data}, image_folder: {images}}}], num_workers: 0}}
+train: {{stage: 2, output_dir: {tmp_path}/out, max_steps: 3, per_device_batch_size: 2, save_steps: 0, report_to: [],
+        profile_steps: [2, 3]}}
+""")
+    run_training(load_config(config))
+    profile = tmp_path / "out" / "profile"
+    top = (profile / "top_ops.txt").read_text()
+    assert top.startswith("steps 2-3 of the main process:") and "aten::mm" in top
+    events = json.loads((profile / "trace.json").read_text())["traceEvents"]
+    assert any(e.get("name") == "aten::mm" for e in events)

@@ -29,18 +29,18 @@ import yaml
 from llava_norm.config import RunConfig, to_yaml
 from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE
 from llava_norm.provenance import RECORD, flatten
-from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY, WANDB_RUN_ID, complete_checkpoints
+from llava_norm.train.rundir import PROFILE_DIR, RUN_CONFIG, SKIPPED, SUMMARY, WANDB_RUN_ID, complete_checkpoints
 
 log = logging.getLogger(__name__)
 # Where and how often to write, and how to treat this launch: none of them changes the trained weights.
 OPERATIONAL_KEYS = frozenset({
     "train.output_dir", "train.resume", "train.save_steps", "train.save_total_limit", "train.logging_steps",
     "train.report_to", "train.run_name", "train.norm_stats_steps", "train.restart", "train.extend",
-    "train.allow_config_change", "data.num_workers", "model.allow_projector_mismatch",
+    "train.allow_config_change", "data.num_workers", "model.allow_projector_mismatch", "train.profile_steps",
 })
 SCHEDULE_KEYS = frozenset({"train.max_steps", "train.epochs"})  # what train.extend may raise
 # What a run writes into output_dir, and so what train.restart removes (nothing else is touched).
-RUN_OUTPUTS = ("model", PROJECTOR_FILE, SUMMARY, CONFIG_FILE, SKIPPED, "runs", RECORD, WANDB_RUN_ID)
+RUN_OUTPUTS = ("model", PROJECTOR_FILE, SUMMARY, CONFIG_FILE, SKIPPED, "runs", RECORD, WANDB_RUN_ID, PROFILE_DIR)
 
 
 class RelaunchError(RuntimeError):

@@ -34,6 +34,7 @@ from llava_norm.model.compile import compile_layers
 from llava_norm.plan import format_plan, make_plan
 from llava_norm.train.final import save_final
 from llava_norm.train.params import freeze_backbones, freeze_for_lora
+from llava_norm.train.profile import StepProfiler
 from llava_norm.train.record import complete_finished_run, finish_record, start_record
 from llava_norm.train.relaunch import clear_outputs, plan_launch
 from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY, data_state
@@ -294,6 +295,8 @@ def run_training(config: RunConfig, check=None) -> Path | None:
     if plan.checkpoint:  # refuse a resume the data cannot continue before any record is rewritten
         trainer.check_data_order(plan.checkpoint)
     out = Path(t.output_dir)
+    if t.profile_steps:
+        trainer.add_callback(StepProfiler(*t.profile_steps, out))
     resume_from = plan.checkpoint
     if universal:  # the global process 0 converts, into this run's folder; the others wait, then check
         with args.main_process_first(local=False, desc="universal checkpoint"):

@@ -21,6 +21,7 @@ RUN_CONFIG = "run_config.yaml"  # in each checkpoint: the resolved config it was
 SUMMARY = "train_summary.json"  # in output_dir: written last; ``complete: true`` marks a finished run
 SKIPPED = "skipped.jsonl"  # in output_dir: one record per bad row dropped (file, row, cause)
 WANDB_RUN_ID = "wandb_run_id"  # in output_dir, with report_to wandb: the W&B run every launch logs to
+PROFILE_DIR = "profile"  # in output_dir, with train.profile_steps: the trace and the top operators
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 

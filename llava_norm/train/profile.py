@@ -1,0 +1,68 @@
+"""``train.profile_steps``: torch.profiler over a window of optimizer steps, on the main process.
+
+Owns the window, its files and its printed summary: ``output_dir/profile/trace.json`` (a Chrome
+trace, for Perfetto or chrome://tracing) and ``profile/top_ops.txt`` (operators by their own
+time, GPU time where there is a GPU). The window opens at the end of the step before the first
+profiled one and closes at the end of the last, so the data loading, the optimizer step and any
+host synchronisation between steps fall inside it, as they do in a step's wall time.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback
+
+from llava_norm.train.rundir import PROFILE_DIR
+
+TOP_OPS = 30
+
+
+class StepProfiler(TrainerCallback):
+    """Profiles global steps ``first`` to ``last`` (inclusive) of the main process."""
+
+    def __init__(self, first: int, last: int, out: Path):
+        self.first, self.last, self.out = first, last, Path(out)
+        self.profiler: torch.profiler.profile | None = None
+        self.started = 0.0
+
+    def _start(self) -> None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.profiler = torch.profiler.profile(activities=activities)
+        self.profiler.start()
+        self.started = time.perf_counter()
+
+    def _stop(self, step: int) -> None:
+        self.profiler.stop()
+        seconds = time.perf_counter() - self.started
+        folder = self.out / PROFILE_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        self.profiler.export_chrome_trace(str(folder / "trace.json"))
+        by = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+        head = (f"steps {self.first}-{step} of the main process: {seconds:.3f} s wall, "
+                f"{seconds / max(step - self.first + 1, 1):.3f} s a step; operators by {by}\n")
+        table = self.profiler.key_averages().table(sort_by=by, row_limit=TOP_OPS)
+        (folder / "top_ops.txt").write_text(head + table)
+        print(f"[llava-norm] profile: {head.strip()}; {folder / 'trace.json'}\n{table}", flush=True)
+        self.profiler = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # a fresh run profiling from step 1, or a resumed one whose next step is the first profiled
+        if args.process_index == 0 and state.global_step + 1 == self.first:
+            self._start()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if args.process_index != 0:
+            return
+        if self.profiler is None and state.global_step + 1 == self.first:
+            self._start()
+        elif self.profiler is not None and state.global_step >= self.last:
+            self._stop(state.global_step)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.profiler is not None:  # the run ended inside the window
+            self._stop(state.global_step)
