@@ -52,17 +52,22 @@ train: {{output_dir: {tmp_path}/out}}
     assert (plan.action, plan.checkpoint) == ("resume", tmp_path / "out" / "checkpoint-4")
 
 
-def test_save_steps_zero_writes_no_checkpoint_and_the_final_model(tmp_path, tiny_dir):
-    """A benchmark run that cannot hold a checkpoint (a 3B DeepSpeed checkpoint is about 58 GB):
-    no checkpoint folder at any step, the final model and summary still written."""
-    data, images = write_dataset(tmp_path / "data", n=4)
+def _tiny_stage2(tmp_path, tiny_dir, train: str, rows: int = 4):
+    """A stage-2 run of the tiny backbones writing no checkpoint; ``train``: more train keys."""
+    data, images = write_dataset(tmp_path / "data", n=rows)
     config = tmp_path / "c.yaml"
     config.write_text(f"""
 model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama}}
 data: {{mixture: [{{path: {data}, image_folder: {images}}}], num_workers: 0}}
-train: {{stage: 2, output_dir: {tmp_path}/out, max_steps: 2, per_device_batch_size: 2, save_steps: 0, report_to: []}}
+train: {{stage: 2, output_dir: {tmp_path}/out, per_device_batch_size: 2, save_steps: 0, report_to: [], {train}}}
 """)
-    run_training(load_config(config))
+    return load_config(config)
+
+
+def test_save_steps_zero_writes_no_checkpoint_and_the_final_model(tmp_path, tiny_dir):
+    """A benchmark run that cannot hold a checkpoint (a 3B DeepSpeed checkpoint is about 58 GB):
+    no checkpoint folder at any step, the final model and summary still written."""
+    run_training(_tiny_stage2(tmp_path, tiny_dir, "max_steps: 2"))
     out = tmp_path / "out"
     assert not list(out.glob("checkpoint-*"))
     assert (out / "train_summary.json").is_file() and list((out / "model").glob("*.safetensors"))
@@ -78,31 +83,16 @@ def test_the_named_fused_loss_kernel_reaches_the_loss(tmp_path, tiny_dir, monkey
 
     monkeypatch.setattr(config_checks, "FUSED_LOSS_DISTRIBUTIONS", {"liger": "torch"})
     loss_module._say_once.cache_clear()
-    data, images = write_dataset(tmp_path / "data", n=4)
-    config = tmp_path / "c.yaml"
-    config.write_text(f"""
-model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama}}
-data: {{mixture: [{{path: {data}, image_folder: {images}}}], num_workers: 0}}
-train: {{stage: 2, output_dir: {tmp_path}/out, max_steps: 1, per_device_batch_size: 2, save_steps: 0, report_to: [],
-        loss: fused, fused_loss_kernel: liger}}
-""")
+    config = _tiny_stage2(tmp_path, tiny_dir, "max_steps: 1, loss: fused, fused_loss_kernel: liger")
     with caplog.at_level(logging.WARNING, logger="llava_norm.model.loss"):
-        run_training(load_config(config))
+        run_training(config)
     assert "train.loss fused: liger runs on CUDA only, not on cpu; using the chunked torch cross-entropy" in caplog.text
 
 
 def test_profile_steps_write_a_trace_and_the_top_operators_of_those_steps(tmp_path, tiny_dir):
     import json
 
-    data, images = write_dataset(tmp_path / "data", n=8)
-    config = tmp_path / "c.yaml"
-    config.write_text(f"""
-model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama}}
-data: {{mixture: [{{path: {data}, image_folder: {images}}}], num_workers: 0}}
-train: {{stage: 2, output_dir: {tmp_path}/out, max_steps: 3, per_device_batch_size: 2, save_steps: 0, report_to: [],
-        profile_steps: [2, 3]}}
-""")
-    run_training(load_config(config))
+    run_training(_tiny_stage2(tmp_path, tiny_dir, "max_steps: 3, profile_steps: [2, 3]", rows=8))
     profile = tmp_path / "out" / "profile"
     top = (profile / "top_ops.txt").read_text()
     assert top.startswith("steps 2-3 of the main process:") and "aten::mm" in top
