@@ -16,6 +16,7 @@ from pathlib import Path
 from _harness import REPO_ROOT
 
 STEPS = 20
+PROFILED_STEPS = 3  # the runs' last steps, under train.profile_steps: left out of their tokens/s
 WORLD_TEXT_TOKENS = 320  # above the longest text of the demo's synthetic stage-2 rows
 PLAN_TOLERANCE = 0.15
 
@@ -74,8 +75,8 @@ def _config_text(run: TrainRun, vision: Path, llm: Path, world: Path, work: Path
             f"global_batch_size: {run.batch}, grad_accum: 1, gradient_checkpointing: {str(run.checkpointing).lower()}, "
             f"compile: {str(run.compile).lower()}, "
             f"save_steps: 0, report_to: [], restart: true, "
-            # the last three steps profiled: the table lands in the run's log, which the kit returns
-            f"profile_steps: {f'[{steps - 2}, {steps}]' if steps > 3 else 'null'}, "
+            # the last steps profiled: the table lands in the run's log, which the kit returns
+            f"profile_steps: {f'[{steps - PROFILED_STEPS + 1}, {steps}]' if steps > PROFILED_STEPS else 'null'}, "
             f"deepspeed: {REPO_ROOT}/configs/deepspeed/zero{run.zero}.json}}\n")
 
 
@@ -126,8 +127,8 @@ def train_figures(run: TrainRun, config: Path) -> dict:
     run_dir = Path(load_config(config, check_paths=False).train.output_dir)
     history = json.loads((run_dir / "train_summary.json").read_text())["log_history"]
     steps = [h for h in history if "tokens_per_second" in h]
-    # the first steps carry warm-up (kernel choice, the allocator's growth), the last three the profiler
-    later = [h for h in steps[3:] if h.get("step", 0) < STEPS - 2] or steps
+    # the first steps carry warm-up (kernel choice, the allocator's growth), the last the profiler
+    later = [h for h in steps[3:] if h.get("step", 0) <= STEPS - PROFILED_STEPS] or steps
     longest = max(h.get("longest_row", 0) for h in steps)  # rows are padded to their batch's longest
     plan = _plan(config, longest)
     peaks = [h["peak_memory_gib"] for h in steps if "peak_memory_gib" in h]

@@ -44,7 +44,7 @@ def measure(kind: str, vocab: int, tokens: int, hidden: int, dtype: str, device:
     import torch
     from transformers.loss.loss_utils import ForCausalLMLoss
 
-    from llava_norm.model.loss import causal_lm_loss, fused_kernel
+    from llava_norm.model.loss import causal_lm_loss, chunk_rows, fused_kernel
 
     if kind not in ("plain", "torch"):
         name, fn_or_problem = fused_kernel(torch.device(device), kind)
@@ -57,7 +57,7 @@ def measure(kind: str, vocab: int, tokens: int, hidden: int, dtype: str, device:
     w = (torch.randn(vocab, hidden, dtype=dt, device=device) * 0.02).requires_grad_(True)
     labels = torch.randint(0, vocab, (1, tokens), device=device)
     count = labels[..., 1:].numel()
-    chunk = max(16, chunk_mib * 2**20 // (w.element_size() * vocab)) if chunk_mib else None
+    chunk = chunk_rows(w.element_size(), vocab, chunk_mib * 2**20) if chunk_mib else None
 
     def step():
         h.grad = w.grad = None

@@ -78,15 +78,15 @@ FUSED_LOSS_DISTRIBUTIONS = {"liger": "liger-kernel", "cce": "cut-cross-entropy"}
 
 def _fused_loss_kernel(config: RunConfig) -> None:
     t = config.train
-    if t.loss == "fused" and t.fused_loss_kernel in FUSED_LOSS_DISTRIBUTIONS:
+    needed = FUSED_LOSS_DISTRIBUTIONS.get(t.fused_loss_kernel) if t.loss == "fused" else None
+    if needed:
         from importlib.metadata import PackageNotFoundError, version
 
         try:
-            version(FUSED_LOSS_DISTRIBUTIONS[t.fused_loss_kernel])
+            version(needed)
         except PackageNotFoundError:
-            raise ConfigError(f"key 'train.fused_loss_kernel': {t.fused_loss_kernel} needs the "
-                              f"{FUSED_LOSS_DISTRIBUTIONS[t.fused_loss_kernel]} package (pip install "
-                              f"{FUSED_LOSS_DISTRIBUTIONS[t.fused_loss_kernel]}); torch needs none") from None
+            raise ConfigError(f"key 'train.fused_loss_kernel': {t.fused_loss_kernel} needs the {needed} package "
+                              f"(pip install {needed}); torch needs none") from None
 
 
 def _compile(config: RunConfig) -> None:

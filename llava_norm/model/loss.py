@@ -31,6 +31,15 @@ CHUNK_BYTES = 512 * 2**20  # a chunk's logits in the compute dtype
 BLOCK_BYTES = 64 * 2**20  # a block's fp32 log-probabilities
 
 
+def chunk_rows(element_size: int, vocab: int, budget: int | None = None) -> int:
+    """Rows per chunk: as many as ``budget`` bytes (default ``CHUNK_BYTES``) of logits hold, at least 16."""
+    return max(16, (budget or CHUNK_BYTES) // (element_size * vocab))
+
+
+def _block_rows(vocab: int) -> int:
+    return max(1, BLOCK_BYTES // (4 * vocab))
+
+
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """Sum over rows of cross_entropy(hidden @ weight.T, targets), with its gradients found
     chunk by chunk in forward (backward only scales them)."""
@@ -44,7 +53,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        block = max(1, BLOCK_BYTES // (4 * weight.shape[0]))
+        block = _block_rows(weight.shape[0])
         matmul_weight = weight.to(dtype)  # the weight itself unless autocast computes in another dtype
         for start in range(0, hidden.shape[0], chunk):
             part, target = hidden[start:start + chunk].to(dtype), targets[start:start + chunk]
@@ -105,7 +114,7 @@ def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, tar
     dtype = _autocast_dtype(hidden.device.type) or weight.dtype
     if not torch.is_grad_enabled():  # a Function's needs_input_grad ignores no_grad: no gradient to find
         hidden, weight = hidden.detach(), weight.detach()
-    chunk = chunk or max(16, CHUNK_BYTES // (dtype.itemsize * weight.shape[0]))
+    chunk = chunk or chunk_rows(dtype.itemsize, weight.shape[0])
     return _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, chunk, dtype)
 
 
@@ -143,8 +152,8 @@ def fused_held_bytes(rows: int, hidden: int, vocab: int, element_size: int, weig
     gradient of the hidden states and, when the output layer trains, of its weight (held on
     ``ctx``; Liger's kernel holds the same two), the supervised rows' copy, one chunk's logits
     and its fp32 blocks (two from bf16 logits: the conversion, then the log-probabilities)."""
-    chunk = min(rows, max(16, CHUNK_BYTES // (element_size * vocab)))
-    block = min(chunk, max(1, BLOCK_BYTES // (4 * vocab)))
+    chunk = min(rows, chunk_rows(element_size, vocab))
+    block = min(chunk, _block_rows(vocab))
     return ((2 * rows * hidden + (vocab * hidden if weight_trained else 0)) * element_size
             + chunk * vocab * element_size + block * vocab * 4 * (1 if element_size == 4 else 2))
 
