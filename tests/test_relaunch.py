@@ -19,7 +19,8 @@ from tinydata import write_dataset
 
 from llava_norm.config import load_config
 from llava_norm.train.relaunch import RelaunchError, plan_launch
-from llava_norm.train.run import run_training, safe_deepspeed_loading
+from llava_norm.train.deepspeed_setup import safe_deepspeed_loading
+from llava_norm.train.run import run_training
 from llava_norm.train.trainer import LlavaNormTrainer
 
 

@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
 from pathlib import Path
 
 import torch
@@ -32,6 +31,7 @@ from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE, PROJECTOR_PREFIX
 from llava_norm.model.builder import ModelSpec, build_model
 from llava_norm.model.compile import compile_layers
 from llava_norm.plan import format_plan, make_plan
+from llava_norm.train.deepspeed_setup import prepare_deepspeed
 from llava_norm.train.final import save_final
 from llava_norm.train.params import freeze_backbones, freeze_for_lora
 from llava_norm.train.profile import StepProfiler
@@ -40,8 +40,8 @@ from llava_norm.train.relaunch import clear_outputs, plan_launch
 from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY, data_state
 from llava_norm.train.runlog import kept_wandb_run, main_process_messages
 from llava_norm.train.trainer import LlavaNormTrainer
-from llava_norm.train.universal import (UNIVERSAL_WAIT_S, deepspeed_records, remove_universal_copies,
-                                         universal_checkpoint, weights_only_loads)
+from llava_norm.train.universal import (UNIVERSAL_WAIT_S, remove_universal_copies, universal_checkpoint,
+                                         weights_only_loads)
 
 log = logging.getLogger(__name__)
 CALIBRATION_IMAGES = 16  # model.scale_value auto: the images c is measured on
@@ -91,59 +91,6 @@ def calibrate_scale(model, dataset, collate_fn, images: int = CALIBRATION_IMAGES
     projector.norm.set_value(value)
     model.train(was_training)
     return value
-
-
-def single_process_rendezvous() -> None:
-    """Give a launcher-less process the environment of a one-process group.
-
-    Why: DeepSpeed (and so every shipped ZeRO config) initialises torch.distributed, and without
-    RANK/WORLD_SIZE in the environment it falls back to MPI discovery, which needs mpi4py. A run
-    started without torchrun is one process: rank 0 of 1, on a free local port.
-    """
-    if "RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ or "PMI_RANK" in os.environ:
-        return
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR=os.environ.get("MASTER_ADDR", "127.0.0.1"),
-                      MASTER_PORT=os.environ.get("MASTER_PORT", str(port)))
-
-
-def safe_deepspeed_loading() -> None:
-    """Resume DeepSpeed checkpoints without unpickling arbitrary objects.
-
-    Why: DeepSpeed's torch checkpoint engine loads with ``weights_only=False``, so a checkpoint
-    a user was handed could run code on load. Its files hold tensors, containers, strings and
-    four plain DeepSpeed records (loss scaler, ZeRO stage, fragment address); those four are
-    allowed by name for the load and nothing else is.
-    """
-    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
-
-    allowed = deepspeed_records()
-
-    def load(self, path: str, map_location=None):
-        with torch.serialization.safe_globals(allowed):
-            return torch.load(path, map_location=map_location, weights_only=True)
-
-    TorchCheckpointEngine.load = load
-
-
-def skip_cpu_inference_comm_op() -> None:
-    """On CPU, keep DeepSpeed from compiling its shared-memory all-reduce op at start-up.
-
-    Why: DeepSpeed's CPU backend JIT-compiles that C++ op whenever its comm layer starts
-    (about 22 s on 2 cores, again in every new environment, and only with a C++ compiler
-    present), yet only its inference engine's all-reduce uses it; ZeRO training reduces
-    through torch.distributed. DeepSpeed builds an op only where ``__compatible_ops__``
-    allows it, so marking this one incompatible skips the build and nothing else changes.
-    """
-    if torch.cuda.is_available():
-        return
-    import deepspeed.ops
-    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
-
-    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
 
 
 def print_startup_plan(config: RunConfig) -> None:
@@ -225,9 +172,7 @@ def run_training(config: RunConfig, check=None) -> Path | None:
     for difference in plan.differences:
         log.warning("resuming with a changed config: %s", difference)
     if t.deepspeed:
-        single_process_rendezvous()
-        skip_cpu_inference_comm_op()
-        safe_deepspeed_loading()
+        prepare_deepspeed()
     if int(os.environ.get("RANK", "0")) == 0:
         print_startup_plan(config)
     set_seed(t.seed)
