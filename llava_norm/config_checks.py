@@ -71,6 +71,22 @@ def _attention(config: RunConfig) -> None:
                               "and a CUDA GPU; use sdpa")
 
 
+def _report_to(config: RunConfig) -> None:
+    # transformers' own names for its integrations, which differ between its versions
+    report_to = config.train.report_to
+    if report_to in ([], ["none"], ["all"]):
+        return
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK as known
+    from transformers.integrations.integration_utils import get_available_reporting_integrations
+
+    if [name for name in report_to if name not in known]:
+        raise ConfigError(f"key 'train.report_to': {report_to} has a name not among transformers' {list(known)}")
+    # azure_ml counts as available only without mlflow, so its absence there proves nothing.
+    absent = [n for n in report_to if n != "azure_ml" and n not in get_available_reporting_integrations()]
+    if absent:
+        raise ConfigError(f"key 'train.report_to': {absent} not installed (install it, or report_to: [])")
+
+
 # train.fused_loss_kernel's GPU kernels: the distribution each needs (llava_norm.model.loss imports it;
 # liger-kernel is in requirements-gpu.txt)
 FUSED_LOSS_DISTRIBUTIONS = {"liger": "liger-kernel", "cce": "cut-cross-entropy"}
@@ -274,5 +290,5 @@ def _must_exist(path: str, key: str, kind: str = "") -> None:
 
 
 # check_paths' steps, in order; each raises its own ConfigError
-PATH_CHECKS = (_data_paths, _backbone_dirs, _attention, _fused_loss_kernel, _compile, _chat_template, _packing_family,
-               _projector, _deepspeed, _resume_and_output, _lora_targets)
+PATH_CHECKS = (_data_paths, _backbone_dirs, _attention, _report_to, _fused_loss_kernel, _compile, _chat_template,
+               _packing_family, _projector, _deepspeed, _resume_and_output, _lora_targets)
