@@ -11,26 +11,27 @@ import os
 import sys
 from pathlib import Path
 
-from llava_norm.worker import die_with_launcher, exit_launched_worker
+from llava_norm.worker import die_with_launcher, exit_launched_worker, frozen_imports
 
 
 def _train(args) -> None:
-    # lazy: start-up; a config error is said before torch and transformers load (seconds per process)
-    from llava_norm.config import ConfigError, load_config
+    with frozen_imports():
+        # lazy: start-up; a config error is said before torch and transformers load (seconds per process)
+        from llava_norm.config import ConfigError, load_config
 
-    try:  # what the config names on this machine is the launch check's (below): every problem at once
-        config = load_config(args.config, args.overrides, check_paths=False)
-    except ConfigError as error:
-        sys.exit(f"config error: {error}")
+        try:  # what the config names on this machine is the launch check's (below): every problem at once
+            config = load_config(args.config, args.overrides, check_paths=False)
+        except ConfigError as error:
+            sys.exit(f"config error: {error}")
 
-    import torch.distributed as dist
+        import torch.distributed as dist
 
-    # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.data.dataset import BadSampleError
-    from llava_norm.train.preflight import preflight
-    from llava_norm.train.relaunch import RelaunchError
-    from llava_norm.train.run import LaunchCheckError, run_training
-    from llava_norm.train.trainer import ResumeError
+        # lazy: start-up; a subcommand loads only the stages it runs
+        from llava_norm.data.dataset import BadSampleError
+        from llava_norm.train.preflight import preflight
+        from llava_norm.train.relaunch import RelaunchError
+        from llava_norm.train.run import LaunchCheckError, run_training
+        from llava_norm.train.trainer import ResumeError
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
@@ -51,9 +52,10 @@ def _train(args) -> None:
 
 
 def _check(args) -> None:
-    # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.plan import gpu_memory
-    from llava_norm.train.preflight import json_report, preflight, print_report
+    with frozen_imports():
+        # lazy: start-up; a subcommand loads only the stages it runs
+        from llava_norm.plan import gpu_memory
+        from llava_norm.train.preflight import json_report, preflight, print_report
 
     for name in ("gpus", "nodes"):
         if getattr(args, name) < 1:
@@ -72,7 +74,8 @@ def _check(args) -> None:
 
 
 def _chat(args) -> None:
-    from llava_norm.chat import chat  # lazy: start-up; the model stages load only for this subcommand
+    with frozen_imports():
+        from llava_norm.chat import chat  # lazy: start-up; the model stages load only for this subcommand
 
     chat(args)
 
@@ -80,10 +83,11 @@ def _chat(args) -> None:
 def _plan(args) -> None:
     import json
 
-    # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.config import ConfigError, load_config
-    from llava_norm.plan import format_plan, gpu_memory, make_plan
-    from llava_norm.plan.report import plan_dict
+    with frozen_imports():
+        # lazy: start-up; a subcommand loads only the stages it runs
+        from llava_norm.config import ConfigError, load_config
+        from llava_norm.plan import format_plan, gpu_memory, make_plan
+        from llava_norm.plan.report import plan_dict
 
     for name in ("gpus", "nodes", "seq_len", "images_per_row"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -114,9 +118,10 @@ def _merge_lora(args) -> None:
 
 
 def _eval(args) -> None:
-    # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.evaluation.arguments import eval_config_from_args
-    from llava_norm.evaluation.runner import run_evaluation
+    with frozen_imports():
+        # lazy: start-up; a subcommand loads only the stages it runs
+        from llava_norm.evaluation.arguments import eval_config_from_args
+        from llava_norm.evaluation.runner import run_evaluation
 
     try:
         config = eval_config_from_args(args)
@@ -128,10 +133,11 @@ def _eval(args) -> None:
 
 
 def _table(args) -> None:
-    # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.analysis.ablation import split_name, write_ablation
-    from llava_norm.evaluation.arguments import benchmark_options
-    from llava_norm.evaluation.table import read_run, write_table
+    with frozen_imports():
+        # lazy: start-up; a subcommand loads only the stages it runs
+        from llava_norm.analysis.ablation import split_name, write_ablation
+        from llava_norm.evaluation.arguments import benchmark_options
+        from llava_norm.evaluation.table import read_run, write_table
 
     try:
         names = {read_run(d)[0]: d for d in args.eval_dirs}
@@ -158,12 +164,14 @@ def _chain_config(args, arms: list[str], **grid):
 
 
 def _run_chain(config, command: str, dry_run: bool) -> None:
-    # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.config import ConfigError
-    from llava_norm.pipeline import plan, run_steps
+    with frozen_imports():
+        # lazy: start-up; a subcommand loads only the stages it runs
+        from llava_norm.config import ConfigError
+        from llava_norm.pipeline import plan, run_steps
 
     try:
-        steps, marks = plan(config)
+        with frozen_imports():  # deciding what to reuse loads torch and transformers
+            steps, marks = plan(config)
         for name, status, seconds in run_steps(steps, reuse_stale=config.reuse_stale, marks=marks, dry_run=dry_run):
             print(f"{name:40s} {status:9s} {seconds:7.1f} s")
     except (RuntimeError, FileNotFoundError, ValueError, ConfigError) as error:
@@ -189,8 +197,9 @@ def _sweep_argv(args) -> list[str]:
 
 
 def _sweep(args) -> None:
-    # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.sweep import GridProblems, SlurmSettings, arm_dirs, parse_seeds, write_slurm
+    with frozen_imports():
+        # lazy: start-up; a subcommand loads only the stages it runs
+        from llava_norm.sweep import GridProblems, SlurmSettings, arm_dirs, parse_seeds, write_slurm
 
     try:
         config = _chain_config(args, arm_dirs(args.backbone, args.arms, args.baseline), seeds=parse_seeds(args.seeds),

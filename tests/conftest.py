@@ -5,6 +5,7 @@ so no test reuses an index a developer's earlier runs left behind; launched runs
 """
 
 import atexit
+import gc
 import os
 import shutil
 import tempfile
@@ -28,6 +29,12 @@ LONGEST_FIRST = ("test_sweep.py", "test_resume.py", "test_pipeline.py", "test_re
                  "test_world_size.py", "test_training.py",
                  "test_bench.py", "test_slurm.py", "test_packed_training.py", "test_eval_runner.py", "test_demo.py",
                  "test_run_logs.py", "test_lora.py", "test_plan.py", "test_check.py", "test_docs.py")
+
+
+def pytest_collection_finish(session):
+    # What collection imported (torch, transformers, ...) lives as long as this process: frozen, the
+    # collector's passes during the tests no longer walk it (llava_norm.worker.frozen_imports).
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(items):
