@@ -365,8 +365,7 @@ def _register_plugins(sub) -> None:
         entry.load()(sub)
 
 
-def main(argv: list[str] | None = None) -> None:
-    die_with_launcher()
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command == "chat" and args.question is None and len(extra) == 1 and \
@@ -376,12 +375,19 @@ def main(argv: list[str] | None = None) -> None:
         if args.command not in ("plan", "check") or any(e.startswith("-") or "=" not in e for e in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides += extra
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    die_with_launcher()
+    with frozen_imports():  # the subcommands' parsers, and transformers for its logging
+        args = _parse(argv)
+        if not args.verbose:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.set_verbosity_error()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not args.verbose:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
     logging.getLogger("llava_norm").setLevel(logging.INFO)
     args.func(args)
     exit_launched_worker()  # train and data-parallel eval end on gloo collectives

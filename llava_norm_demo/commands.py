@@ -6,6 +6,8 @@ command line lists these subcommands without importing this package by name.
 
 from __future__ import annotations
 
+from llava_norm.worker import frozen_imports
+
 
 def _make_tiny(args) -> None:
     # lazy: start-up; a subcommand loads only the stages it runs
@@ -40,8 +42,9 @@ def _warmup(args) -> None:
 
 
 def _demo(args) -> None:
-    # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm_demo.driver import run_demo
+    with frozen_imports():
+        # lazy: start-up; a subcommand loads only the stages it runs
+        from llava_norm_demo.driver import run_demo
 
     run_demo(args.root, args.profile, args.code_counts)
 
