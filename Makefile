@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.installed
 TORCH   ?= torch==2.13.0
 
-.PHONY: install install-gpu test check-breaks demo ablation bench-gpu clean
+.PHONY: install install-gpu bytecode test check-breaks demo ablation bench-gpu clean
 
 $(STAMP): requirements.txt requirements-plugin-test.txt pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -17,6 +17,13 @@ $(STAMP): requirements.txt requirements-plugin-test.txt pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The package's bytecode, written once before a run: where PYTHONDONTWRITEBYTECODE is set (as on
+# this project's machines) every launched process would otherwise compile the sources it imports
+# again. compileall skips what is current; Python checks each file's stamp, so a stale one costs
+# a recompile in memory, never a wrong import.
+bytecode: $(STAMP)
+	$(PY) -m compileall -q llava_norm llava_norm_demo
 
 # On a CUDA machine: liger-kernel, then flash-attn built against the installed torch
 # (docs/cluster.md). MAX_JOBS bounds the build's parallel compilers (each takes several GB).
@@ -33,18 +40,18 @@ install-gpu: $(STAMP)
 # collectives, and the others fill those waits.
 TEST_JOBS ?= 4
 
-test: $(STAMP)
+test: bytecode
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder tests
 
 # Each named break of tests/breaks.py applied in turn: the test that names it must fail.
 check-breaks: $(STAMP)
 	$(PY) tests/breaks.py
 
-demo: $(STAMP)
+demo: bytecode
 	$(PY) -m llava_norm.cli demo
 
 # Every tiny arm x 3 seeds and the table with intervals (README, "Is it more than seed noise?").
-ablation: $(STAMP)
+ablation: bytecode
 	$(PY) -m llava_norm.cli ablation
 
 # On a GPU machine: every GPU figure (bench/gpu_kit.py) with the machine's own torch.

@@ -22,13 +22,14 @@ atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], ignore_errors=Tr
 from llava_norm_demo.tiny import make_tiny
 
 # pytest-xdist hands out whole modules (--dist loadfile), in collection order under
-# --no-loadscope-reorder (the Makefile's test target). The modules whose runs take longest go
-# first, so that none of them starts near the end and runs on alone while the other cores idle;
-# the in-process modules then fill in. Longest first, by `pytest --durations` of the whole suite.
-LONGEST_FIRST = ("test_sweep.py", "test_resume.py", "test_pipeline.py", "test_resume_ddp_one_process.py",
-                 "test_world_size.py", "test_training.py",
-                 "test_bench.py", "test_slurm.py", "test_packed_training.py", "test_eval_runner.py", "test_demo.py",
-                 "test_run_logs.py", "test_lora.py", "test_plan.py", "test_check.py", "test_docs.py")
+# --no-loadscope-reorder (the Makefile's test target). The modules that take longest go first, so
+# that none of them starts near the end and runs on alone while the other cores idle; the
+# in-process modules then fill in. The demo and the pipeline lead: each is one chain of launches
+# that cannot use both cores, however long it waits for them. Then by CPU time, launches included.
+LONGEST_FIRST = ("test_demo.py", "test_pipeline.py", "test_resume.py", "test_sweep.py", "test_training.py",
+                 "test_resume_ddp_one_process.py", "test_bench.py", "test_world_size.py", "test_slurm.py",
+                 "test_packed_training.py", "test_lora.py", "test_run_logs.py", "test_eval_runner.py", "test_plan.py",
+                 "test_docs.py", "test_check.py")
 
 
 def pytest_collection_finish(session):

@@ -1,0 +1,75 @@
+"""CPU time of a training process's start-up: its imports with and without ``frozen_imports``,
+and DeepSpeed's Muon import with and without ``defer_muon_compile``.
+
+Owns the measurement behind the start-up rules of ``llava_norm.worker`` and
+``llava_norm.train.deepspeed_setup``. Each figure is the CPU time (user and system) of one fresh
+process, the median of ``--repeats``; the variants alternate, so a busy machine slows them alike.
+
+    .venv/bin/python bench/startup.py          # about a minute on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+from _harness import REPO_ROOT
+
+# What `llava-norm train` imports before its work, then what a DeepSpeed launch adds, then the
+# collection accelerate runs as training starts. Each prints its own CPU seconds.
+PROBE = """
+import gc, json, resource, sys
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+variant = sys.argv[1]
+start = cpu()
+from llava_norm.worker import frozen_imports
+if variant == "frozen":
+    with frozen_imports():
+        import torch.distributed, llava_norm.train.run, deepspeed
+else:
+    import torch.distributed, llava_norm.train.run, deepspeed
+imports = cpu() - start
+start = cpu()
+if variant == "deferred":
+    from llava_norm.train.deepspeed_setup import defer_muon_compile
+    defer_muon_compile()
+import deepspeed.runtime.zero.muon.muon_optimizer
+muon = cpu() - start
+start = cpu()
+gc.collect()
+print(json.dumps({"imports": imports, "muon": muon, "collect": cpu() - start}))
+"""
+
+
+def measure(variant: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", PROBE, variant], cwd=REPO_ROOT, capture_output=True, text=True,
+                          check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    runs = {"plain": [], "frozen": [], "deferred": []}
+    for _ in range(args.repeats):
+        for variant in runs:
+            runs[variant].append(measure(variant))
+    med = {v: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for v, rs in runs.items()}
+    plain, frozen, deferred = med["plain"], med["frozen"], med["deferred"]
+    print(f"imports (torch, transformers, DeepSpeed, llava_norm.train.run): {plain['imports']:.2f} CPU-s; "
+          f"under frozen_imports {frozen['imports']:.2f} ({frozen['imports'] / plain['imports']:.2f}x)")
+    print(f"gc.collect() after them (accelerate's, as training starts): {plain['collect']:.3f} CPU-s; "
+          f"frozen {frozen['collect']:.3f}")
+    print(f"DeepSpeed's Muon import (ZeRO's optimizer check): {plain['muon']:.2f} CPU-s; "
+          f"deferred {deferred['muon']:.3f}")
+    print(json.dumps({"median_of": args.repeats, **med}))
+
+
+if __name__ == "__main__":
+    main()
