@@ -44,7 +44,7 @@ test: bytecode
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder tests
 
 # Each named break of tests/breaks.py applied in turn: the test that names it must fail.
-check-breaks: $(STAMP)
+check-breaks: bytecode
 	$(PY) tests/breaks.py
 
 demo: bytecode

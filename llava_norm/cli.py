@@ -170,8 +170,7 @@ def _run_chain(config, command: str, dry_run: bool) -> None:
         from llava_norm.pipeline import plan, run_steps
 
     try:
-        with frozen_imports():  # deciding what to reuse loads torch and transformers
-            steps, marks = plan(config)
+        steps, marks = plan(config)
         for name, status, seconds in run_steps(steps, reuse_stale=config.reuse_stale, marks=marks, dry_run=dry_run):
             print(f"{name:40s} {status:9s} {seconds:7.1f} s")
     except (RuntimeError, FileNotFoundError, ValueError, ConfigError) as error:

@@ -204,5 +204,3 @@ def _in_range(value: float, spec: str) -> bool:
         return low <= value < high
     op, bound = spec.split()
     return value > float(bound) if op == ">" else value >= float(bound)
-
-

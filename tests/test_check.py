@@ -57,7 +57,7 @@ def test_every_problem_is_one_line_naming_its_key_file_or_variable(world, monkey
     assert len(report.problems) == 1 and "key 'model.norm_alignment'" in report.problems[0]  # nothing else is read
     mixture = f"data.mixture=[{{path: {data}, image_folder: {empty}}}, {{path: {broken}}}]"
     report = preflight(config, [mixture, "model.llm=Org/not-downloaded-7B", "train.deepspeed=/nowhere/zero9.json",
-                                "data.on_bad_sample=error"], gpus=3)
+                                "data.on_bad_sample=error", "train.report_to=[tensorboardx]"], gpus=3)
     problems = "\n".join(report.problems)
     assert all("\n" not in p for p in report.problems)
     assert "8 rows per step cannot be split over 1 node(s) x 3 GPUs at 2 per GPU; world sizes that work: [1, 2, 4]" \
@@ -66,6 +66,7 @@ def test_every_problem_is_one_line_naming_its_key_file_or_variable(world, monkey
     assert f"key 'data.mixture[1]': {broken}/train-00000-of-00002.parquet cannot be read as parquet" in problems
     assert "key 'model.llm': Org/not-downloaded-7B is not in the Hugging Face cache and HF_HUB_OFFLINE is set" \
         in problems
+    assert "key 'train.report_to': ['tensorboardx'] has a name not among transformers'" in problems  # the machine's
     # under data.on_bad_sample: skip (the default) the run steps over a cut-short shard: a warning
     report = preflight(config, [mixture], gpus=2, plan=False)
     assert not any("cannot be read as parquet" in p for p in report.problems)

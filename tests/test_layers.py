@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "llava_norm"
 GUEST = ROOT / "llava_norm_demo"
@@ -161,14 +163,21 @@ def test_the_command_line_starts_without_the_heavy_libraries():
     assert loaded[:2] == ["[]", "True"], loaded
 
 
-def test_a_config_error_from_train_is_said_before_torch_loads(tmp_path):
+@pytest.mark.parametrize("yaml,key", [
+    ("model: {{vision_tower: x, llm: y}}\n", "train.output_dir"),
+    # after the default train.report_to ([tensorboard]) is read: the names transformers knows are
+    # the machine's check (config_checks), not load_config's
+    ("model: {{vision_tower: x, llm: y}}\ndata: {{mixture: []}}\ntrain: {{output_dir: {tmp}/out}}\n", "data.mixture"),
+])
+def test_a_config_error_from_train_is_said_before_torch_loads(tmp_path, yaml, key):
     """``llava-norm train`` reads its config before the training stack loads, so a config error
     costs a fraction of a second, not the libraries' start-up (a fresh interpreter)."""
     config = tmp_path / "c.yaml"
-    config.write_text("model: {vision_tower: x, llm: y}\n")
+    config.write_text(yaml.format(tmp=tmp_path))
     code = ("import sys\nfrom llava_norm.cli import main\n"
             f"try:\n    main(['train', {str(config)!r}])\nexcept SystemExit as stop:\n    print(stop.code)\n"
-            "print(sorted(m for m in ('torch', 'deepspeed', 'datasets') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'transformers.integrations.integration_utils', 'deepspeed', 'datasets') "
+            "if m in sys.modules))")
     said, loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                   check=True).stdout.splitlines()
-    assert said.startswith(f"config error: {config}: key 'train.output_dir'") and loaded == "[]", (said, loaded)
+    assert said.startswith(f"config error: {config}: key '{key}'") and loaded == "[]", (said, loaded)

@@ -80,10 +80,12 @@ def defer_muon_compile() -> None:
 
     Why: ZeRO asks whether the optimizer is DeepSpeed's Muon by importing Muon's module, whose
     kernels are decorated with ``torch.compile`` at import; building those wrappers imports
-    torch's inductor, most of a second of CPU in every process of every launch (the test suite
-    launches a few hundred). Importing the module here with the wrapper built on first call
-    keeps Muon itself as it was (compiled, by the same ``torch.compile``, when it first runs)
-    and costs nothing when the optimizer is not Muon, as ours never is.
+    torch's inductor, about half a second of CPU in every DeepSpeed process of every launch.
+    Here the module is imported with each wrapper built by the same ``torch.compile`` when its
+    kernel is first called outside a compiled region; inside one (a compiled kernel calling
+    another), the call goes to the plain function, which the enclosing compile traces as it
+    traced the decorated one before. Training here never runs Muon (a DeepSpeed ``optimizer``
+    section is refused), so the wrappers are never built.
     """
     name = "deepspeed.runtime.zero.muon.muon_optimizer"
     if name in sys.modules:
@@ -98,6 +100,8 @@ def defer_muon_compile() -> None:
 
             @functools.wraps(fn)
             def call(*args, **kwargs):
+                if torch.compiler.is_compiling():
+                    return fn(*args, **kwargs)
                 if not built:
                     built.append(real()(fn))
                 return built[0](*args, **kwargs)
@@ -109,5 +113,7 @@ def defer_muon_compile() -> None:
     compiler.compile = compile_at_first_call
     try:
         __import__(name)
+    except ImportError:  # as DeepSpeed's own check: a build without Muon's module
+        pass
     finally:
         compiler.compile = real
