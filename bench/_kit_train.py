@@ -47,11 +47,12 @@ TRAIN_RUNS = [
 
 
 def _backbone(hub_id: str, work: Path) -> Path:
+    import torch
     from real_width import write_backbone
 
     folder = work / "backbones" / hub_id.split("/")[-1].lower()
-    if not (folder / "config.json").is_file():
-        write_backbone(hub_id, folder)
+    if not (folder / "config.json").is_file():  # drawn on the GPU: on its host a 3B model's weights take minutes
+        write_backbone(hub_id, folder, device="cuda" if torch.cuda.is_available() else "cpu")
     return folder
 
 
@@ -141,7 +142,9 @@ def train_figures(run: TrainRun, config: Path) -> dict:
                "planned_peak_gib": plan.peak() / 2 ** 30,
                "planned_states_gib": plan.states[plan.layout].total / 2 ** 30,
                "planned_activations_gib": plan.activations.total(ckpt) / 2 ** 30,
-               "measured_peak_gib": max(peaks) if peaks else None}
+               "measured_peak_gib": max(peaks) if peaks else None,
+               # the allocator's free-everything-and-retry count over the run (each a device-wide sync)
+               "alloc_retries": steps[-1].get("alloc_retries") if steps else None}
     if peaks:
         figures["measured_over_plan"] = max(peaks) / figures["planned_peak_gib"] - 1
         figures["meets"] = abs(figures["measured_over_plan"]) <= PLAN_TOLERANCE

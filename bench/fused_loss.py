@@ -38,9 +38,10 @@ def rss_bytes() -> int:
 
 
 def measure(kind: str, vocab: int, tokens: int, hidden: int, dtype: str, device: str, repeats: int,
-            chunk_mib: int | None = None) -> dict:
+            chunk_mib: int | None = None, compiled: bool = False) -> dict:
     """One loss step's peak memory rise and median time, in this process; ``chunk_mib``: the torch
-    path's logits per chunk in the compute dtype (default ``CHUNK_BYTES``)."""
+    path's logits per chunk in the compute dtype (default ``CHUNK_BYTES``); ``compiled``: its
+    softmax as one compiled kernel (compiled in a step before the measured ones)."""
     import torch
     from transformers.loss.loss_utils import ForCausalLMLoss
 
@@ -64,11 +65,14 @@ def measure(kind: str, vocab: int, tokens: int, hidden: int, dtype: str, device:
         if kind == "plain":
             loss = ForCausalLMLoss(h @ w.T, labels, vocab, num_items_in_batch=count)
         else:
-            loss = causal_lm_loss(h, w, labels, num_items_in_batch=count, kernel=kind, chunk=chunk)
+            loss = causal_lm_loss(h, w, labels, num_items_in_batch=count, kernel=kind, chunk=chunk,
+                                  compile_backend="inductor" if compiled else None)
         loss.backward()
         return float(loss.detach())
 
     cuda = device.startswith("cuda")
+    if compiled:  # the compile (and its tuning runs) once, outside the memory measurement
+        step()
     if cuda:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
@@ -94,17 +98,19 @@ def measure(kind: str, vocab: int, tokens: int, hidden: int, dtype: str, device:
     return result
 
 
-def run_kind(kind: str, vocab: int, args, chunk_mib: int | None = None) -> dict:
+def run_kind(kind: str, vocab: int, args, chunk_mib: int | None = None, compiled: bool = False) -> dict:
     """One measurement: in this process on CUDA (the allocator's peak is reset for each), in a
     fresh process on CPU (the peak resident set only grows)."""
     if args.device.startswith("cuda"):
         import torch
 
         torch.cuda.empty_cache()
-        return measure(kind, vocab, args.tokens, args.hidden, args.dtype, args.device, args.repeats, chunk_mib)
+        return measure(kind, vocab, args.tokens, args.hidden, args.dtype, args.device, args.repeats, chunk_mib,
+                       compiled)
     child = [sys.executable, __file__, "--one", kind, str(vocab), "--tokens", str(args.tokens),
              "--hidden", str(args.hidden), "--dtype", args.dtype, "--device", args.device,
-             "--repeats", str(args.repeats)] + (["--chunk-mib", str(chunk_mib)] if chunk_mib else [])
+             "--repeats", str(args.repeats)] + (["--chunk-mib", str(chunk_mib)] if chunk_mib else []) + \
+        (["--softmax", "compiled"] if compiled else [])
     done = subprocess.run(child, capture_output=True, text=True, cwd=REPO_ROOT)
     if done.returncode:
         raise RuntimeError(done.stderr.strip())
@@ -124,25 +130,31 @@ def main() -> None:
     parser.add_argument("--chunk-mib", type=int, nargs="+", default=None,
                         help="the torch kernel's logits per chunk (compute dtype), each size its own row "
                              "(default: CHUNK_BYTES)")
+    parser.add_argument("--softmax", nargs="+", choices=("eager", "compiled"), default=["eager"],
+                        help="the torch kernel's softmax: eager fp32 blocks, or one compiled kernel a chunk "
+                             "(each its own row)")
     parser.add_argument("--one", nargs=2, metavar=("KIND", "VOCAB"), help=argparse.SUPPRESS)  # a child run
     args = parser.parse_args()
     if args.one:
         result = measure(args.one[0], int(args.one[1]), args.tokens, args.hidden, args.dtype, args.device, args.repeats,
-                         args.chunk_mib[0] if args.chunk_mib else None)
+                         args.chunk_mib[0] if args.chunk_mib else None, args.softmax == ["compiled"])
         print(json.dumps(result))
         return
     kinds = args.kinds or (["torch", "liger", "cce"] if args.device.startswith("cuda") else ["torch"])
-    # (label, kernel, the torch path's chunk in MiB or None): each chunk size of the torch path is a row of its own
-    fused = [(f"torch@{mib}MiB", kind, mib) if kind == "torch" and args.chunk_mib else (kind, kind, None)
-             for kind in kinds for mib in (args.chunk_mib if kind == "torch" and args.chunk_mib else [None])]
+    # (label, kernel, the torch path's chunk in MiB or None, compiled softmax): each chunk size and
+    # softmax of the torch path is a row of its own
+    fused = [(kind + (f"@{mib}MiB" if mib else "") + ("+compiled" if soft == "compiled" else ""), kind, mib,
+              soft == "compiled")
+             for kind in kinds for mib in (args.chunk_mib if kind == "torch" and args.chunk_mib else [None])
+             for soft in (args.softmax if kind == "torch" else ["eager"])]
     print(f"loss step at {args.tokens} tokens, hidden {args.hidden}, {args.dtype} on {args.device} "
           f"(each figure one measurement{'' if args.device.startswith('cuda') else ' in a fresh process'})", flush=True)
     verdicts = []
     for vocab in args.vocabs:
         results = {}
-        for label, kind, mib in [("plain", "plain", None), *fused]:
+        for label, kind, mib, compiled in [("plain", "plain", None, False), *fused]:
             try:
-                r = results[label] = run_kind(kind, vocab, args, mib)
+                r = results[label] = run_kind(kind, vocab, args, mib, compiled)
             except RuntimeError as error:
                 print(f"vocab {vocab:>7} {label:>5}: FAILED: {str(error)[-300:]}", flush=True)
                 continue
@@ -156,7 +168,7 @@ def main() -> None:
         plain = results["plain"]
         # Any loss must produce the output weight's gradient, so plain / that is the best ratio possible.
         gradient = vocab * args.hidden * (4 if args.dtype == "fp32" else 2)
-        for label, _, _ in fused:
+        for label, *_ in fused:
             r = results.get(label)
             if not r or "skipped" in r:
                 continue

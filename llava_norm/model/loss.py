@@ -45,7 +45,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     chunk by chunk in forward (backward only scales them)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk, dtype):
+    def forward(ctx, hidden, weight, targets, chunk, dtype, compiled):
         # Only the gradients autograd will ask for: no weight-sized tensor or matmul for a frozen
         # output layer (stage 1, LoRA). The weight's is summed over chunks in its own dtype, as
         # Liger does by default: a float32 sum would be the largest tensor here in bf16, at the
@@ -58,8 +58,11 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk):
             part, target = hidden[start:start + chunk].to(dtype), targets[start:start + chunk]
             logits = part @ matmul_weight.T  # in the compute dtype, as the plain path's
-            for at in range(0, len(part), block):
-                loss += _softmax_minus_one_hot_(logits[at:at + block], target[at:at + block])
+            if compiled is not None:  # one fused kernel over the chunk: no fp32 copy to split into blocks
+                loss += compiled(logits, target)
+            else:
+                for at in range(0, len(part), block):
+                    loss += _softmax_minus_one_hot_(logits[at:at + block], target[at:at + block])
             if grad_hidden is not None:
                 if grad_hidden.dtype == dtype:
                     torch.mm(logits, matmul_weight, out=grad_hidden[start:start + chunk])
@@ -84,7 +87,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         for grad in (grad_hidden, grad_weight):
             if grad is not None:
                 grad.mul_(grad_loss.float())  # a 0-dim fp32 factor: one rounding, not a bf16 1/N
-        return grad_hidden, grad_weight, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None
 
 
 def _softmax_minus_one_hot_(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -99,6 +102,22 @@ def _softmax_minus_one_hot_(logits: torch.Tensor, target: torch.Tensor) -> torch
     return -picked.sum()
 
 
+def _softmax_minus_one_hot_fused_(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``_softmax_minus_one_hot_`` written for ``torch.compile``: the same fp32 arithmetic, which the
+    compiler fuses into a row reduction and one pass that writes the gradient over the logits."""
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)
+    picked = x.gather(1, target[:, None]) - lse
+    logits.copy_(torch.exp(x - lse).scatter(1, target[:, None], picked.exp() - 1))
+    return -picked.sum()
+
+
+@functools.cache
+def compiled_softmax(backend: str = "inductor"):
+    """The fused softmax-minus-one-hot, compiled once per process for any number of rows."""
+    return torch.compile(_softmax_minus_one_hot_fused_, backend=backend, dynamic=True)
+
+
 def _autocast_dtype(device_type: str) -> torch.dtype | None:
     try:
         return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
@@ -107,15 +126,17 @@ def _autocast_dtype(device_type: str) -> torch.dtype | None:
 
 
 def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                                 chunk: int | None = None) -> torch.Tensor:
+                                 chunk: int | None = None, compile_backend: str | None = None) -> torch.Tensor:
     """Summed cross-entropy of ``hidden @ weight.T`` against ``targets`` (no ignored rows). Under
     autocast (fp32 weights computing in bf16: training without DeepSpeed) the logits are made in
-    autocast's dtype, as the plain path's output layer makes them."""
+    autocast's dtype, as the plain path's output layer makes them. ``compile_backend``: each
+    chunk's softmax as one compiled kernel instead of eager fp32 blocks."""
     dtype = _autocast_dtype(hidden.device.type) or weight.dtype
     if not torch.is_grad_enabled():  # a Function's needs_input_grad ignores no_grad: no gradient to find
         hidden, weight = hidden.detach(), weight.detach()
     chunk = chunk or chunk_rows(dtype.itemsize, weight.shape[0])
-    return _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, chunk, dtype)
+    compiled = compiled_softmax(compile_backend) if compile_backend else None
+    return _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, chunk, dtype, compiled)
 
 
 @functools.cache
@@ -176,7 +197,7 @@ def fused_kernel(device: torch.device, kernel: str = "torch"):
 
 def causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                    num_items_in_batch: torch.Tensor | int | None = None, chunk: int | None = None,
-                   kernel: str = "torch") -> torch.Tensor:
+                   kernel: str = "torch", compile_backend: str | None = None) -> torch.Tensor:
     """``ForCausalLMLoss(hidden @ weight.T, labels, num_items_in_batch)`` without the logits tensor."""
     shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].to(hidden.device)
     keep = shifted != IGNORE_INDEX
@@ -189,7 +210,7 @@ def causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Ten
     else:
         if kernel != "torch" and hidden.device.type != "meta":  # a plan's shape-only trace says nothing
             _say_once(f"train.loss fused: {fn_or_problem}; using the chunked torch cross-entropy")
-        total = chunked_linear_cross_entropy(rows, weight, targets, chunk)
+        total = chunked_linear_cross_entropy(rows, weight, targets, chunk, compile_backend)
     if num_items_in_batch is None:
         return total / max(len(targets), 1)
     if torch.is_tensor(num_items_in_batch):

@@ -18,6 +18,7 @@ from transformers import TrainerCallback
 from llava_norm.train.rundir import PROFILE_DIR
 
 TOP_OPS = 30
+HOST_OPS = 15
 
 
 class StepProfiler(TrainerCallback):
@@ -37,15 +38,23 @@ class StepProfiler(TrainerCallback):
         self.started = time.perf_counter()
 
     def _stop(self, step: int) -> None:
+        seconds = time.perf_counter() - self.started  # the steps', not the profiler's own stop
         self.profiler.stop()
-        seconds = time.perf_counter() - self.started
         folder = self.out / PROFILE_DIR
         folder.mkdir(parents=True, exist_ok=True)
         self.profiler.export_chrome_trace(str(folder / "trace.json"))
-        by = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+        cuda = torch.cuda.is_available()
+        by = "self_device_time_total" if cuda else "self_cpu_time_total"
+        averages = self.profiler.key_averages()
         head = (f"steps {self.first}-{step} of the main process: {seconds:.3f} s wall, "
-                f"{seconds / max(step - self.first + 1, 1):.3f} s a step; operators by {by}\n")
-        table = self.profiler.key_averages().table(sort_by=by, row_limit=TOP_OPS)
+                f"{seconds / max(step - self.first + 1, 1):.3f} s a step")
+        table = averages.table(sort_by=by, row_limit=TOP_OPS)
+        if cuda:  # a GPU idle for much of the wall time points at the host: its own table follows
+            busy = sum(row.self_device_time_total for row in averages) / 1e6
+            head += f"; GPU kernels {busy:.3f} s, summed over streams ({busy / max(seconds, 1e-9):.0%} of the wall)"
+            table += ("\noperators by self_cpu_time_total (the host's side)\n"
+                      + averages.table(sort_by="self_cpu_time_total", row_limit=HOST_OPS))
+        head += f"; operators by {by}\n"
         (folder / "top_ops.txt").write_text(head + table)
         print(f"[llava-norm] profile: {head.strip()}; {folder / 'trace.json'}\n{table}", flush=True)
         self.profiler = None

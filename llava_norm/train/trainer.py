@@ -226,6 +226,8 @@ class LlavaNormTrainer(Trainer):
             self.run_log.close_window(logs)
             if torch.cuda.is_available():  # with longest_row: what `llava-norm plan --seq-len` predicts
                 logs["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
+                # the caching allocator freeing everything and retrying: each one a device-wide sync
+                logs["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0)
             norm = self.model.norm_layer if hasattr(self.model, "norm_layer") else None
             step = self.state.global_step
             if norm is not None and self.norm_stats_steps > 0 and step % self.norm_stats_steps == 0:
