@@ -47,12 +47,22 @@ TRAIN_RUNS = [
 
 
 def _backbone(hub_id: str, work: Path) -> Path:
+    import multiprocessing
+
     import torch
     from real_width import write_backbone
 
     folder = work / "backbones" / hub_id.split("/")[-1].lower()
-    if not (folder / "config.json").is_file():  # drawn on the GPU: on its host a 3B model's weights take minutes
-        write_backbone(hub_id, folder, device="cuda" if torch.cuda.is_available() else "cpu")
+    if not (folder / "config.json").is_file():
+        # drawn on the GPU (on its host a 3B model's weights take minutes), in a process of its own:
+        # the kit's would otherwise keep the weights' memory cached while the trainer runs
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        child = multiprocessing.get_context("spawn").Process(target=write_backbone, args=(hub_id, folder),
+                                                             kwargs={"device": device})
+        child.start()
+        child.join()
+        if child.exitcode:
+            raise RuntimeError(f"writing the {hub_id} backbone failed (exit {child.exitcode})")
     return folder
 
 

@@ -198,6 +198,8 @@ def main() -> None:
     parser.add_argument("--deadline-s", type=float, default=None, help=f"overall (default {DEADLINE_S} s a half)")
     parser.add_argument("--train-runs", nargs="+", choices=[run.name for run in TRAIN_RUNS],
                         help="the train part's runs (default: all but the compiled 3B run)")
+    parser.add_argument("--train-overrides", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="config overrides for every trainer run (as llava-norm train takes them)")
     parser.add_argument("--toy", action="store_true", help="tiny shapes on CPU: a smoke run of every part")
     args = parser.parse_args()
     start = time.monotonic()
@@ -226,7 +228,7 @@ def main() -> None:
             continue
         limit = min(LIMITS_S[name], left)
         if name == "train":
-            code = run_train(report, work, out, limit, args.toy, args.train_runs)
+            code = run_train(report, work, out, limit, args.toy, args.train_runs, args.train_overrides)
         else:
             command = loss_command(args.toy) if name == "fused_loss" else step_command(name, args.toy)
             code = run_part(name, command, limit, report, out / f"{name}.log")
@@ -236,7 +238,8 @@ def main() -> None:
     sys.exit(1 if failed else 0)
 
 
-def run_train(report: Report, work: Path, out: Path, limit_s: float, toy: bool, names: list[str] | None) -> int:
+def run_train(report: Report, work: Path, out: Path, limit_s: float, toy: bool, names: list[str] | None,
+              overrides: list[str]) -> int:
     """Each trainer run of TRAIN_RUNS in turn, inside the part's limit; the plan beside each peak."""
     end, codes = time.monotonic() + limit_s, []
     entry = report.part("train", command="llava-norm train (see runs)")
@@ -254,8 +257,8 @@ def run_train(report: Report, work: Path, out: Path, limit_s: float, toy: bool, 
             continue
         sub = f"train_{run.name}"
         # the run's log comes back with the report: a run cut short says where its time went
-        code = run_part(sub, [sys.executable, "-m", "llava_norm.cli", "train", str(config)], left, report,
-                        out / f"{sub}.log")
+        code = run_part(sub, [sys.executable, "-m", "llava_norm.cli", "train", str(config), *overrides], left,
+                        report, out / f"{sub}.log")
         figures = train_figures(run, config) if code == 0 else {"error": f"exit {code}"}
         entry["results"].append({"run": run.name, **figures})
         report.data["parts"].pop(sub, None)

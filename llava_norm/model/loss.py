@@ -59,7 +59,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             part, target = hidden[start:start + chunk].to(dtype), targets[start:start + chunk]
             logits = part @ matmul_weight.T  # in the compute dtype, as the plain path's
             if compiled is not None:  # one fused kernel over the chunk: no fp32 copy to split into blocks
-                loss += compiled(logits, target)
+                picked = compiled(logits, target)
+                logits[torch.arange(len(target), device=logits.device), target] = (picked.exp() - 1).to(dtype)
+                loss -= picked.sum()
             else:
                 for at in range(0, len(part), block):
                     loss += _softmax_minus_one_hot_(logits[at:at + block], target[at:at + block])
@@ -103,13 +105,14 @@ def _softmax_minus_one_hot_(logits: torch.Tensor, target: torch.Tensor) -> torch
 
 
 def _softmax_minus_one_hot_fused_(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """``_softmax_minus_one_hot_`` written for ``torch.compile``: the same fp32 arithmetic, which the
-    compiler fuses into a row reduction and one pass that writes the gradient over the logits."""
+    """The softmax half of ``_softmax_minus_one_hot_``, written for ``torch.compile``: the same fp32
+    arithmetic, fused into a row reduction and one pass that writes the softmax over the logits;
+    returns the targets' log-probabilities (the caller subtracts the one-hot)."""
     x = logits.float()
     lse = torch.logsumexp(x, dim=-1, keepdim=True)
-    picked = x.gather(1, target[:, None]) - lse
-    logits.copy_(torch.exp(x - lse).scatter(1, target[:, None], picked.exp() - 1))
-    return -picked.sum()
+    picked = (x.gather(1, target[:, None]) - lse).squeeze(1)
+    logits.copy_(torch.exp(x - lse))  # written in place: a scatter here would build a chunk-sized copy
+    return picked
 
 
 @functools.cache

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from transformers import TrainerCallback
 
 from llava_norm.train.rundir import PROFILE_DIR
@@ -50,7 +51,8 @@ class StepProfiler(TrainerCallback):
                 f"{seconds / max(step - self.first + 1, 1):.3f} s a step")
         table = averages.table(sort_by=by, row_limit=TOP_OPS)
         if cuda:  # a GPU idle for much of the wall time points at the host: its own table follows
-            busy = sum(row.self_device_time_total for row in averages) / 1e6
+            # the kernels' own rows (an operator's row repeats its kernels' time)
+            busy = sum(row.self_device_time_total for row in averages if row.device_type != DeviceType.CPU) / 1e6
             head += f"; GPU kernels {busy:.3f} s, summed over streams ({busy / max(seconds, 1e-9):.0%} of the wall)"
             table += ("\noperators by self_cpu_time_total (the host's side)\n"
                       + averages.table(sort_by="self_cpu_time_total", row_limit=HOST_OPS))

@@ -196,6 +196,8 @@ def run_training(config: RunConfig, check=None) -> Path | None:
         freeze_backbones(bundle.model, t.stage, t.train_vision_tower)
     if t.compile:
         compile_layers(bundle.model, t.compile_backend)
+    if t.cudnn_attention is not None:
+        torch.backends.cuda.enable_cudnn_sdp(t.cudnn_attention)
     d = config.data
     encoder = conversation_tokenizer(bundle, d.prompt_format, dict(d.template_kwargs))
     max_length = min(d.max_length, d.pack_max_tokens) if d.packing else d.max_length
