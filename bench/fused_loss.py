@@ -6,9 +6,10 @@ step is what follows the last hidden states: the output projection, the cross-en
 and the output weight, at the real shapes (4,096 tokens, hidden 3,072, the vocabularies of
 Llama-3.2 and Qwen2.5), every token supervised (the fused path's least favourable case: it
 skips unsupervised rows, the plain path computes them). Each measurement runs in a fresh
-process: peak memory is the rise of the process's peak resident set (CPU) or of
-``torch.cuda.max_memory_allocated`` (GPU) over what the inputs and weight already hold, and
-time is the median of ``--repeats`` steps after one warm-up. Plain and fused alternate.
+process on a CPU, in this one on CUDA: peak memory is the rise of the process's peak resident
+set (CPU) or of ``torch.cuda.max_memory_allocated`` (GPU) over what the inputs and weight
+already hold, and time is the median of ``--repeats`` steps after one warm-up (a compiled
+softmax is compiled in a step before both). Plain and fused alternate.
 
     .venv/bin/python bench/fused_loss.py                     # CPU, fp32: about 12 minutes on 2 cores
     .venv/bin/python bench/fused_loss.py --tokens 1024       # quicker, same ratios roughly
@@ -45,7 +46,7 @@ def measure(kind: str, vocab: int, tokens: int, hidden: int, dtype: str, device:
     import torch
     from transformers.loss.loss_utils import ForCausalLMLoss
 
-    from llava_norm.model.loss import causal_lm_loss, chunk_rows, fused_kernel
+    from llava_norm.model.loss import SOFTMAX_BACKEND, causal_lm_loss, chunk_rows, fused_kernel
 
     if kind not in ("plain", "torch"):
         name, fn_or_problem = fused_kernel(torch.device(device), kind)
@@ -66,13 +67,14 @@ def measure(kind: str, vocab: int, tokens: int, hidden: int, dtype: str, device:
             loss = ForCausalLMLoss(h @ w.T, labels, vocab, num_items_in_batch=count)
         else:
             loss = causal_lm_loss(h, w, labels, num_items_in_batch=count, kernel=kind, chunk=chunk,
-                                  compile_backend="inductor" if compiled else None)
+                                  compile_backend=SOFTMAX_BACKEND if compiled else None)
         loss.backward()
         return float(loss.detach())
 
     cuda = device.startswith("cuda")
     if compiled:  # the compile (and its tuning runs) once, outside the memory measurement
         step()
+        h.grad = w.grad = None  # else the base below holds the gradients the measured step makes again
     if cuda:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
@@ -130,9 +132,9 @@ def main() -> None:
     parser.add_argument("--chunk-mib", type=int, nargs="+", default=None,
                         help="the torch kernel's logits per chunk (compute dtype), each size its own row "
                              "(default: CHUNK_BYTES)")
-    parser.add_argument("--softmax", nargs="+", choices=("eager", "compiled"), default=["eager"],
-                        help="the torch kernel's softmax: eager fp32 blocks, or one compiled kernel a chunk "
-                             "(each its own row)")
+    parser.add_argument("--softmax", nargs="+", choices=("eager", "compiled"), default=None,
+                        help="the torch kernel's softmax: eager fp32 blocks, or one compiled kernel a chunk, "
+                             "each its own row (default: as shipped, compiled on CUDA and eager elsewhere)")
     parser.add_argument("--one", nargs=2, metavar=("KIND", "VOCAB"), help=argparse.SUPPRESS)  # a child run
     args = parser.parse_args()
     if args.one:
@@ -141,6 +143,7 @@ def main() -> None:
         print(json.dumps(result))
         return
     kinds = args.kinds or (["torch", "liger", "cce"] if args.device.startswith("cuda") else ["torch"])
+    args.softmax = args.softmax or (["compiled"] if args.device.startswith("cuda") else ["eager"])
     # (label, kernel, the torch path's chunk in MiB or None, compiled softmax): each chunk size and
     # softmax of the torch path is a row of its own
     fused = [(kind + (f"@{mib}MiB" if mib else "") + ("+compiled" if soft == "compiled" else ""), kind, mib,

@@ -131,9 +131,11 @@ class TrainConfig:
     # share of an eager stage-2 step on a GPU (bench/RESULTS.md). The first step pays the compile.
     compile: bool = False
     compile_backend: str = "inductor"  # any torch._dynamo backend; aot_eager traces without code generation
-    # sdpa's cuDNN kernels on CUDA: null leaves torch's choice; false uses torch's own flash and
-    # memory-efficient kernels (cuDNN builds a graph per new shape on the host)
-    cudnn_attention: Optional[bool] = None
+    # sdpa's cuDNN kernels on CUDA (torch picks them on an H100): false, the default, keeps sdpa on
+    # torch's own flash and memory-efficient kernels. cuDNN builds a graph on the host for each new
+    # shape, and training rows change length every step: on an H100 the 3B trainer ran 1.65x faster
+    # without it (bench/RESULTS.md). null leaves torch's choice.
+    cudnn_attention: Optional[bool] = False
     precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     # plain: transformers' loss on the full logits; fused: the same loss without the logits tensor
     # (llava_norm.model.loss), by fused_loss_kernel: torch (chunked, the fastest measured on a GPU),

@@ -2,6 +2,8 @@
 
 import os
 
+import torch
+
 from tinydata import write_dataset
 
 from llava_norm.config import load_config, to_yaml
@@ -87,6 +89,34 @@ def test_the_named_fused_loss_kernel_reaches_the_loss(tmp_path, tiny_dir, monkey
     with caplog.at_level(logging.WARNING, logger="llava_norm.model.loss"):
         run_training(config)
     assert "train.loss fused: liger runs on CUDA only, not on cpu; using the chunked torch cross-entropy" in caplog.text
+
+
+def test_sdpa_leaves_cudnn_by_default(tmp_path, tiny_dir):
+    """train.cudnn_attention's default (false) reaches torch's switch at launch; set here on a CPU,
+    where sdpa never picks cuDNN anyway, and put back after."""
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        run_training(_tiny_stage2(tmp_path, tiny_dir, "max_steps: 1"))
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+
+
+def test_the_profiles_gpu_time_counts_each_kernel_once():
+    """On a GPU the profile's header says the kernels' time against the wall: an operator's row and
+    an annotation's (the optimizer step's) repeat their kernels' time and are not added again."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from llava_norm.train.profile import kernel_seconds
+
+    def row(device, microseconds, annotation=False):
+        return SimpleNamespace(device_type=device, self_device_time_total=microseconds, is_user_annotation=annotation)
+
+    rows = [row(DeviceType.CPU, 3e5), row(DeviceType.CUDA, 3e5), row(DeviceType.CUDA, 2e5, annotation=True),
+            row(DeviceType.CUDA, 1e5)]  # aten::mm with its kernel, the optimizer step's annotation, a copy
+    assert kernel_seconds(rows) == 0.4
 
 
 def test_profile_steps_write_a_trace_and_the_top_operators_of_those_steps(tmp_path, tiny_dir):

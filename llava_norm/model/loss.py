@@ -6,10 +6,11 @@ or, without it, their mean) and the same gradients, computed from the last hidde
 the output weight. Rows with no target are dropped before the output projection (in stage 2
 the image and prompt tokens are most of a sample). The rest goes to a chunked torch version:
 logits exist one chunk at a time, and each chunk's gradients are taken in the forward pass, so
-backward holds no logits at all. Same matmuls as the plain path, no recompute. On a GPU it was
-the fastest of the kernels measured (bench/RESULTS.md), so it is the default everywhere; a GPU
-kernel package is used where named (``train.fused_loss_kernel``: ``GPU_KERNELS``), for more
-memory saved at more time.
+backward holds no logits at all. Same matmuls as the plain path, no recompute; on CUDA each
+chunk's softmax is one compiled kernel (``SOFTMAX_BACKEND``), elsewhere eager fp32 blocks. On a
+GPU it was the fastest of the kernels measured (bench/RESULTS.md), so it is the default
+everywhere; a GPU kernel package is used where named (``train.fused_loss_kernel``:
+``GPU_KERNELS``), for more memory saved at more time.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ log = logging.getLogger(__name__)
 # storage, so the fp32 copy never spans the chunk.
 CHUNK_BYTES = 512 * 2**20  # a chunk's logits in the compute dtype
 BLOCK_BYTES = 64 * 2**20  # a block's fp32 log-probabilities
+# On CUDA the softmax is instead one compiled kernel per chunk, reading the logits and writing the
+# gradient over them with no fp32 copy: on an H100 that made the loss step faster than the plain
+# one and left only the chunk (bench/RESULTS.md). The CPU keeps the eager blocks (no compile at start-up).
+SOFTMAX_BACKEND = "inductor"
 
 
 def chunk_rows(element_size: int, vocab: int, budget: int | None = None) -> int:
@@ -58,8 +63,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk):
             part, target = hidden[start:start + chunk].to(dtype), targets[start:start + chunk]
             logits = part @ matmul_weight.T  # in the compute dtype, as the plain path's
-            if compiled is not None:  # one fused kernel over the chunk: no fp32 copy to split into blocks
-                picked = compiled(logits, target)
+            picked = compiled(logits, target) if compiled is not None else None
+            if picked is not None:  # one fused kernel over the chunk: no fp32 copy to split into blocks
                 logits[torch.arange(len(target), device=logits.device), target] = (picked.exp() - 1).to(dtype)
                 loss -= picked.sum()
             else:
@@ -115,10 +120,32 @@ def _softmax_minus_one_hot_fused_(logits: torch.Tensor, target: torch.Tensor) ->
     return picked
 
 
+class _CompiledSoftmax:
+    """``_softmax_minus_one_hot_fused_`` compiled for any number of rows. A compiler that fails on
+    this machine (no triton, no C compiler) is said once and the eager blocks are used from then on."""
+
+    def __init__(self, backend: str):
+        self.backend, self.fn = backend, torch.compile(_softmax_minus_one_hot_fused_, backend=backend, dynamic=True)
+
+    def __call__(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:
+        if self.fn is None:
+            return None
+        try:
+            return self.fn(logits, target)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as error:  # noqa: BLE001 - raised while compiling, before the logits are touched
+            self.fn = None
+            cause = getattr(error, "inner_exception", None) or error  # the backend's own error
+            _say_once(f"train.loss fused: the softmax did not compile with {self.backend} "
+                      f"({type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause).strip() else ''}); "
+                      "using the eager fp32 blocks")
+            return None
+
+
 @functools.cache
-def compiled_softmax(backend: str = "inductor"):
-    """The fused softmax-minus-one-hot, compiled once per process for any number of rows."""
-    return torch.compile(_softmax_minus_one_hot_fused_, backend=backend, dynamic=True)
+def compiled_softmax(backend: str) -> _CompiledSoftmax:
+    return _CompiledSoftmax(backend)
 
 
 def _autocast_dtype(device_type: str) -> torch.dtype | None:
@@ -129,15 +156,18 @@ def _autocast_dtype(device_type: str) -> torch.dtype | None:
 
 
 def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                                 chunk: int | None = None, compile_backend: str | None = None) -> torch.Tensor:
+                                 chunk: int | None = None, compile_backend: str | None = "auto") -> torch.Tensor:
     """Summed cross-entropy of ``hidden @ weight.T`` against ``targets`` (no ignored rows). Under
     autocast (fp32 weights computing in bf16: training without DeepSpeed) the logits are made in
     autocast's dtype, as the plain path's output layer makes them. ``compile_backend``: each
-    chunk's softmax as one compiled kernel instead of eager fp32 blocks."""
+    chunk's softmax as one kernel compiled by this torch._dynamo backend, None for the eager fp32
+    blocks, "auto" for ``SOFTMAX_BACKEND`` on CUDA and the blocks elsewhere."""
     dtype = _autocast_dtype(hidden.device.type) or weight.dtype
     if not torch.is_grad_enabled():  # a Function's needs_input_grad ignores no_grad: no gradient to find
         hidden, weight = hidden.detach(), weight.detach()
     chunk = chunk or chunk_rows(dtype.itemsize, weight.shape[0])
+    if compile_backend == "auto":
+        compile_backend = SOFTMAX_BACKEND if _gpu(hidden.device) else None
     compiled = compiled_softmax(compile_backend) if compile_backend else None
     return _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, chunk, dtype, compiled)
 
@@ -171,15 +201,17 @@ def gpu_kernel(name: str):
     return lambda rows, weight, targets: fn(rows, weight, targets, **kwargs)
 
 
-def fused_held_bytes(rows: int, hidden: int, vocab: int, element_size: int, weight_trained: bool) -> int:
+def fused_held_bytes(rows: int, hidden: int, vocab: int, element_size: int, weight_trained: bool,
+                     compiled: bool = True) -> int:
     """Bytes the fused loss adds at its peak that autograd's saved-tensor hooks do not see: the
     gradient of the hidden states and, when the output layer trains, of its weight (held on
-    ``ctx``; Liger's kernel holds the same two), the supervised rows' copy, one chunk's logits
-    and its fp32 blocks (two from bf16 logits: the conversion, then the log-probabilities)."""
+    ``ctx``; Liger's kernel holds the same two), the supervised rows' copy and one chunk's logits;
+    with the eager softmax (``compiled`` False: the CPU) also its fp32 blocks (two from bf16 logits:
+    the conversion, then the log-probabilities). The plan's GPU runs the compiled softmax."""
     chunk = min(rows, chunk_rows(element_size, vocab))
-    block = min(chunk, _block_rows(vocab))
+    blocks = 0 if compiled else min(chunk, _block_rows(vocab)) * vocab * 4 * (1 if element_size == 4 else 2)
     return ((2 * rows * hidden + (vocab * hidden if weight_trained else 0)) * element_size
-            + chunk * vocab * element_size + block * vocab * 4 * (1 if element_size == 4 else 2))
+            + chunk * vocab * element_size + blocks)
 
 
 def _gpu(device: torch.device) -> bool:
@@ -200,7 +232,7 @@ def fused_kernel(device: torch.device, kernel: str = "torch"):
 
 def causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                    num_items_in_batch: torch.Tensor | int | None = None, chunk: int | None = None,
-                   kernel: str = "torch", compile_backend: str | None = None) -> torch.Tensor:
+                   kernel: str = "torch", compile_backend: str | None = "auto") -> torch.Tensor:
     """``ForCausalLMLoss(hidden @ weight.T, labels, num_items_in_batch)`` without the logits tensor."""
     shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].to(hidden.device)
     keep = shifted != IGNORE_INDEX

@@ -22,6 +22,13 @@ TOP_OPS = 30
 HOST_OPS = 15
 
 
+def kernel_seconds(averages) -> float:
+    """The GPU kernels' own time in ``key_averages()`` rows, as the table's "Self CUDA time total":
+    an operator's row, or an annotation's such as the optimizer step's, repeats its kernels' time."""
+    return sum(row.self_device_time_total for row in averages
+               if row.device_type == DeviceType.CUDA and not getattr(row, "is_user_annotation", False)) / 1e6
+
+
 class StepProfiler(TrainerCallback):
     """Profiles global steps ``first`` to ``last`` (inclusive) of the main process."""
 
@@ -51,8 +58,7 @@ class StepProfiler(TrainerCallback):
                 f"{seconds / max(step - self.first + 1, 1):.3f} s a step")
         table = averages.table(sort_by=by, row_limit=TOP_OPS)
         if cuda:  # a GPU idle for much of the wall time points at the host: its own table follows
-            # the kernels' own rows (an operator's row repeats its kernels' time)
-            busy = sum(row.self_device_time_total for row in averages if row.device_type != DeviceType.CPU) / 1e6
+            busy = kernel_seconds(averages)
             head += f"; GPU kernels {busy:.3f} s, summed over streams ({busy / max(seconds, 1e-9):.0%} of the wall)"
             table += ("\noperators by self_cpu_time_total (the host's side)\n"
                       + averages.table(sort_by="self_cpu_time_total", row_limit=HOST_OPS))

@@ -196,7 +196,7 @@ def run_training(config: RunConfig, check=None) -> Path | None:
         freeze_backbones(bundle.model, t.stage, t.train_vision_tower)
     if t.compile:
         compile_layers(bundle.model, t.compile_backend)
-    if t.cudnn_attention is not None:
+    if t.cudnn_attention is not None:  # a process-wide switch: this process trains one model
         torch.backends.cuda.enable_cudnn_sdp(t.cudnn_attention)
     d = config.data
     encoder = conversation_tokenizer(bundle, d.prompt_format, dict(d.template_kwargs))
