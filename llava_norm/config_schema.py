@@ -131,17 +131,19 @@ class TrainConfig:
     # share of an eager stage-2 step on a GPU (bench/RESULTS.md). The first step pays the compile.
     compile: bool = False
     compile_backend: str = "inductor"  # any torch._dynamo backend; aot_eager traces without code generation
-    # sdpa's cuDNN kernels on CUDA (torch picks them on an H100): false, the default, keeps sdpa on
-    # torch's own flash and memory-efficient kernels. cuDNN builds a graph on the host for each new
-    # shape, and training rows change length every step: on an H100 the 3B trainer ran 1.65x faster
-    # without it (bench/RESULTS.md). null leaves torch's choice.
-    cudnn_attention: Optional[bool] = False
+    # sdpa's cuDNN kernels on CUDA, which torch picks on an H100: null (the default) leaves torch's
+    # choice; false keeps sdpa on torch's own flash and memory-efficient kernels. With cuDNN, some
+    # steps of the 3B trainer stalled for seconds; between them it was not slower (bench/RESULTS.md).
+    cudnn_attention: Optional[bool] = None
     precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     # plain: transformers' loss on the full logits; fused: the same loss without the logits tensor
     # (llava_norm.model.loss), by fused_loss_kernel: torch (chunked, the fastest measured on a GPU),
     # or on CUDA liger / cce (Liger Kernel, Cut Cross-Entropy: more memory saved, more time).
     loss: str = "plain"
     fused_loss_kernel: str = "torch"
+    # the torch kernel's softmax: auto (one compiled kernel per chunk on CUDA, eager fp32 blocks
+    # elsewhere) | compiled (inductor, also on a CPU) | eager
+    fused_loss_softmax: str = "auto"
     deepspeed: Optional[str] = None  # path to a DeepSpeed JSON (configs/deepspeed/zero{2,3}.json)
     save_steps: int = 500  # 0: no checkpoint at all, the final model only (a killed run starts over)
     save_total_limit: int = 2
@@ -291,6 +293,7 @@ CHOICES = {
     "train.precision": ("auto", "bf16", "fp32"),
     "train.loss": ("plain", "fused"),
     "train.fused_loss_kernel": ("torch", "liger", "cce"),
+    "train.fused_loss_softmax": ("auto", "compiled", "eager"),
 }
 # Ranges ("> x", ">= x" or "[low, high)"); checked here because the Trainer, DataLoader, peft or
 # the norm layer would reject them only after the model has loaded, or silently accept them.

@@ -201,24 +201,37 @@ def test_readme_fused_loss_and_3b_trainer_figures_are_the_recorded_ones(monkeypa
 
 
 def test_readme_cudnn_attention_figures_are_the_profiled_runs():
-    """The 2026-11-27 trainer runs with and without cuDNN's attention (bench/gpu_trainer_ab.sh's
-    variants B and D): tokens/s over steps 4-17 from their logs, the GPU time per profiled step
-    from their profiles' footers."""
+    """The 3B trainer runs with cuDNN's attention (2026-11-26, and bench/gpu_trainer_ab.sh's B) and
+    without it (D): tokens/s over steps 4-17 and between the stalls from their logs, the stalled
+    steps' range, and the GPU time per profiled step from the 2026-11-27 profiles' footers."""
     results, flat = ROOT / "bench" / "results", " ".join(README.split())
-    rates, gpu = {}, {}
-    for name in ("B_expandable", "D_expandable_nocudnn"):
-        log = (results / f"gpu_2026-11-27_train_{name}.log").read_text()
+    logs = {"D": "gpu_2026-11-27_train_D_expandable_nocudnn.log", "B": "gpu_2026-11-27_train_B_expandable.log",
+            "O": "gpu_2026-11-26_train_llama3b_zero2.log"}
+    stalls = (3, 6, 7, 15)
+    rate, between, stalled, gpu = {}, {}, [], {}
+    for run, name in logs.items():
+        log = (results / name).read_text()
         steps = [ast.literal_eval(line[line.index("{'loss'"):line.rindex("}") + 1])
-                 for line in log.splitlines() if "{'loss'" in line][3:17]
-        rates[name] = sum(int(h["tokens"]) for h in steps) / sum(int(h["tokens"]) / float(h["tokens_per_second"])
-                                                                  for h in steps)
-        gpu[name] = float(re.search(r"Self CUDA time total: ([\d.]+)s", log).group(1)) / 3
-    assert (f"the trainer made {rates['D_expandable_nocudnn']:,.0f} tokens/s without cuDNN against "
-            f"{rates['B_expandable']:,.0f} with it") in flat
-    assert (f"with sdpa on cuDNN it made {rates['B_expandable']:,.0f} tokens/s" in flat
-            and f"now the default) {rates['D_expandable_nocudnn']:,.0f} tokens/s" in flat)
-    assert (f"per profiled step rose from {gpu['B_expandable']:.2f} to {gpu['D_expandable_nocudnn']:.2f} s"
-            in flat)
+                 for line in log.splitlines() if "{'loss'" in line]
+        seconds = {i + 1: int(h["tokens"]) / float(h["tokens_per_second"]) for i, h in enumerate(steps)}
+        tokens = {i + 1: int(h["tokens"]) for i, h in enumerate(steps)}
+        window = range(4, 18)
+        rate[run] = sum(tokens[i] for i in window) / sum(seconds[i] for i in window)
+        calm = [i for i in window if i not in stalls]
+        between[run] = sum(tokens[i] for i in calm) / sum(seconds[i] for i in calm)
+        if run == "D":
+            assert max(seconds[i] for i in range(2, 20)) < 1.6  # no stall without cuDNN
+        else:
+            stalled += [seconds[i] for i in stalls]
+            assert max(seconds[i] for i in range(2, 20) if i not in stalls) < 1.6
+        if run != "O":
+            gpu[run] = float(re.search(r"Self CUDA time total: ([\d.]+)s", log).group(1)) / 3
+    assert (f"the run without cuDNN made {rate['D']:,.0f} tokens/s over steps 4-17 (2026-11-27) and the runs "
+            f"with it {rate['B']:,.0f} (2026-11-27) and {rate['O']:,.0f} (2026-11-26)") in flat
+    assert f"steps 3, 6, 7 and 15 took {min(stalled):.1f}-{max(stalled):.1f} s" in flat
+    assert (f"{between['D']:,.0f} tokens/s without cuDNN, {between['B']:,.0f} and {between['O']:,.0f} "
+            f"with it") in flat
+    assert f"per profiled step was {gpu['D']:.2f} s against {gpu['B']:.2f}" in flat
 
 
 def test_the_readme_names_what_the_paper_module_compares():

@@ -63,6 +63,20 @@ def test_the_compiled_softmax_matches_the_plain_path(chunk):
     torch.testing.assert_close(ours, plain, **TOL)
     for a, b in zip(torch.autograd.grad(ours, (h, w)), torch.autograd.grad(plain, (h, w))):
         torch.testing.assert_close(a, b, **TOL)
+    assert loss_module.compiled_softmax(loss_module.SOFTMAX_BACKEND).fn is not None  # compiled, not fallen back
+
+
+def test_the_compiled_softmax_in_bf16_writes_what_the_eager_blocks_write():
+    """In bf16, as on a GPU: the compiled kernel's loss and gradients against the eager blocks'."""
+    h, w, labels = (t.to(torch.bfloat16).detach().requires_grad_(t.requires_grad) if t.is_floating_point() else t
+                    for t in _case(8))
+    results = []
+    for backend in (loss_module.SOFTMAX_BACKEND, None):
+        loss = causal_lm_loss(h, w, labels, chunk=5, compile_backend=backend)
+        results.append((loss, *torch.autograd.grad(loss, (h, w))))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+    assert loss_module.compiled_softmax(loss_module.SOFTMAX_BACKEND).fn is not None
 
 
 def test_the_softmax_is_compiled_on_cuda_only(monkeypatch):
@@ -78,21 +92,70 @@ def test_the_softmax_is_compiled_on_cuda_only(monkeypatch):
     assert asked == [loss_module.SOFTMAX_BACKEND]
 
 
+def _with_softmax(monkeypatch, backend):
+    """The compiled softmax built with ``backend`` (a dynamo backend function) in place of inductor."""
+    loss_module._say_once.cache_clear()
+    softmax = loss_module._CompiledSoftmax(backend)
+    monkeypatch.setattr(loss_module, "compiled_softmax", lambda name: softmax)
+    return softmax
+
+
+def _plain_and_ours(seed: int, times: int = 1):
+    h, w, labels = _case(seed)
+    plain = ForCausalLMLoss(h @ w.T, labels, w.shape[0])
+    for _ in range(times):
+        ours = causal_lm_loss(h, w, labels, chunk=5, compile_backend="stand-in")
+        torch.testing.assert_close(ours, plain, **TOL)
+
+
 def test_a_softmax_that_does_not_compile_falls_back_to_the_blocks_and_says_so_once(monkeypatch, caplog):
     def broken(graph, example_inputs):
         raise RuntimeError("no compiler on this machine")
 
-    loss_module._say_once.cache_clear()
-    monkeypatch.setattr(loss_module, "compiled_softmax", lambda backend: softmax)
-    softmax = loss_module._CompiledSoftmax(broken)
-    h, w, labels = _case(4)
-    plain = ForCausalLMLoss(h @ w.T, labels, w.shape[0])
+    softmax = _with_softmax(monkeypatch, broken)
     with caplog.at_level(logging.WARNING, logger="llava_norm.model.loss"):
-        for _ in range(2):
-            ours = causal_lm_loss(h, w, labels, chunk=5, compile_backend="broken")
-            torch.testing.assert_close(ours, plain, **TOL)
-    assert caplog.text.count("did not compile") == 1 and "no compiler on this machine" in caplog.text
+        _plain_and_ours(4, times=2)
+    assert caplog.text.count("is not compiled") == 1 and "no compiler on this machine" in caplog.text
     assert softmax.fn is None
+
+
+def test_a_compile_failure_after_the_logits_were_written_recomputes_them(monkeypatch):
+    """A compile that fails part-way (a later graph of the function, say) after an earlier part
+    wrote the softmax over the chunk's logits: the chunk's logits are made again for the blocks."""
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    def writes_then_fails(graph, example_inputs):
+        def run(*args):
+            graph(*args)
+            raise BackendCompilerFailed(writes_then_fails, RuntimeError("a later graph did not compile"), None)
+        return run
+
+    _with_softmax(monkeypatch, writes_then_fails)
+    _plain_and_ours(5)
+
+
+def test_an_error_running_the_compiled_softmax_is_raised_not_taken_for_a_compile_failure(monkeypatch):
+    def fails_when_run(graph, example_inputs):
+        def run(*args):
+            raise RuntimeError("index out of bounds")
+        return run
+
+    softmax = _with_softmax(monkeypatch, fails_when_run)
+    with pytest.raises(RuntimeError, match="index out of bounds"):
+        _plain_and_ours(6)
+    assert softmax.fn is not None
+
+
+def test_with_dynamo_disabled_the_blocks_are_used_not_the_uncompiled_function(monkeypatch, caplog):
+    """TORCHDYNAMO_DISABLE would run the fused function as plain torch, with chunk-sized fp32
+    temporaries: the eager blocks run instead, said once."""
+    import torch._dynamo
+
+    ran = []
+    softmax = _with_softmax(monkeypatch, lambda graph, inputs: ran.append(1) or graph)
+    with torch._dynamo.config.patch(disable=True), caplog.at_level(logging.WARNING, logger="llava_norm.model.loss"):
+        _plain_and_ours(7, times=2)
+    assert ran == [] and softmax.fn is None and caplog.text.count("dynamo is disabled") == 1
 
 
 def test_no_target_gives_zero_loss_with_a_graph():
@@ -207,14 +270,15 @@ def test_generate_keeps_only_the_last_logits(tiny_dir):
     assert bundle.model._supports_logits_to_keep()
 
 
-def test_under_autocast_fp32_weights_match_the_plain_path_in_bf16():
+@pytest.mark.parametrize("softmax", ["eager", "compiled"])
+def test_under_autocast_fp32_weights_match_the_plain_path_in_bf16(softmax):
     """Training without DeepSpeed in bf16: fp32 weights, and autocast makes the output layer's
     logits in bf16; the chunks are made in bf16 too, the gradients come back in fp32."""
     h, w, labels = _case(6, length=64, hidden=64, vocab=300)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         plain = ForCausalLMLoss(torch.nn.functional.linear(h, w), labels, w.shape[0])
         grads = torch.autograd.grad(plain, (h, w))
-        ours = causal_lm_loss(h, w, labels, chunk=16)
+        ours = causal_lm_loss(h, w, labels, chunk=16, compile_backend=loss_module.softmax_backend(softmax))
         mine = torch.autograd.grad(ours, (h, w))
     torch.testing.assert_close(ours, plain, rtol=1e-3, atol=1e-3)
     for a, b in zip(mine, grads):

@@ -5,7 +5,9 @@ Both runs see the same samples in every optimizer step: the 8 samples are one gl
 (plain: 2 samples x 2 micro-batches x 2 ranks; packed: the plan's 4 rows x 1 x 2 x 2), so each
 step's gradient is that of the same token-mean loss, whatever the rows, micro-batches and ranks
 it is split into. A loss normalised per row, per micro-batch or per rank, or a fused loss that
-dropped or double-counted positions, would move the weights apart.
+dropped or double-counted positions, would move the weights apart. The full case's fused loss
+compiles its softmax (CUDA's path, by inductor for the CPU; a launch that fell back to the eager
+blocks fails), the LoRA case's takes the eager blocks.
 """
 
 import json
@@ -14,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from launch import REPO, run_train, step_losses
+from launch import REPO, env, run_launches, run_train, step_losses, torchrun_command
 from tinydata import write_dataset
 
 from llava_norm.config import DataSource
@@ -65,9 +67,14 @@ def _runs(setup, extra: list[str]):
     plain_out, packed_out = root / f"{name}-plain", root / f"{name}-packed"
     plain = run_train(config, [f"train.output_dir={plain_out}", f"train.deepspeed={ZERO2}",
                                "train.per_device_batch_size=2", *extra])
-    packed = run_train(config, [f"train.output_dir={packed_out}", f"train.deepspeed={ZERO2}",
-                                "train.per_device_batch_size=1", "data.packing=true", f"data.pack_max_tokens={budget}",
-                                "train.loss=fused", *extra])
+    overrides = [f"train.output_dir={packed_out}", f"train.deepspeed={ZERO2}", "train.per_device_batch_size=1",
+                 "data.packing=true", f"data.pack_max_tokens={budget}", "train.loss=fused",
+                 *([] if extra else ["train.fused_loss_softmax=compiled"]), *extra]
+    printed = run_launches([(torchrun_command(config, overrides), env())], packed_out, return_output=True)
+    # the path asked for (said by the main process, the one that logs at INFO): the compiled
+    # softmax in the full case, the blocks with LoRA
+    assert printed.count("each chunk's softmax compiled by inductor") == (0 if extra else 1)
+    packed = json.loads((packed_out / "train_summary.json").read_text())
     return (plain_out, plain), (packed_out, packed)
 
 

@@ -91,12 +91,12 @@ def test_the_named_fused_loss_kernel_reaches_the_loss(tmp_path, tiny_dir, monkey
     assert "train.loss fused: liger runs on CUDA only, not on cpu; using the chunked torch cross-entropy" in caplog.text
 
 
-def test_sdpa_leaves_cudnn_by_default(tmp_path, tiny_dir):
-    """train.cudnn_attention's default (false) reaches torch's switch at launch; set here on a CPU,
-    where sdpa never picks cuDNN anyway, and put back after."""
+def test_train_cudnn_attention_false_reaches_torchs_switch(tmp_path, tiny_dir):
+    """train.cudnn_attention: false turns torch's cuDNN attention switch off at launch; set here on
+    a CPU, where sdpa never picks cuDNN anyway, and put back after."""
     torch.backends.cuda.enable_cudnn_sdp(True)
     try:
-        run_training(_tiny_stage2(tmp_path, tiny_dir, "max_steps: 1"))
+        run_training(_tiny_stage2(tmp_path, tiny_dir, "max_steps: 1, cudnn_attention: false"))
         assert not torch.backends.cuda.cudnn_sdp_enabled()
     finally:
         torch.backends.cuda.enable_cudnn_sdp(True)

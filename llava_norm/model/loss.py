@@ -63,7 +63,11 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk):
             part, target = hidden[start:start + chunk].to(dtype), targets[start:start + chunk]
             logits = part @ matmul_weight.T  # in the compute dtype, as the plain path's
-            picked = compiled(logits, target) if compiled is not None else None
+            picked = None
+            if compiled is not None and compiled.ready():
+                picked = compiled(logits, target)
+                if picked is None:  # its compile failed on this chunk: the logits may be part-written
+                    logits = part @ matmul_weight.T
             if picked is not None:  # one fused kernel over the chunk: no fp32 copy to split into blocks
                 logits[torch.arange(len(target), device=logits.device), target] = (picked.exp() - 1).to(dtype)
                 loss -= picked.sum()
@@ -122,25 +126,59 @@ def _softmax_minus_one_hot_fused_(logits: torch.Tensor, target: torch.Tensor) ->
 
 class _CompiledSoftmax:
     """``_softmax_minus_one_hot_fused_`` compiled for any number of rows. A compiler that fails on
-    this machine (no triton, no C compiler) is said once and the eager blocks are used from then on."""
+    this machine (no triton, no C compiler) is said once and the eager blocks are used from then on;
+    so is dynamo switched off (TORCHDYNAMO_DISABLE), which would run the function uncompiled with
+    chunk-sized fp32 temporaries. Any other error is raised."""
 
     def __init__(self, backend: str):
         self.backend, self.fn = backend, torch.compile(_softmax_minus_one_hot_fused_, backend=backend, dynamic=True)
+        self.said = False
+
+    def ready(self) -> bool:
+        if self.fn is not None and torch._dynamo.config.disable:
+            self._give_up("dynamo is disabled")
+        return self.fn is not None
 
     def __call__(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:
-        if self.fn is None:
-            return None
+        """The targets' log-probabilities, the softmax written over ``logits``; None where the
+        compile failed (then ``logits`` may be part-written)."""
         try:
-            return self.fn(logits, target)
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as error:  # noqa: BLE001 - raised while compiling, before the logits are touched
-            self.fn = None
+            picked = self.fn(logits, target)
+        except Exception as error:
+            if not _compile_failure(error):
+                raise
             cause = getattr(error, "inner_exception", None) or error  # the backend's own error
-            _say_once(f"train.loss fused: the softmax did not compile with {self.backend} "
-                      f"({type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause).strip() else ''}); "
-                      "using the eager fp32 blocks")
+            text = str(cause).strip()
+            self._give_up(f"{type(cause).__name__}: {text.splitlines()[0] if text else ''}")
             return None
+        if not self.said:  # which path a run took, once
+            log.info("train.loss fused: each chunk's softmax compiled by %s", self.backend)
+            self.said = True
+        return picked
+
+    def _give_up(self, why: str) -> None:
+        self.fn = None
+        _say_once(f"train.loss fused: the softmax is not compiled with {self.backend} ({why}); "
+                  "using the eager fp32 blocks")
+
+
+def _compile_failure(error: Exception) -> bool:
+    """An error of the compile itself (dynamo's or the backend's), not of running the compiled code."""
+    from torch._dynamo import exc as dynamo_errors  # lazy: only once something failed
+
+    kinds = [dynamo_errors.BackendCompilerFailed, dynamo_errors.InternalTorchDynamoError]
+    try:
+        from torch._inductor.exc import InductorError  # lazy: a torch that has it
+
+        kinds.append(InductorError)
+    except ImportError:
+        pass
+    return isinstance(error, tuple(kinds))
+
+
+def softmax_backend(choice: str) -> str | None:
+    """``train.fused_loss_softmax`` as ``compile_backend``: auto, compiled (``SOFTMAX_BACKEND``) or eager (None)."""
+    return {"auto": "auto", "compiled": SOFTMAX_BACKEND, "eager": None}[choice]
 
 
 @functools.cache

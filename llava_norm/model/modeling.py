@@ -21,7 +21,7 @@ from transformers import (
 from transformers import initialization as hf_init
 from transformers.models.llava.modeling_llava import LlavaCausalLMOutputWithPast, LlavaPreTrainedModel
 
-from llava_norm.model.loss import causal_lm_loss
+from llava_norm.model.loss import causal_lm_loss, softmax_backend
 from llava_norm.model.norm_align import GlobalWeightCompensatedLayerNorm, VisualScale
 from llava_norm.model.projector import NormAlignedProjector
 
@@ -123,9 +123,11 @@ class LlavaNormForConditionalGeneration(LlavaNormPreTrainedModel, LlavaForCondit
     def forward(self, input_ids=None, pixel_values=None, attention_mask=None, position_ids=None,
                 past_key_values=None, inputs_embeds=None, vision_feature_layer=None,
                 vision_feature_select_strategy=None, labels=None, logits_to_keep=0, image_sizes=None,
-                mm_encoder_outputs=None, loss_kind: str = "plain", loss_kernel: str = "torch", **kwargs):
+                mm_encoder_outputs=None, loss_kind: str = "plain", loss_kernel: str = "torch",
+                loss_softmax: str = "auto", **kwargs):
         """``loss_kind="fused"`` (``train.loss``): the same loss from the hidden states, never
-        materialising the logits (``model.loss``, by ``loss_kernel``: ``train.fused_loss_kernel``);
+        materialising the logits (``model.loss``, by ``loss_kernel`` and ``loss_softmax``:
+        ``train.fused_loss_kernel`` and ``train.fused_loss_softmax``);
         the output then carries no logits. Every input of the parent's forward is named here:
         generate() passes only what forward names (an unnamed ``logits_to_keep`` would make it
         compute the logits of the whole prompt)."""
@@ -142,7 +144,8 @@ class LlavaNormForConditionalGeneration(LlavaNormPreTrainedModel, LlavaForCondit
         # lm_head.weight is read outside lm_head's forward; under ZeRO-3 DeepSpeed gathers a
         # parameter on such an access (its ZeROOrderedDict), tested in tests/test_resume.py.
         outputs = self.model(**inputs, **kwargs)
-        loss = causal_lm_loss(outputs.last_hidden_state, self.lm_head.weight, labels, num_items, kernel=loss_kernel)
+        loss = causal_lm_loss(outputs.last_hidden_state, self.lm_head.weight, labels, num_items, kernel=loss_kernel,
+                              compile_backend=softmax_backend(loss_softmax))
         return LlavaCausalLMOutputWithPast(loss=loss, past_key_values=outputs.past_key_values,
                                            hidden_states=outputs.hidden_states, attentions=outputs.attentions,
                                            image_hidden_states=outputs.image_hidden_states)

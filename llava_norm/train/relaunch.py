@@ -58,7 +58,7 @@ class LaunchPlan:
 def inert_keys(flat: dict) -> set[str]:
     """Keys of a flattened config that its other keys switch off, so they cannot change the result."""
     return (set() if flat.get("data.packing") else {"data.pack_max_tokens"}) | \
-        (set() if flat.get("train.loss") == "fused" else {"train.fused_loss_kernel"})
+        (set() if flat.get("train.loss") == "fused" else {"train.fused_loss_kernel", "train.fused_loss_softmax"})
 
 
 def config_differences(saved_yaml: str, config: RunConfig, allowed: frozenset = frozenset()) -> list[str]:

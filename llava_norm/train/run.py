@@ -235,6 +235,7 @@ def run_training(config: RunConfig, check=None) -> Path | None:
     trainer = LlavaNormTrainer(
         model=bundle.model, args=args, train_dataset=train_dataset,
         data_collator=train_collate, loss_kind=t.loss, loss_kernel=t.fused_loss_kernel,
+        loss_softmax=t.fused_loss_softmax,
         optim_config=config.optim, group_by_modality_length=config.data.group_by_modality_length,
         norm_stats_steps=t.norm_stats_steps, keep_checkpoints=t.save_total_limit,
         checkpoint_files={RUN_CONFIG: to_yaml(config)},

@@ -55,12 +55,13 @@ class ResumeError(RuntimeError):
 class LlavaNormTrainer(Trainer):
     def __init__(self, *args, optim_config, group_by_modality_length: bool, norm_stats_steps: int,
                  keep_checkpoints: int, checkpoint_files: dict[str, str] | None = None, loss_kind: str = "plain",
-                 loss_kernel: str = "torch", **kwargs):
+                 loss_kernel: str = "torch", loss_softmax: str = "auto", **kwargs):
         """``checkpoint_files``: name -> text written into every checkpoint before it is marked
         complete (the run's resolved config, so a relaunch can compare against it).
-        ``loss_kind``, ``loss_kernel``: train.loss and train.fused_loss_kernel, passed to the model's forward."""
+        ``loss_kind``, ``loss_kernel``, ``loss_softmax``: train.loss, train.fused_loss_kernel and
+        train.fused_loss_softmax, passed to the model's forward."""
         super().__init__(*args, **kwargs)
-        self.loss_kind, self.loss_kernel = loss_kind, loss_kernel
+        self.loss_kind, self.loss_kernel, self.loss_softmax = loss_kind, loss_kernel, loss_softmax
         self.checkpoint_files = dict(checkpoint_files or {})
         self._sampler: EpochSampler | None = None
         self._epoch = 0
@@ -206,6 +207,7 @@ class LlavaNormTrainer(Trainer):
                            inputs["input_ids"].shape[-1])
         if self.loss_kind != "plain":
             inputs["loss_kind"], inputs["loss_kernel"] = self.loss_kind, self.loss_kernel
+            inputs["loss_softmax"] = self.loss_softmax
         return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                     num_items_in_batch=num_items_in_batch)
 
