@@ -134,7 +134,8 @@ def main() -> None:
                              "(default: CHUNK_BYTES)")
     parser.add_argument("--softmax", nargs="+", choices=("eager", "compiled"), default=None,
                         help="the torch kernel's softmax: eager fp32 blocks, or one compiled kernel a chunk, "
-                             "each its own row (default: as shipped, compiled on CUDA and eager elsewhere)")
+                             "each its own row (default: as shipped, compiled on CUDA and eager elsewhere; on a "
+                             "CPU a compiled row's memory figure includes the compile's own, the process's peak)")
     parser.add_argument("--one", nargs=2, metavar=("KIND", "VOCAB"), help=argparse.SUPPRESS)  # a child run
     args = parser.parse_args()
     if args.one:

@@ -305,7 +305,9 @@ def test_the_plans_loss_term_is_the_h100s_measured_peak():
     4,096 tokens, hidden 3,072, bf16). That run's compiled rows took their base after the compile
     step, which left both gradients allocated, so the recorded rise is short of the step's by
     exactly those two tensors (bench/RESULTS.md; fused_loss.py now frees them first): they are
-    added back here. A change of the chunk size, or of what the loss allocates, must be measured again."""
+    added back here, by the formula the plan itself uses for them, so what this holds to a
+    measurement is the rest: the chunk's logits, the rows' copy, and no fp32 block. A change of the
+    chunk size, or of what the loss allocates, must be measured again."""
     text = (Path(__file__).resolve().parents[1] / "bench/results/gpu_2026-11-27_fused_compiled.txt").read_text()
     assert loss_module.CHUNK_BYTES == 512 * 2**20
     for vocab in (128_256, 152_064):
