@@ -32,6 +32,7 @@ class TrainRun:
     why: str
     compile: bool = False  # train.compile: the decoder and encoder layers under torch.compile
     default: bool = True  # in PART=2; the others by --train-runs (a half's 460 s holds one 3B run)
+    loss: str = "plain"  # train.loss
 
 
 TRAIN_RUNS = [
@@ -41,6 +42,9 @@ TRAIN_RUNS = [
              "the paper's Llama-3.2-3B stack under ZeRO-2"),
     TrainRun("llama3b_zero2_compiled", "google/siglip-so400m-patch14-384", "meta-llama/Llama-3.2-3B-Instruct", 2, 4,
              True, "the same with train.compile, the setting behind gpu_step.py's MFU", compile=True, default=False),
+    TrainRun("llama3b_zero2_fused", "google/siglip-so400m-patch14-384", "meta-llama/Llama-3.2-3B-Instruct", 2, 4,
+             True, "the same with train.loss fused: the chunked loss's compiled softmax inside a GPU training run",
+             default=False, loss="fused"),
     TrainRun("qwen7b_zero3", "google/siglip-so400m-patch14-384", "Qwen/Qwen2.5-7B-Instruct", 3, 2, True,
              "the paper's Qwen2.5-7B stack under ZeRO-3"),
 ]
@@ -84,7 +88,7 @@ def _config_text(run: TrainRun, vision: Path, llm: Path, world: Path, work: Path
             f"num_workers: 2}}\n"
             f"train: {{output_dir: {work}/runs/{run.name}, max_steps: {steps}, per_device_batch_size: {run.batch}, "
             f"global_batch_size: {run.batch}, grad_accum: 1, gradient_checkpointing: {str(run.checkpointing).lower()}, "
-            f"compile: {str(run.compile).lower()}, "
+            f"compile: {str(run.compile).lower()}, loss: {run.loss}, "
             f"save_steps: 0, report_to: [], restart: true, "
             # the last steps profiled: the table lands in the run's log, which the kit returns
             f"profile_steps: {f'[{steps - PROFILED_STEPS + 1}, {steps}]' if steps > PROFILED_STEPS else 'null'}, "
@@ -100,7 +104,7 @@ def train_setup(run: TrainRun, work: Path, toy: bool) -> tuple[Path, str | None]
         if not (work / "tiny" / "qwen2").is_dir():
             make_tiny(work / "tiny", seed=0)
         vision, llm, base, steps = work / "tiny" / "siglip", work / "tiny" / "qwen2", "tiny_stage2.yaml", 2
-        run = TrainRun(run.name, "", "", run.zero, 2, run.checkpointing, run.why, run.compile, run.default)
+        run = TrainRun(run.name, "", "", run.zero, 2, run.checkpointing, run.why, run.compile, run.default, run.loss)
     else:  # planned from the shipped configs first: a run that cannot fit writes no backbone
         vision, llm, base, steps = run.vision, run.llm, "stage2.yaml", STEPS
     config = work / f"{run.name}.yaml"

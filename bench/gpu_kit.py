@@ -197,7 +197,7 @@ def main() -> None:
     parser.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "llava-norm-gpu-kit"))
     parser.add_argument("--deadline-s", type=float, default=None, help=f"overall (default {DEADLINE_S} s a half)")
     parser.add_argument("--train-runs", nargs="+", choices=[run.name for run in TRAIN_RUNS],
-                        help="the train part's runs (default: all but the compiled 3B run)")
+                        help="the train part's runs (default: all but the compiled and the fused-loss 3B runs)")
     parser.add_argument("--train-overrides", nargs="+", default=[], metavar="KEY=VALUE",
                         help="config overrides for every trainer run (as llava-norm train takes them)")
     parser.add_argument("--toy", action="store_true", help="tiny shapes on CPU: a smoke run of every part")

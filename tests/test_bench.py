@@ -189,3 +189,19 @@ def test_data_startup_measures_a_rank_on_the_next_layout(tmp_path, tiny_dir, cap
     assert report["rows"] == 40 and report["batch_rows"] == 8 and report["mib"]["anon"] > 0
     json_ms, parquet_ms = data_startup.draw_cost(tmp_path, tiny_dir / "llama", rows=12, draws=4)
     assert json_ms > 0 and parquet_ms > 0 and "ms from parquet" in capsys.readouterr().out
+
+
+def test_each_kit_trainer_run_config_says_what_the_run_names(tmp_path):
+    """The kit's trainer runs' YAML, loaded as `llava-norm train` loads it: the ZeRO stage, the
+    micro-batch, checkpointing, compile and the loss each run's entry names."""
+    import _kit_train
+
+    from llava_norm.config import load_config
+
+    for run in _kit_train.TRAIN_RUNS:
+        path = tmp_path / f"{run.name}.yaml"
+        path.write_text(_kit_train._config_text(run, run.vision, run.llm, tmp_path, tmp_path, "stage2.yaml", 20))
+        t = load_config(path, check_paths=False).train
+        assert (t.deepspeed.endswith(f"zero{run.zero}.json"), t.per_device_batch_size, t.gradient_checkpointing,
+                t.compile, t.loss) == (True, run.batch, run.checkpointing, run.compile, run.loss), run.name
+    assert {r.loss for r in _kit_train.TRAIN_RUNS} == {"plain", "fused"}
