@@ -133,7 +133,8 @@ class TrainConfig:
     compile_backend: str = "inductor"  # any torch._dynamo backend; aot_eager traces without code generation
     # sdpa's cuDNN kernels on CUDA, which torch picks on an H100: null (the default) leaves torch's
     # choice; false keeps sdpa on torch's own flash and memory-efficient kernels. With cuDNN, some
-    # steps of the 3B trainer stalled for seconds; between them it was not slower (bench/RESULTS.md).
+    # steps of the 3B trainer stalled for seconds; between them the comparison went either way with
+    # the machine (bench/RESULTS.md).
     cudnn_attention: Optional[bool] = None
     precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     # plain: transformers' loss on the full logits; fused: the same loss without the logits tensor

@@ -169,3 +169,19 @@ def test_overrides_may_follow_the_options(capsys):
         main(["plan", str(ROOT / "configs/llama3.2-3b/ln_textnorm_gwc/stage2.yaml"), "--bogus"])
     with pytest.raises(SystemExit, match="at least 1"):
         main(["plan", str(ROOT / "configs/llama3.2-3b/ln_textnorm_gwc/stage2.yaml"), "--images-per-row", "0"])
+
+
+def test_the_fused_terms_blocks_are_counted_only_for_the_eager_softmax(tmp_path, tiny_dir):
+    """train.fused_loss_softmax reaches the plan: eager adds the fp32 blocks the compiled kernel
+    (what auto runs on a GPU) never makes; the plan traces the bf16 model, every position a label."""
+    from transformers import AutoConfig
+
+    from llava_norm.model.loss import fused_held_bytes
+
+    plans = {s: make_plan(_config(tmp_path, tiny_dir, f", stage: 2, loss: fused, fused_loss_softmax: {s}"),
+                          alternatives=False) for s in ("auto", "eager")}
+    llm = AutoConfig.from_pretrained(f"{tiny_dir}/llama")
+    rows = plans["auto"].batch * plans["auto"].seq
+    blocks = (fused_held_bytes(rows, llm.hidden_size, llm.vocab_size, 2, True, compiled=False)
+              - fused_held_bytes(rows, llm.hidden_size, llm.vocab_size, 2, True))
+    assert plans["eager"].activations.outside_layers - plans["auto"].activations.outside_layers == blocks > 0

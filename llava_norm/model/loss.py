@@ -31,8 +31,9 @@ log = logging.getLogger(__name__)
 CHUNK_BYTES = 512 * 2**20  # a chunk's logits in the compute dtype
 BLOCK_BYTES = 64 * 2**20  # a block's fp32 log-probabilities
 # On CUDA the softmax is instead one compiled kernel per chunk, reading the logits and writing the
-# gradient over them with no fp32 copy: on an H100 that made the loss step faster than the plain
-# one and left only the chunk (bench/RESULTS.md). The CPU keeps the eager blocks (no compile at start-up).
+# softmax over them with no fp32 copy (the one-hot is subtracted after it): on an H100 that made the
+# loss step faster than the plain one and left only the chunk (bench/RESULTS.md). The CPU keeps the
+# eager blocks (no compile at start-up).
 SOFTMAX_BACKEND = "inductor"
 
 

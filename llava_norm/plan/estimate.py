@@ -148,7 +148,7 @@ def make_plan(config: RunConfig, gpus: int = 1, nodes: int = 1, gpu_memory_gib: 
     states = {name: model_states(trained, frozen, largest, name, gpus, nodes) for name in {"zero2", "zero3", layout}}
     seq, n_images_row = _sequence(config, tokens_per_image, seq_len, images)
     batch = t.per_device_batch_size
-    acts = trace_activations(model, batch, seq, batch * n_images_row, tokens_per_image, t.loss)
+    acts = trace_activations(model, batch, seq, batch * n_images_row, tokens_per_image, t.loss, t.fused_loss_softmax)
     accum = effective_grad_accum(t, world)
     c = model.config
     # a LoRA run's LLM is frozen apart from its adapters (negligible FLOPs): no weight gradients;
@@ -161,7 +161,8 @@ def make_plan(config: RunConfig, gpus: int = 1, nodes: int = 1, gpu_memory_gib: 
     plan = Plan(config, gpus, nodes, gpu_memory_gib, gpu_name, sources, components, tokens_per_image, batch, seq,
                 n_images_row, accum, layout, states, acts, step_flops=step)
     if t.loss == "plain":
-        plan.fused_activations = trace_activations(model, batch, seq, batch * n_images_row, tokens_per_image, "fused")
+        plan.fused_activations = trace_activations(model, batch, seq, batch * n_images_row, tokens_per_image, "fused",
+                                                   t.fused_loss_softmax)
     if alternatives and plan.fits(plan.peak()) is False:
         plan.alternatives = _alternatives(plan, model, largest)
     return plan
@@ -183,7 +184,8 @@ def _alternatives(plan: Plan, model, largest: int) -> list[tuple[str, float]]:
         consider("train.loss=fused", plan.peak(activations=plan.fused_activations))
     batch = plan.batch // 2
     while batch >= 1:
-        acts = trace_activations(model, batch, plan.seq, batch * plan.images, plan.tokens_per_image, t.loss)
+        acts = trace_activations(model, batch, plan.seq, batch * plan.images, plan.tokens_per_image, t.loss,
+                                 t.fused_loss_softmax)
         peak = plan.peak(activations=acts)
         if plan.fits(peak):
             consider(f"train.per_device_batch_size={batch} (grad_accum grows to keep the global batch)", peak)

@@ -152,9 +152,10 @@ def peak_bytes(states: States, acts: Activations, checkpointing: bool, grad_accu
 
 
 def trace_activations(model, batch: int, seq: int, images: int, tokens_per_image: int, loss_kind: str = "plain",
-                      ) -> Activations:
+                      softmax: str = "auto") -> Activations:
     """Run one training forward of ``model`` (on the meta device for a plan; any device works) over ``batch`` rows of ``seq``
-    tokens holding ``images`` images in all; every position is a label (the most loss memory)."""
+    tokens holding ``images`` images in all; every position is a label (the most loss memory).
+    ``softmax``: train.fused_loss_softmax, as a GPU runs it (eager: the fp32 blocks counted too)."""
     vision, device = model.config.vision_config, model.device
     pixels = torch.zeros(images, vision.num_channels, vision.image_size, vision.image_size,
                          dtype=model.dtype, device=device)
@@ -224,6 +225,7 @@ def trace_activations(model, batch: int, seq: int, images: int, tokens_per_image
             per_layer[owner[key]] += size
     if loss_kind == "fused":
         head = model.lm_head.weight
-        outside += fused_held_bytes(batch * seq, hidden, head.shape[0], head.element_size(), head.requires_grad)
+        outside += fused_held_bytes(batch * seq, hidden, head.shape[0], head.element_size(), head.requires_grad,
+                                    compiled=softmax != "eager")
     layers = tuple((per_layer[layer], inputs[layer]) for layer in inputs)
     return Activations(outside, layers, max(saved.values(), default=0))
