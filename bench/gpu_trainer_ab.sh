@@ -5,28 +5,27 @@
 #   bash bench/gpu_trainer_ab.sh NAME RUN "ENV..." "OVERRIDES..." [NAME RUN "ENV..." "OVERRIDES..."]...
 # e.g. A llama3b_zero2 "-u PYTORCH_CUDA_ALLOC_CONF" ""  D llama3b_zero2 "" "train.cudnn_attention=false"
 # (ENV: env(1)'s arguments; OVERRIDES: llava-norm train's). Each result is copied into $OUT as soon
-# as it exists ($OUT/NAME.json, NAME.log); the variants share BUDGET_S. Needs the carried wheels
-# (bash bench/gpu_kit_wheels.sh; carry .whl).
+# as it exists ($OUT/NAME.json, NAME.log); the variants share BUDGET_S. Needs the carried wheels,
+# as gpu_kit.sh does (bench/_kit_site.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 END=$((SECONDS + ${BUDGET_S:-560}))
 OUT="${OUT:-runs/gpu_trainer_ab}"
 WORK=/tmp/llava-norm-ab
 mkdir -p "$OUT" "$WORK"
-SITE="${KIT_SITE:-/tmp/llava-norm-kit-site}"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 2
-export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+PY="${PYTHON:-python3}"
+source bench/_kit_site.sh
 
 if [ -n "${FUSED_ARGS:-}" ]; then
     # shellcheck disable=SC2086
-    timeout "${FUSED_S:-100}" python3 bench/fused_loss.py --device cuda --dtype bf16 --repeats 10 $FUSED_ARGS 2>&1 \
+    timeout "${FUSED_S:-100}" "$PY" bench/fused_loss.py --device cuda --dtype bf16 --repeats 10 $FUSED_ARGS 2>&1 \
         | grep -v Warning | tee "$OUT/fused.txt"
 fi
 while [ $# -ge 4 ]; do
     name=$1 run=$2 envs=$3 overrides=$4; shift 4
     left=$((END - SECONDS)); share=$((left / ($# / 4 + 1))); share=$((share < 200 ? share : 200))
     # shellcheck disable=SC2086
-    env $envs python3 bench/gpu_kit.py --only train --train-runs "$run" --deadline-s "$share" \
+    env $envs "$PY" bench/gpu_kit.py --only train --train-runs "$run" --deadline-s "$share" \
         --out "$WORK/$name" --work "$WORK/kit" ${overrides:+--train-overrides $overrides} 2>&1 \
         | grep -E "^\[train\] |profile:|results:|Error" | tail -12
     cp "$WORK/$name/gpu_kit.json" "$OUT/$name.json" 2>/dev/null
