@@ -151,6 +151,12 @@ def test_readme_gpu_figures_are_the_kits_recorded_results():
     assert f"peaked {abs(small['measured_over_plan']):.1%} under the" in readme.replace("\n", " ")
 
 
+def _logged_steps(log: str) -> list[dict]:
+    """A trainer log's step entries, each the dict the Trainer printed (after any progress bar on its line)."""
+    return [ast.literal_eval(line[line.index("{'loss'"):line.rindex("}") + 1])
+            for line in log.splitlines() if "{'loss'" in line]
+
+
 def _span(values, unit: str = "x") -> str:
     low, high = min(values), max(values)
     return f"{low}{unit}" if low == high else f"{low}-{high}{unit}"
@@ -188,7 +194,7 @@ def test_readme_fused_loss_and_3b_trainer_figures_are_the_recorded_ones(monkeypa
     rates = {}
     for name in ("llama3b_zero2", "llama3b_zero2_compiled"):
         log = (results / f"gpu_2026-11-26_train_{name}.log").read_text()
-        steps = [ast.literal_eval(line) for line in log.splitlines() if line.startswith("{'loss'")]
+        steps = _logged_steps(log)
         later = steps[3:]
         rates[name] = sum(h["tokens"] for h in later) / sum(h["tokens"] / float(h["tokens_per_second"]) for h in later)
         peak, longest = max(float(h["peak_memory_gib"]) for h in steps), max(h["longest_row"] for h in steps)
@@ -211,8 +217,7 @@ def test_readme_cudnn_attention_figures_are_the_profiled_runs():
     rate, between, stalled, gpu = {}, {}, [], {}
     for run, name in logs.items():
         log = (results / name).read_text()
-        steps = [ast.literal_eval(line[line.index("{'loss'"):line.rindex("}") + 1])
-                 for line in log.splitlines() if "{'loss'" in line]
+        steps = _logged_steps(log)
         seconds = {i + 1: int(h["tokens"]) / float(h["tokens_per_second"]) for i, h in enumerate(steps)}
         tokens = {i + 1: int(h["tokens"]) for i, h in enumerate(steps)}
         window = range(4, 18)
