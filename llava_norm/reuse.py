@@ -38,8 +38,14 @@ def compare(found: Record, expected: Record, code_counts: bool) -> tuple[list[st
 
 
 def stage_decision(yaml_path: Path, overrides: list[str], out: Path, world: int, code_counts: bool) -> Decision:
-    """Reuse a training stage only if its record matches what ``yaml_path`` + overrides would train now."""
-    expected = training_record(load_config(yaml_path, [*overrides, f"train.output_dir={out}"]), world)
+    """Reuse a training stage only if its record matches what ``yaml_path`` + overrides would train now.
+
+    The config's keys are checked here, and its inputs are fingerprinted (a missing one is named);
+    what the machine must offer (packages, report_to's integrations) is the launch's own check.
+    Why: that check imports transformers' model code, over a second of start-up in every
+    sweep task and pipeline, which otherwise never load a model."""
+    config = load_config(yaml_path, [*overrides, f"train.output_dir={out}"], check_paths=False)
+    expected = training_record(config, world)
     found = read_record(out)
     if found is None:
         holds_run = (out / SUMMARY).exists() or bool(complete_checkpoints(out))

@@ -181,3 +181,23 @@ def test_a_config_error_from_train_is_said_before_torch_loads(tmp_path, yaml, ke
     said, loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                   check=True).stdout.splitlines()
     assert said.startswith(f"config error: {config}: key '{key}'") and loaded == "[]", (said, loaded)
+
+
+def test_a_chains_stage_decision_loads_no_model_code(tmp_path, tiny_dir):
+    """The sweep's tasks and the pipeline decide whether a training stage is reused without
+    importing transformers' model code (a fresh interpreter), which costs over a second of start-up
+    in a process that trains nothing itself. The config leaves train.report_to at its default
+    ([tensorboard]), whose check does import it: that check is the launch's."""
+    from tinydata import write_dataset  # lazy: only this test writes data
+
+    data, images = write_dataset(tmp_path / "data", n=4)
+    config = tmp_path / "stage1.yaml"
+    config.write_text(f"model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama}}\n"
+                      f"data: {{mixture: [{{path: {data}, image_folder: {images}}}]}}\ntrain: {{stage: 1}}\n")
+    code = ("import sys\nfrom pathlib import Path\nfrom llava_norm.reuse import stage_decision\n"
+            f"print(stage_decision(Path({str(config)!r}), [], Path({str(tmp_path / 'out')!r}), 1, False).reasons)\n"
+            "print(sorted(m for m in ('transformers.modeling_utils', 'transformers.integrations.integration_utils') "
+            "if m in sys.modules))")
+    decided, loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                     check=True).stdout.splitlines()
+    assert decided == "['not run yet']" and loaded == "[]", (decided, loaded)
