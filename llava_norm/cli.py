@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from llava_norm.worker import die_with_launcher, exit_launched_worker, frozen_imports
+from llava_norm.worker import die_with_launcher, exit_launched_worker, frozen_imports, quiet_transformers
 
 
 def _train(args) -> None:
@@ -379,12 +379,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     die_with_launcher()
-    with frozen_imports():  # the subcommands' parsers, and transformers for its logging
+    with frozen_imports():  # the subcommands' parsers
         args = _parse(argv)
-        if not args.verbose:
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.set_verbosity_error()
+    if not args.verbose:
+        quiet_transformers()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("llava_norm").setLevel(logging.INFO)

@@ -76,3 +76,17 @@ def exit_launched_worker() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def quiet_transformers() -> None:
+    """transformers logs errors only: set at once where it is loaded, else through the variable
+    it reads when it loads (which the processes this one launches inherit, as they would set it).
+
+    Why: importing transformers only to set its level took a third of a second in every process
+    that never loads it (the pipeline, the sweep's tasks, the table).
+    """
+    os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()

@@ -8,6 +8,7 @@ must say why in a comment on its line.
 """
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -161,6 +162,20 @@ def test_the_command_line_starts_without_the_heavy_libraries():
             "print('llava_norm' in CONFIG_MAPPING)")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert loaded[:2] == ["[]", "True"], loaded
+
+
+def test_a_subcommand_that_loads_no_model_leaves_transformers_unloaded_and_quiet():
+    """``llava-norm table`` (as the pipeline's and the sweep's orchestrators) never imports
+    transformers just to quiet it (a fresh interpreter); transformers, loaded later in the process
+    or in one it launches, still logs errors only."""
+    code = ("import sys\nfrom llava_norm.cli import main\n"
+            "try:\n    main(['table', '/nonexistent'])\nexcept SystemExit as stop:\n    print(stop.code)\n"
+            "print('transformers' in sys.modules)\n"
+            "from transformers.utils import logging\nprint(logging.get_verbosity() == logging.ERROR)")
+    said, loaded, quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                         check=True, env={k: v for k, v in os.environ.items()
+                                                          if k != "TRANSFORMERS_VERBOSITY"}).stdout.splitlines()
+    assert "evaluation directory not found" in said and (loaded, quiet) == ("False", "True"), (said, loaded, quiet)
 
 
 @pytest.mark.parametrize("yaml,key", [
