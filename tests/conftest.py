@@ -12,6 +12,10 @@ import tempfile
 
 import pytest
 
+# Collection imports torch, transformers and the test modules with the cyclic collector off: its
+# passes over that growing heap took about a fifth of each worker's collection; the heap is frozen
+# and the collector turned back on when collection ends (pytest_collection).
+gc.disable()
 os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="llava-norm-datasets-")
 # One intra-op thread per test process and per launched run (tests/launch.py sets it too):
 # several pytest-xdist workers share two cores, and OpenMP threads that outnumber the cores
@@ -32,10 +36,16 @@ LONGEST_FIRST = ("test_demo.py", "test_pipeline.py", "test_resume.py", "test_swe
                  "test_docs.py", "test_check.py")
 
 
-def pytest_collection_finish(session):
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
     # What collection imported (torch, transformers, ...) lives as long as this process: frozen, the
-    # collector's passes during the tests no longer walk it (llava_norm.worker.frozen_imports).
-    gc.freeze()
+    # collector's passes during the tests no longer walk it (llava_norm.worker.frozen_imports). Also
+    # in pytest-xdist's controller, which collects nothing itself.
+    try:
+        return (yield)
+    finally:
+        gc.freeze()
+        gc.enable()
 
 
 def pytest_collection_modifyitems(items):
