@@ -161,6 +161,16 @@ BREAKS = [
           "    acts = trace_activations(model, batch, seq, batch * n_images_row, tokens_per_image, t.loss, t.fused_loss_softmax)",
           "    acts = trace_activations(model, batch, seq, batch * n_images_row, tokens_per_image, t.loss)",
           "tests/test_plan.py::test_the_fused_terms_blocks_are_counted_only_for_the_eager_softmax"),
+    Break("a stage's reuse decision runs the machine's checks", "llava_norm/reuse.py",
+          '    config = load_config(yaml_path, [*overrides, f"train.output_dir={out}"], check_paths=False)',
+          '    config = load_config(yaml_path, [*overrides, f"train.output_dir={out}"])',
+          "tests/test_layers.py::test_a_chains_stage_decision_loads_no_model_code"),
+    Break("transformers imported to quiet it", "llava_norm/worker.py",
+          '    if "transformers" in sys.modules:', "    if True:",
+          "tests/test_layers.py::test_a_subcommand_that_loads_no_model_leaves_transformers_unloaded_and_quiet"),
+    Break("transformers left at its own log level", "llava_norm/worker.py",
+          '    os.environ["TRANSFORMERS_VERBOSITY"] = "error"', "    pass",
+          "tests/test_layers.py::test_a_subcommand_that_loads_no_model_leaves_transformers_unloaded_and_quiet"),
 ]
 
 
