@@ -24,6 +24,13 @@ def check_paths(config: RunConfig) -> None:
         check(config)
 
 
+def check_inputs(config: RunConfig) -> None:
+    """The files a run reads as its inputs (data, backbones, stage 1's projector: what its
+    provenance record fingerprints), with no library imported. Raises the first problem found."""
+    for check in INPUT_CHECKS:
+        check(config)
+
+
 def path_problems(config: RunConfig) -> list[str]:
     """Every problem ``check_paths`` would raise, one line each (``llava-norm check``)."""
     problems = []
@@ -292,3 +299,4 @@ def _must_exist(path: str, key: str, kind: str = "") -> None:
 # check_paths' steps, in order; each raises its own ConfigError
 PATH_CHECKS = (_data_paths, _backbone_dirs, _attention, _report_to, _fused_loss_kernel, _compile, _chat_template,
                _packing_family, _projector, _deepspeed, _resume_and_output, _lora_targets)
+INPUT_CHECKS = (_data_paths, _backbone_dirs, _projector)  # check_inputs'; the others can load transformers

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llava_norm.config import load_config
+from llava_norm.config_checks import check_inputs
+from llava_norm.config_schema import ConfigError
 from llava_norm.evaluation.arguments import parse_eval_args
 from llava_norm.evaluation.settings import benchmark_settings, settings_differences
 from llava_norm.layout import PROJECTOR_FILE
@@ -40,11 +42,15 @@ def compare(found: Record, expected: Record, code_counts: bool) -> tuple[list[st
 def stage_decision(yaml_path: Path, overrides: list[str], out: Path, world: int, code_counts: bool) -> Decision:
     """Reuse a training stage only if its record matches what ``yaml_path`` + overrides would train now.
 
-    The config's keys are checked here, and its inputs are fingerprinted (a missing one is named);
-    what the machine must offer (packages, report_to's integrations) is the launch's own check.
-    Why: that check imports transformers' model code, over a second of start-up in every
-    sweep task and pipeline, which otherwise never load a model."""
+    The config's keys and its input files are checked here; what the machine must offer
+    (packages, report_to's integrations) is the launch's own check. Why: that check imports
+    transformers' model code, over a second of start-up in every sweep task and pipeline, which
+    otherwise never load a model."""
     config = load_config(yaml_path, [*overrides, f"train.output_dir={out}"], check_paths=False)
+    try:
+        check_inputs(config)
+    except ConfigError as error:
+        raise ConfigError(f"{yaml_path}: {error}") from None
     expected = training_record(config, world)
     found = read_record(out)
     if found is None:

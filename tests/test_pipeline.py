@@ -21,8 +21,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tinydata import write_dataset
 
+from llava_norm.config_schema import ConfigError
 from llava_norm.pipeline import PipelineConfig, plan, run_steps
 from llava_norm.provenance import RECORD, fingerprint, read_record
+from llava_norm.reuse import stage_decision
 from llava_norm.train.rundir import complete_checkpoints
 from llava_norm_demo.synth import build_world
 
@@ -288,3 +290,14 @@ def test_a_yaml_edit_to_stage_2_reruns_that_stage_and_its_evaluation_only(projec
         assert _reruns(project.decide()) == {}
     # Back to the original YAML: the run it now holds is stale the other way.
     assert set(_reruns(project.decide())) == {"ln_textnorm_gwc: stage 2", "ln_textnorm_gwc: eval"}
+
+
+def test_a_stage_decision_names_a_missing_input_by_its_config_and_key(tmp_path, tiny_dir):
+    """The reuse decision skips the machine's checks (the launch's), not the input files': a
+    missing one is named by the config file and its key, before anything launches."""
+    data, _ = write_dataset(tmp_path / "data", n=4)
+    config = tmp_path / "stage1.yaml"
+    config.write_text(f"model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama}}\n"
+                      f"data: {{mixture: [{{path: {data}, image_folder: {tmp_path}/no_images}}]}}\ntrain: {{stage: 1}}\n")
+    with pytest.raises(ConfigError, match=rf"^{config}: key 'data.mixture\[0\].image_folder': .*no_images"):
+        stage_decision(config, [], tmp_path / "out", 1, False)
