@@ -134,6 +134,12 @@ def test_the_core_never_names_the_guest_wing():
     assert not naming, "the core names the guest wing:\n" + "\n".join(naming)
 
 
+def printed_by_fresh_interpreter(code: str, env: dict | None = None) -> list[str]:
+    """The lines ``code`` prints in a new interpreter: what it imports is what ``code`` does, not
+    what this test process already holds."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env=env).stdout.splitlines()
+
 def test_the_guest_subcommands_are_registered_and_the_core_loads_without_them():
     """``llava-norm`` lists the demo's subcommands, and importing the whole core pulls in no
     module of the guest wing (checked in a fresh interpreter)."""
@@ -145,11 +151,12 @@ def test_the_guest_subcommands_are_registered_and_the_core_loads_without_them():
     code = ("import importlib, sys\n"
             f"for m in {core!r}: importlib.import_module(m)\n"
             "print(sorted(m for m in sys.modules if m.startswith('llava_norm_demo')))")
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert loaded.strip() == "[]", f"importing the core loaded guest modules: {loaded}"
+    loaded = printed_by_fresh_interpreter(code)
+    assert loaded == ["[]"], f"importing the core loaded guest modules: {loaded}"
 
 
 HEAVY = ("torch", "transformers", "deepspeed", "datasets", "matplotlib")
+
 
 
 def test_the_command_line_starts_without_the_heavy_libraries():
@@ -160,8 +167,8 @@ def test_the_command_line_starts_without_the_heavy_libraries():
             f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
             "import llava_norm.model\nfrom transformers.models.auto.configuration_auto import CONFIG_MAPPING\n"
             "print('llava_norm' in CONFIG_MAPPING)")
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
-    assert loaded[:2] == ["[]", "True"], loaded
+    loaded = printed_by_fresh_interpreter(code)
+    assert loaded == ["[]", "True"], loaded
 
 
 def test_a_subcommand_that_loads_no_model_leaves_transformers_unloaded_and_quiet():
@@ -172,9 +179,8 @@ def test_a_subcommand_that_loads_no_model_leaves_transformers_unloaded_and_quiet
             "try:\n    main(['table', '/nonexistent'])\nexcept SystemExit as stop:\n    print(stop.code)\n"
             "print('transformers' in sys.modules)\n"
             "from transformers.utils import logging\nprint(logging.get_verbosity() == logging.ERROR)")
-    said, loaded, quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                         check=True, env={k: v for k, v in os.environ.items()
-                                                          if k != "TRANSFORMERS_VERBOSITY"}).stdout.splitlines()
+    said, loaded, quiet = printed_by_fresh_interpreter(code, env={k: v for k, v in os.environ.items()
+                                                                  if k != "TRANSFORMERS_VERBOSITY"})
     assert "evaluation directory not found" in said and (loaded, quiet) == ("False", "True"), (said, loaded, quiet)
 
 
@@ -193,8 +199,7 @@ def test_a_config_error_from_train_is_said_before_torch_loads(tmp_path, yaml, ke
             f"try:\n    main(['train', {str(config)!r}])\nexcept SystemExit as stop:\n    print(stop.code)\n"
             "print(sorted(m for m in ('torch', 'transformers.integrations.integration_utils', 'deepspeed', 'datasets') "
             "if m in sys.modules))")
-    said, loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                  check=True).stdout.splitlines()
+    said, loaded = printed_by_fresh_interpreter(code)
     assert said.startswith(f"config error: {config}: key '{key}'") and loaded == "[]", (said, loaded)
 
 
@@ -213,6 +218,5 @@ def test_a_chains_stage_decision_loads_no_model_code(tmp_path, tiny_dir):
             f"print(stage_decision(Path({str(config)!r}), [], Path({str(tmp_path / 'out')!r}), 1, False).reasons)\n"
             "print(sorted(m for m in ('transformers.modeling_utils', 'transformers.integrations.integration_utils') "
             "if m in sys.modules))")
-    decided, loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                     check=True).stdout.splitlines()
+    decided, loaded = printed_by_fresh_interpreter(code)
     assert decided == "['not run yet']" and loaded == "[]", (decided, loaded)
