@@ -2,7 +2,8 @@
 config names, read through headers and small JSON files only, never weights or data rows.
 
 Owns ``check_paths``, which ``llava_norm.config.validate`` runs last, so a missing path or an
-incompatible DeepSpeed file stops a run before any model or data loads.
+incompatible DeepSpeed file stops a run before any model or data loads, and ``check_inputs``,
+the part of it that checks only the files a run reads as inputs (a reuse decision's).
 """
 
 from __future__ import annotations
@@ -149,6 +150,11 @@ def _projector(config: RunConfig) -> None:
 def _deepspeed(config: RunConfig) -> None:
     if config.train.deepspeed:
         _check_deepspeed(config)
+
+
+def _deepspeed_file(config: RunConfig) -> None:
+    if config.train.deepspeed:
+        _must_exist(config.train.deepspeed, "train.deepspeed", kind="file")
 
 
 def _resume_and_output(config: RunConfig) -> None:
@@ -299,4 +305,6 @@ def _must_exist(path: str, key: str, kind: str = "") -> None:
 # check_paths' steps, in order; each raises its own ConfigError
 PATH_CHECKS = (_data_paths, _backbone_dirs, _attention, _report_to, _fused_loss_kernel, _compile, _chat_template,
                _packing_family, _projector, _deepspeed, _resume_and_output, _lora_targets)
-INPUT_CHECKS = (_data_paths, _backbone_dirs, _projector)  # check_inputs'; the others can load transformers
+# check_inputs': one per input a training record fingerprints (llava_norm.train.record.INPUT_KEYS and
+# the data mixture), run where a reuse decision is made, without the machine's checks above
+INPUT_CHECKS = (_data_paths, _backbone_dirs, _projector, _deepspeed_file)

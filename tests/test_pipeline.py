@@ -10,6 +10,7 @@ back what it changed.
 import contextlib
 import csv
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -292,12 +293,22 @@ def test_a_yaml_edit_to_stage_2_reruns_that_stage_and_its_evaluation_only(projec
     assert set(_reruns(project.decide())) == {"ln_textnorm_gwc: stage 2", "ln_textnorm_gwc: eval"}
 
 
-def test_a_stage_decision_names_a_missing_input_by_its_config_and_key(tmp_path, tiny_dir):
-    """The reuse decision skips the machine's checks (the launch's), not the input files': a
-    missing one is named by the config file and its key, before anything launches."""
-    data, _ = write_dataset(tmp_path / "data", n=4)
+@pytest.mark.parametrize("override,key", [
+    ("data.mixture=[{{path: {tmp}/data/data.json, image_folder: {tmp}/no_images}}]", "data.mixture[0].image_folder"),
+    ("data.mixture=[{{path: {tmp}/no.json, image_folder: {tmp}/data/images}}]", "data.mixture[0].path"),
+    ("model.llm={tmp}/no_llm", "model.llm"),
+    ("model.pretrained_projector={tmp}/no.safetensors", "model.pretrained_projector"),
+    ("train.deepspeed={tmp}/no.json", "train.deepspeed"),
+])
+def test_a_stage_decision_names_a_missing_input_by_its_config_and_key(tmp_path, tiny_dir, override, key):
+    """The reuse decision skips the machine's checks (the launch's), not the input files' (each
+    input a training record fingerprints): a missing one is named by the config file and its key,
+    before anything launches."""
+    write_dataset(tmp_path / "data", n=4)
     config = tmp_path / "stage1.yaml"
     config.write_text(f"model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama}}\n"
-                      f"data: {{mixture: [{{path: {data}, image_folder: {tmp_path}/no_images}}]}}\ntrain: {{stage: 1}}\n")
-    with pytest.raises(ConfigError, match=rf"^{config}: key 'data.mixture\[0\].image_folder': .*no_images"):
-        stage_decision(config, [], tmp_path / "out", 1, False)
+                      f"data: {{mixture: [{{path: {tmp_path}/data/data.json, image_folder: {tmp_path}/data/images}}]}}\n"
+                      "train: {stage: 1}\n")
+    assert stage_decision(config, [], tmp_path / "out", 1, False).reasons == ["not run yet"]
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(config))}: key '{re.escape(key)}': "):
+        stage_decision(config, [override.format(tmp=tmp_path)], tmp_path / "out", 1, False)
