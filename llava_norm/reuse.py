@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llava_norm.config import load_config
-from llava_norm.config_checks import check_inputs
+from llava_norm.config_checks import check_inputs, check_paths
 from llava_norm.config_schema import ConfigError
 from llava_norm.evaluation.arguments import parse_eval_args
 from llava_norm.evaluation.settings import benchmark_settings, settings_differences
@@ -42,16 +42,24 @@ def compare(found: Record, expected: Record, code_counts: bool) -> tuple[list[st
 def stage_decision(yaml_path: Path, overrides: list[str], out: Path, world: int, code_counts: bool) -> Decision:
     """Reuse a training stage only if its record matches what ``yaml_path`` + overrides would train now.
 
-    The config's keys and its input files are checked here; what the machine must offer
-    (packages, report_to's integrations) is the launch's own check. Why: that check imports
-    transformers' model code, over a second of start-up in every sweep task and pipeline, which
-    otherwise never load a model."""
+    A stage that is not reused also gets the launch's checks of this machine (packages,
+    report_to's integrations, the DeepSpeed file's values), so that a problem is said in one
+    line before anything launches (and by a dry run). A reused one gets only its input files'
+    checks. Why: the machine's checks import transformers' model code, over a second of start-up
+    in every sweep task and pipeline process, where a rerun that reuses its stages loads no model.
+    """
     config = load_config(yaml_path, [*overrides, f"train.output_dir={out}"], check_paths=False)
     try:
         check_inputs(config)
+        decision = _stage_decision(training_record(config, world), out, code_counts)
+        if not decision.reuse:
+            check_paths(config)
     except ConfigError as error:
         raise ConfigError(f"{yaml_path}: {error}") from None
-    expected = training_record(config, world)
+    return decision
+
+
+def _stage_decision(expected: Record, out: Path, code_counts: bool) -> Decision:
     found = read_record(out)
     if found is None:
         holds_run = (out / SUMMARY).exists() or bool(complete_checkpoints(out))

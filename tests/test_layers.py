@@ -15,6 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from llava_norm.config import load_config
+from llava_norm.layout import PROJECTOR_FILE
+from llava_norm.provenance import fingerprint, write_record
+from llava_norm.train.record import training_record
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "llava_norm"
 GUEST = ROOT / "llava_norm_demo"
@@ -203,20 +208,28 @@ def test_a_config_error_from_train_is_said_before_torch_loads(tmp_path, yaml, ke
     assert said.startswith(f"config error: {config}: key '{key}'") and loaded == "[]", (said, loaded)
 
 
-def test_a_chains_stage_decision_loads_no_model_code(tmp_path, tiny_dir):
-    """The sweep's tasks and the pipeline decide whether a training stage is reused without
-    importing transformers' model code (a fresh interpreter), which costs over a second of start-up
-    in a process that trains nothing itself. The config leaves train.report_to at its default
-    ([tensorboard]), whose check does import it: that check is the launch's."""
+def test_a_reused_stage_is_decided_without_model_code(tmp_path, tiny_dir):
+    """A rerun of the pipeline or of a sweep task decides that a finished training stage is reused
+    without importing transformers' model code (a fresh interpreter), which costs over a second
+    of start-up in a process that then launches nothing. The config leaves train.report_to at its
+    default ([tensorboard]), whose check imports it: the check of a stage that will run
+    (test_pipeline)."""
     from tinydata import write_dataset  # lazy: only this test writes data
 
     data, images = write_dataset(tmp_path / "data", n=4)
-    config = tmp_path / "stage1.yaml"
+    config, out = tmp_path / "stage1.yaml", tmp_path / "out"
     config.write_text(f"model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama}}\n"
                       f"data: {{mixture: [{{path: {data}, image_folder: {images}}}]}}\ntrain: {{stage: 1}}\n")
+    # a finished stage's record and outputs, as a run leaves them
+    record = training_record(load_config(config, [f"train.output_dir={out}"], check_paths=False), 1)
+    (out / "model").mkdir(parents=True)
+    (out / "model" / "model.safetensors").write_bytes(b"weights")
+    (out / PROJECTOR_FILE).write_bytes(b"projector")
+    record.complete, record.outputs = True, {"model": fingerprint(out / "model"), "projector": fingerprint(out / PROJECTOR_FILE)}
+    write_record(out, record)
     code = ("import sys\nfrom pathlib import Path\nfrom llava_norm.reuse import stage_decision\n"
-            f"print(stage_decision(Path({str(config)!r}), [], Path({str(tmp_path / 'out')!r}), 1, False).reasons)\n"
+            f"print(stage_decision(Path({str(config)!r}), [], Path({str(out)!r}), 1, False).reuse)\n"
             "print(sorted(m for m in ('transformers.modeling_utils', 'transformers.integrations.integration_utils') "
             "if m in sys.modules))")
-    decided, loaded = printed_by_fresh_interpreter(code)
-    assert decided == "['not run yet']" and loaded == "[]", (decided, loaded)
+    reused, loaded = printed_by_fresh_interpreter(code)
+    assert reused == "True" and loaded == "[]", (reused, loaded)

@@ -312,3 +312,15 @@ def test_a_stage_decision_names_a_missing_input_by_its_config_and_key(tmp_path, 
     assert stage_decision(config, [], tmp_path / "out", 1, False).reasons == ["not run yet"]
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(config))}: key '{re.escape(key)}': "):
         stage_decision(config, [override.format(tmp=tmp_path)], tmp_path / "out", 1, False)
+
+
+def test_a_stage_that_would_run_gets_the_launchs_checks_before_it_launches(tmp_path, tiny_dir):
+    """A stage the pipeline is about to run (or a dry run says it would) is checked as its launch
+    will be, this machine's packages included: the problem is said in one line naming the config
+    and key, not found in a launch's log (buried, on several GPUs, under torchrun's report)."""
+    data, images = write_dataset(tmp_path / "data", n=4)
+    config = tmp_path / "stage1.yaml"
+    config.write_text(f"model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama}}\n"
+                      f"data: {{mixture: [{{path: {data}, image_folder: {images}}}]}}\ntrain: {{stage: 1}}\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(config))}: key 'train.report_to': \['tensorboardx'\]"):
+        stage_decision(config, ["train.report_to=[tensorboardx]"], tmp_path / "out", 1, False)
