@@ -6,6 +6,7 @@ Owns argument parsing only; every subcommand calls into the module that does the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -381,12 +382,11 @@ def main(argv: list[str] | None = None) -> None:
     die_with_launcher()
     with frozen_imports():  # the subcommands' parsers
         args = _parse(argv)
-    if not args.verbose:
-        quiet_transformers()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("llava_norm").setLevel(logging.INFO)
-    args.func(args)
+    with contextlib.nullcontext() if args.verbose else quiet_transformers():
+        args.func(args)
     exit_launched_worker()  # train and data-parallel eval end on gloo collectives
 
 

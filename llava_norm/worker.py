@@ -78,15 +78,26 @@ def exit_launched_worker() -> None:
     os._exit(0)
 
 
-def quiet_transformers() -> None:
-    """transformers logs errors only: set at once where it is loaded, else through the variable
-    it reads when it loads (which the processes this one launches inherit, as they would set it).
+@contextlib.contextmanager
+def quiet_transformers():
+    """transformers logs errors only while a subcommand runs: set at once where it is loaded, else
+    through the variable it reads when it loads (which the processes the subcommand launches
+    inherit, as they would set it). The variable is put back afterwards, so an in-process caller
+    (a test) keeps its own environment.
 
     Why: importing transformers only to set its level took a third of a second in every process
     that never loads it (the pipeline, the sweep's tasks, the table).
     """
+    before = os.environ.get("TRANSFORMERS_VERBOSITY")
     os.environ["TRANSFORMERS_VERBOSITY"] = "error"
     if "transformers" in sys.modules:
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TRANSFORMERS_VERBOSITY", None)
+        else:
+            os.environ["TRANSFORMERS_VERBOSITY"] = before

@@ -13,7 +13,7 @@ import tempfile
 import pytest
 
 # Collection imports torch, transformers and the test modules with the cyclic collector off: its
-# passes over that growing heap took about a fifth of each worker's collection; the heap is frozen
+# passes over that growing heap took about a third of each worker's collection; the heap is frozen
 # and the collector turned back on when collection ends (pytest_collection).
 gc.disable()
 os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="llava-norm-datasets-")
