@@ -142,8 +142,10 @@ def test_the_core_never_names_the_guest_wing():
 def printed_by_fresh_interpreter(code: str, env: dict | None = None) -> list[str]:
     """The lines ``code`` prints in a new interpreter: what it imports is what ``code`` does, not
     what this test process already holds."""
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                          env=env).stdout.splitlines()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.splitlines()
+
 
 def test_the_guest_subcommands_are_registered_and_the_core_loads_without_them():
     """``llava-norm`` lists the demo's subcommands, and importing the whole core pulls in no
@@ -161,7 +163,6 @@ def test_the_guest_subcommands_are_registered_and_the_core_loads_without_them():
 
 
 HEAVY = ("torch", "transformers", "deepspeed", "datasets", "matplotlib")
-
 
 
 def test_the_command_line_starts_without_the_heavy_libraries():
