@@ -88,16 +88,23 @@ def quiet_transformers():
     Why: importing transformers only to set its level took a third of a second in every process
     that never loads it (the pipeline, the sweep's tasks, the table).
     """
-    before = os.environ.get("TRANSFORMERS_VERBOSITY")
-    os.environ["TRANSFORMERS_VERBOSITY"] = "error"
-    if "transformers" in sys.modules:
-        from transformers.utils import logging as hf_logging
+    with environment_variable("TRANSFORMERS_VERBOSITY", "error"):
+        if "transformers" in sys.modules:
+            from transformers.utils import logging as hf_logging
 
-        hf_logging.set_verbosity_error()
+            hf_logging.set_verbosity_error()
+        yield
+
+
+@contextlib.contextmanager
+def environment_variable(name: str, value: str):
+    """``name`` set to ``value`` in this process's environment for the block, then as it was."""
+    before = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop("TRANSFORMERS_VERBOSITY", None)
+            os.environ.pop(name, None)
         else:
-            os.environ["TRANSFORMERS_VERBOSITY"] = before
+            os.environ[name] = before

@@ -26,6 +26,7 @@ from llava_norm.config_schema import ConfigError, DataSource, RunConfig, effecti
 from llava_norm.data.rows import read_rows_file
 from llava_norm.data.sources import resolve
 from llava_norm.train.rundir import NO_DATA_STATE, data_state, global_batch_problem, processes
+from llava_norm.worker import environment_variable
 
 # ${oc.env:NAME} or ${oc.env:NAME,default} in a YAML file
 ENV_REFERENCE = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
@@ -84,15 +85,8 @@ def unset_variables(path: Path, config: RunConfig) -> list[str]:
 @contextlib.contextmanager
 def _world(size: int):
     """WORLD_SIZE as the launch will set it, for the checks that read it."""
-    before = os.environ.get("WORLD_SIZE")
-    os.environ["WORLD_SIZE"] = str(size)
-    try:
+    with environment_variable("WORLD_SIZE", str(size)):
         yield
-    finally:
-        if before is None:
-            os.environ.pop("WORLD_SIZE", None)
-        else:
-            os.environ["WORLD_SIZE"] = before
 
 
 def _sizes_that_divide(config: RunConfig, upto: int = 64) -> list[int]:
