@@ -111,11 +111,14 @@ def on_every_node(command: list[str], environment: dict[str, str]) -> list[str]:
 
 
 def launch(command: list[str], log: Path | None, env: dict | None = None) -> None:
-    """Run a launch script from the repo root; on failure, show the log's tail and stop."""
+    """Run a launch script from the repo root; on failure, show the log's tail (streamed: the
+    output above) and stop with the step's one-line error."""
     environment_vars = {**os.environ, "PYTHON": sys.executable, **(env or {})}
     command = on_every_node(command, environment_vars)
     if log is None:
-        subprocess.run(command, cwd=REPO, env=environment_vars, check=True)
+        code = subprocess.run(command, cwd=REPO, env=environment_vars).returncode
+        if code != 0:
+            raise RuntimeError(f"step failed (exit {code}): {' '.join(command)} (its output is above)")
         return
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as handle:

@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from tinydata import write_dataset
 
 from llava_norm.config_schema import ConfigError
-from llava_norm.pipeline import PipelineConfig, plan, run_steps
+from llava_norm.pipeline import PipelineConfig, launch, plan, run_steps
 from llava_norm.provenance import RECORD, fingerprint, read_record
 from llava_norm.reuse import stage_decision
 from llava_norm.train.rundir import complete_checkpoints
@@ -324,3 +324,14 @@ def test_a_stage_that_would_run_gets_the_launchs_checks_before_it_launches(tmp_p
                       f"data: {{mixture: [{{path: {data}, image_folder: {images}}}]}}\ntrain: {{stage: 1}}\n")
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(config))}: key 'train.report_to': \['tensorboardx'\]"):
         stage_decision(config, ["train.report_to=[tensorboardx]"], tmp_path / "out", 1, False)
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_a_failed_launch_stops_the_chain_with_the_steps_error(tmp_path, streamed):
+    """Streamed (--stream) or logged, a launch that fails ends in the step's one-line error, which
+    the command line prints and exits on, not in a traceback."""
+    log = None if streamed else tmp_path / "step.log"
+    with pytest.raises(RuntimeError, match=r"^step failed \(exit 3\): bash -c echo said; exit 3"):
+        launch(["bash", "-c", "echo said; exit 3"], log)
+    if log is not None:
+        assert "said" in log.read_text()
