@@ -11,6 +11,7 @@ config mistake stops the run before any model or data loads, as one line:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import re
@@ -62,8 +63,15 @@ def load_config(path: str | Path, overrides: list[str] = (), check_paths: bool =
     ``check_paths``: also check what the config refers to on this machine (files, directories,
     the DeepSpeed JSON, installed packages, the local backbones' files), still before any load.
     """
-    try:
+    with naming_the_file(path):
         return _load(Path(path), list(overrides), check_paths)
+
+
+@contextlib.contextmanager
+def naming_the_file(path: str | Path):
+    """A ConfigError raised in the block comes out as one line naming the file (its own, else ``path``)."""
+    try:
+        yield
     except ConfigError as error:
         message = " ".join(str(error).splitlines())  # one line, whatever a library put in its message
         raise ConfigError(f"{error.file or path}: {message}") from None

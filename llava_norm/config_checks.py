@@ -26,8 +26,9 @@ def check_paths(config: RunConfig) -> None:
 
 
 def check_inputs(config: RunConfig) -> None:
-    """The files a run reads as its inputs (data, backbones, stage 1's projector: what its
-    provenance record fingerprints), with no library imported. Raises the first problem found."""
+    """The files a run reads as its inputs (data, backbones, stage 1's projector, the DeepSpeed
+    file: what its provenance record fingerprints), with no library imported. Raises the first
+    problem found."""
     for check in INPUT_CHECKS:
         check(config)
 

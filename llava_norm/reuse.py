@@ -10,9 +10,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llava_norm.config import load_config
+from llava_norm.config import load_config, naming_the_file
 from llava_norm.config_checks import check_inputs, check_paths
-from llava_norm.config_schema import ConfigError
 from llava_norm.evaluation.arguments import parse_eval_args
 from llava_norm.evaluation.settings import benchmark_settings, settings_differences
 from llava_norm.layout import PROJECTOR_FILE
@@ -49,13 +48,11 @@ def stage_decision(yaml_path: Path, overrides: list[str], out: Path, world: int,
     in every sweep task and pipeline process, where a rerun that reuses its stages loads no model.
     """
     config = load_config(yaml_path, [*overrides, f"train.output_dir={out}"], check_paths=False)
-    try:
+    with naming_the_file(yaml_path):
         check_inputs(config)
         decision = _stage_decision(training_record(config, world), out, code_counts)
         if not decision.reuse:
             check_paths(config)
-    except ConfigError as error:
-        raise ConfigError(f"{yaml_path}: {error}") from None
     return decision
 
 

@@ -12,7 +12,6 @@ for every stage config of its grid before it writes a file.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -80,13 +79,6 @@ def unset_variables(path: Path, config: RunConfig) -> list[str]:
                 problems.append(f"environment variable {name} is unset: key '{key}' falls back to {value} "
                                 f"({source} reads it)")
     return problems
-
-
-@contextlib.contextmanager
-def _world(size: int):
-    """WORLD_SIZE as the launch will set it, for the checks that read it."""
-    with environment_variable("WORLD_SIZE", str(size)):
-        yield
 
 
 def _sizes_that_divide(config: RunConfig, upto: int = 64) -> list[int]:
@@ -193,7 +185,9 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
             else:
                 report.problems.append(problem.removeprefix(SKIPPABLE))
         rows += found or 0
-    with _world(world):  # the DeepSpeed JSON and the other paths the config names, as the launch checks them
+    # WORLD_SIZE as the launch will set it: the DeepSpeed JSON and the other paths the config names,
+    # as the launch checks them
+    with environment_variable("WORLD_SIZE", str(world)):
         for problem in path_problems(config):
             key = re.search(r"key '([^']+)'", problem)
             if not (key and any(f"'{key.group(1)}" in p for p in report.problems)):  # said already
