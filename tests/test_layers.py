@@ -219,12 +219,10 @@ def test_a_reused_stage_is_decided_without_model_code(tmp_path, tiny_dir):
     of start-up in a process that then launches nothing. The config leaves train.report_to at its
     default ([tensorboard]), whose check imports it: the check of a stage that will run
     (test_pipeline)."""
-    from tinydata import write_dataset  # lazy: only this test writes data
+    from tinydata import write_dataset, write_stage1_config  # lazy: only this test writes data
 
-    data, images = write_dataset(tmp_path / "data", n=4)
-    config, out = tmp_path / "stage1.yaml", tmp_path / "out"
-    config.write_text(f"model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama}}\n"
-                      f"data: {{mixture: [{{path: {data}, image_folder: {images}}}]}}\ntrain: {{stage: 1}}\n")
+    config = write_stage1_config(tmp_path / "stage1.yaml", tiny_dir, *write_dataset(tmp_path / "data", n=4))
+    out = tmp_path / "out"
     # a finished stage's record and outputs, as a run leaves them
     record = training_record(load_config(config, [f"train.output_dir={out}"], check_paths=False), 1)
     (out / "model").mkdir(parents=True)

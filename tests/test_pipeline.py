@@ -20,7 +20,7 @@ import pytest
 from launch import REPO, env, kill_during_save
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from tinydata import write_dataset
+from tinydata import write_dataset, write_stage1_config
 
 from llava_norm.config_schema import ConfigError
 from llava_norm.pipeline import PipelineConfig, launch, plan, run_steps
@@ -304,11 +304,7 @@ def test_a_stage_decision_names_a_missing_input_by_its_config_and_key(tmp_path, 
     """The reuse decision skips the machine's checks (the launch's), not the input files' (each
     input a training record fingerprints): a missing one is named by the config file and its key,
     before anything launches."""
-    write_dataset(tmp_path / "data", n=4)
-    config = tmp_path / "stage1.yaml"
-    config.write_text(f"model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama}}\n"
-                      f"data: {{mixture: [{{path: {tmp_path}/data/data.json, image_folder: {tmp_path}/data/images}}]}}\n"
-                      "train: {stage: 1}\n")
+    config = write_stage1_config(tmp_path / "stage1.yaml", tiny_dir, *write_dataset(tmp_path / "data", n=4))
     assert stage_decision(config, [], tmp_path / "out", 1, False).reasons == ["not run yet"]
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(config))}: key '{re.escape(key)}': "):
         stage_decision(config, [override.format(tmp=tmp_path)], tmp_path / "out", 1, False)
@@ -318,10 +314,7 @@ def test_a_stage_that_would_run_gets_the_launchs_checks_before_it_launches(tmp_p
     """A stage the pipeline is about to run (or a dry run says it would) is checked as its launch
     will be, this machine's packages included: the problem is said in one line naming the config
     and key, not found in a launch's log (buried, on several GPUs, under torchrun's report)."""
-    data, images = write_dataset(tmp_path / "data", n=4)
-    config = tmp_path / "stage1.yaml"
-    config.write_text(f"model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama}}\n"
-                      f"data: {{mixture: [{{path: {data}, image_folder: {images}}}]}}\ntrain: {{stage: 1}}\n")
+    config = write_stage1_config(tmp_path / "stage1.yaml", tiny_dir, *write_dataset(tmp_path / "data", n=4))
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(config))}: key 'train.report_to': \['tensorboardx'\]"):
         stage_decision(config, ["train.report_to=[tensorboardx]"], tmp_path / "out", 1, False)
 

@@ -32,6 +32,14 @@ def write_dataset(root: Path, n: int = 32, seed: int = 0, text_only_every: int =
     return path, images
 
 
+def write_stage1_config(path: Path, tiny_dir: Path, data: Path, images: Path) -> Path:
+    """A stage-1 config over the tiny Llama and SigLIP and one data source, every other key at its
+    default (train.report_to: [tensorboard] among them)."""
+    path.write_text(f"model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama}}\n"
+                    f"data: {{mixture: [{{path: {data}, image_folder: {images}}}]}}\ntrain: {{stage: 1}}\n")
+    return path
+
+
 def write_next_dataset(json_path: Path, images: Path, out_dir: Path, shards: int = 2) -> Path:
     """The rows of ``json_path`` in the hub layout of LLaVA-NeXT-Data (parquet shards under
     ``out_dir/data``, images embedded); returns ``out_dir``, a folder like the hub snapshot."""
