@@ -2,6 +2,11 @@
 PY      := .venv/bin/python
 STAMP   := .venv/.installed
 TORCH   ?= torch==2.13.0
+# uv installs the pinned requirements (wheels unpacked and compiled to bytecode in parallel);
+# INSTALLER=pip for a site whose package index is configured for pip only (pip.conf, PIP_INDEX_URL:
+# uv reads neither).
+INSTALLER ?= uv
+UV_PIN  := uv==0.13.9
 
 .PHONY: install install-gpu bytecode test check-breaks demo ablation bench-gpu clean
 
@@ -10,10 +15,19 @@ $(STAMP): requirements.txt requirements-plugin-test.txt pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: a looser pin pulls gigabytes of CUDA wheels.
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -r requirements.txt
+ifeq ($(INSTALLER),uv)
+	$(PY) -m pip install -q $(UV_PIN)
+	# torch named again: already installed, it holds, and a requirement wanting another fails here
+	# instead of pulling a CUDA build.
+	.venv/bin/uv pip install -q --python $(PY) --compile-bytecode -r requirements.txt "$(TORCH)"
 	# lmms-eval's interface only, for the plugin test (its full dependency set conflicts with ours).
+	.venv/bin/uv pip install -q --python $(PY) --compile-bytecode --no-deps -r requirements-plugin-test.txt
+	.venv/bin/uv pip install -q --python $(PY) --no-deps -e .
+else
+	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -r requirements-plugin-test.txt
 	$(PY) -m pip install -q --no-deps -e .
+endif
 	touch $(STAMP)
 
 install: $(STAMP)
