@@ -97,7 +97,7 @@ def test_the_cluster_docs_pin_what_the_requirements_files_and_makefile_pin():
     pinned = {}
     for name in ("requirements.txt", "requirements-gpu.txt", "requirements-flash-attn.txt", "Makefile"):
         pinned.update(_pins("\n".join(line.split("#")[0] for line in (ROOT / name).read_text().splitlines())))
-    assert {"torch", "liger-kernel", "flash-attn", "ninja", "packaging"} <= set(doc)
+    assert {"torch", "uv", "liger-kernel", "flash-attn", "ninja", "packaging"} <= set(doc)
     assert {name: doc[name] for name in doc} == {name: pinned.get(name) for name in doc}
 
 
