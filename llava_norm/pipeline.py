@@ -111,8 +111,8 @@ def on_every_node(command: list[str], environment: dict[str, str]) -> list[str]:
 
 
 def launch(command: list[str], log: Path | None, env: dict | None = None) -> None:
-    """Run a launch script from the repo root; on failure, show the log's tail (streamed: the
-    output above) and stop with the step's one-line error."""
+    """Run a launch script from the repo root; on failure, show this launch's part of the log
+    (``failure_report``; streamed: the output above) and stop with the step's one-line error."""
     environment_vars = {**os.environ, "PYTHON": sys.executable, **(env or {})}
     command = on_every_node(command, environment_vars)
     if log is None:
@@ -124,11 +124,29 @@ def launch(command: list[str], log: Path | None, env: dict | None = None) -> Non
     with open(log, "a") as handle:
         handle.write(f"\n$ {' '.join(command)}\n")
         handle.flush()
+        start = handle.tell()
         code = subprocess.run(command, cwd=REPO, env=environment_vars, stdout=handle,
                               stderr=subprocess.STDOUT).returncode
     if code != 0:
-        tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
-        raise RuntimeError(f"step failed (exit {code}): {' '.join(command)}\n--- last lines of {log} ---\n{tail}")
+        raise RuntimeError(f"step failed (exit {code}): {' '.join(command)}\n{failure_report(log, start)}")
+
+
+TAIL_LINES = 40
+EARLIER_LINES = 20  # the first errors are the likeliest cause; a warning repeated every step is cut short
+
+
+def failure_report(log: Path, start: int) -> str:
+    """What a failed launch wrote to ``log`` from byte ``start``: its last lines, and before them
+    the lines that name an error. Why: under torchrun the workers' one-line errors (a bad row, a
+    refused relaunch) come before the agent's report of the failed workers, which can fill the
+    tail alone; earlier launches' lines in the same log are left out."""
+    with open(log, "rb") as handle:
+        handle.seek(start)
+        lines = handle.read().decode(errors="replace").splitlines(keepends=True)
+    earlier = [line for line in lines[:-TAIL_LINES] if "error" in line.lower() or "refused" in line.lower()]
+    report = f"--- the first lines naming an error, above the last {TAIL_LINES} ---\n" \
+        f"{''.join(earlier[:EARLIER_LINES])}" if earlier else ""
+    return f"{report}--- last lines of {log} ---\n{''.join(lines[-TAIL_LINES:])}"
 
 
 def recorded_step(name: str, out: Path, expected: Callable[[], Record], run: Callable[[], None],

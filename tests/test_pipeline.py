@@ -328,3 +328,19 @@ def test_a_failed_launch_stops_the_chain_with_the_steps_error(tmp_path, streamed
         launch(["bash", "-c", "echo said; exit 3"], log)
     if log is not None:
         assert "said" in log.read_text()
+
+
+def test_a_failed_launchs_errors_above_its_last_lines_are_shown_and_earlier_launches_are_not(tmp_path):
+    """A worker's one-line error followed by more than the shown tail (as torchrun's report of the
+    failed workers follows it) is still in the step's error; a failed launch before it in the same
+    log is not."""
+    log = tmp_path / "step.log"
+    with pytest.raises(RuntimeError):
+        launch(["bash", "-c", "echo 'data error: an earlier launch'; exit 1"], log)
+    # the error's words are printed, not spelled in the command (which the step's error quotes)
+    noisy = "printf 'data %s: rows.json row 7\\n' error; for i in $(seq 60); do echo noise $i; done; exit 1"
+    with pytest.raises(RuntimeError) as failed:
+        launch(["bash", "-c", noisy], log)
+    message = str(failed.value)
+    assert "data error: rows.json row 7\n" in message and "noise 60\n" in message
+    assert "noise 20\n" not in message and "an earlier launch" not in message
