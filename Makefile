@@ -7,6 +7,9 @@ TORCH   ?= torch==2.13.0
 # uv reads neither).
 INSTALLER ?= uv
 UV_PIN  := uv==0.13.9
+ifeq ($(filter $(INSTALLER),uv pip),)
+$(error INSTALLER=$(INSTALLER): expected uv or pip)
+endif
 
 .PHONY: install install-gpu bytecode test check-breaks demo ablation bench-gpu clean
 
