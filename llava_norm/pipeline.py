@@ -18,9 +18,11 @@ named ``<arm>@seed<k>``; the table then carries the statistics over seeds
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,8 +123,8 @@ def launch(command: list[str], log: Path | None, env: dict | None = None) -> Non
             raise RuntimeError(f"step failed (exit {code}): {' '.join(command)} (its output is above)")
         return
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "a") as handle:
-        handle.write(f"\n$ {' '.join(command)}\n")
+    with open(log, "ab") as handle:  # binary: tell() is then a byte offset
+        handle.write(f"\n$ {' '.join(command)}\n".encode())
         handle.flush()
         start = handle.tell()
         code = subprocess.run(command, cwd=REPO, env=environment_vars, stdout=handle,
@@ -132,21 +134,30 @@ def launch(command: list[str], log: Path | None, env: dict | None = None) -> Non
 
 
 TAIL_LINES = 40
-EARLIER_LINES = 20  # the first errors are the likeliest cause; a warning repeated every step is cut short
+ERROR_LINES = 10  # the first and the last this many distinct ones: the first are the likeliest cause
+NAMES_AN_ERROR = re.compile(r"(?i:\berror\b|\brefused\b)|(Error|Exception)\b")  # "data error:", "ValueError"
 
 
 def failure_report(log: Path, start: int) -> str:
     """What a failed launch wrote to ``log`` from byte ``start``: its last lines, and before them
-    the lines that name an error. Why: under torchrun the workers' one-line errors (a bad row, a
-    refused relaunch) come before the agent's report of the failed workers, which can fill the
-    tail alone; earlier launches' lines in the same log are left out."""
+    the distinct lines that name an error. Why: under torchrun the workers' one-line errors (a bad
+    row, a refused relaunch) come before the agent's report of the failed workers, which can fill
+    the tail alone. Earlier launches' lines in the same log are left out; a line a progress bar
+    rewrote (carriage returns) is shown as a terminal would show it."""
+    tail, named = deque(maxlen=TAIL_LINES), {}
     with open(log, "rb") as handle:
-        handle.seek(start)
-        lines = handle.read().decode(errors="replace").splitlines(keepends=True)
-    earlier = [line for line in lines[:-TAIL_LINES] if "error" in line.lower() or "refused" in line.lower()]
-    report = f"--- the first lines naming an error, above the last {TAIL_LINES} ---\n" \
-        f"{''.join(earlier[:EARLIER_LINES])}" if earlier else ""
-    return f"{report}--- last lines of {log} ---\n{''.join(lines[-TAIL_LINES:])}"
+        handle.seek(start if start <= log.stat().st_size else 0)
+        for raw in handle:
+            line = raw.decode(errors="replace").rstrip("\r\n").rsplit("\r", 1)[-1][:300]
+            if len(tail) == TAIL_LINES and NAMES_AN_ERROR.search(tail[0]):
+                named.setdefault(tail[0], None)  # it leaves the tail: kept once, in first-seen order
+            tail.append(line)
+    kept = list(named)
+    if len(kept) > 2 * ERROR_LINES:
+        kept = [*kept[:ERROR_LINES], f"... ({len(kept) - 2 * ERROR_LINES} more)", *kept[-ERROR_LINES:]]
+    header = f"--- lines naming an error, above the last {TAIL_LINES} ---"
+    report = "".join(f"{line}\n" for line in [header, *kept]) if kept else ""
+    return report + "".join(f"{line}\n" for line in [f"--- last lines of {log} ---", *tail])
 
 
 def recorded_step(name: str, out: Path, expected: Callable[[], Record], run: Callable[[], None],

@@ -332,15 +332,22 @@ def test_a_failed_launch_stops_the_chain_with_the_steps_error(tmp_path, streamed
 
 def test_a_failed_launchs_errors_above_its_last_lines_are_shown_and_earlier_launches_are_not(tmp_path):
     """A worker's one-line error followed by more than the shown tail (as torchrun's report of the
-    failed workers follows it) is still in the step's error; a failed launch before it in the same
-    log is not."""
+    failed workers follows it) is still in the step's error, before the tail; lines naming an error
+    are shown once each, the first and last ten of them; a failed launch before it in the same log
+    is not shown."""
     log = tmp_path / "step.log"
     with pytest.raises(RuntimeError):
         launch(["bash", "-c", "echo 'data error: an earlier launch'; exit 1"], log)
-    # the error's words are printed, not spelled in the command (which the step's error quotes)
-    noisy = "printf 'data %s: rows.json row 7\\n' error; for i in $(seq 60); do echo noise $i; done; exit 1"
+    # the words are printed, not spelled in the command (which the step's error quotes)
+    noisy = ("printf 'data %s: rows.json row 7\\n' error; for i in $(seq 30); do printf 'warn: an %s again\\n' error; done; "
+             "printf 'bad byte \\xff %s\\n' error; printf 'bar 1%%\\rbar 2 %s\\n' error; for i in $(seq 25); do printf 'step %s %s\\n' $i error; done; "
+             "for i in $(seq 60); do echo noise $i; done; exit 1")
     with pytest.raises(RuntimeError) as failed:
         launch(["bash", "-c", noisy], log)
     message = str(failed.value)
     assert "data error: rows.json row 7\n" in message and "noise 60\n" in message
+    assert message.index("data error: rows.json row 7") < message.index("noise 21\n")
+    assert message.count("warn: an error again") == 1 and "bad byte \ufffd error\n" in message
+    assert "\nbar 2 error\n" in message and "\r" not in message  # a progress bar's rewritten line, as shown
+    assert "step 6 error\n" in message and "... (9 more)\n" in message and "step 7 error" not in message
     assert "noise 20\n" not in message and "an earlier launch" not in message
