@@ -1,13 +1,15 @@
 # Every target is self-sufficient on a fresh machine: it builds .venv on first use.
 PY      := .venv/bin/python
 STAMP   := .venv/.installed
+# TORCH: one requirement (it is quoted below), e.g. TORCH=torch==2.9.1
 TORCH   ?= torch==2.13.0
 # uv installs the pinned requirements (wheels unpacked and compiled to bytecode in parallel);
-# INSTALLER=pip for a site whose package index is configured for pip only (pip.conf, PIP_INDEX_URL:
-# uv reads neither).
+# INSTALLER=pip, on a new .venv, for a site whose package index is configured for pip only
+# (pip.conf, PIP_INDEX_URL, PIP_FIND_LINKS: uv reads none of them).
 INSTALLER ?= uv
 UV_PIN  := uv==0.13.9
-ifeq ($(filter $(INSTALLER),uv pip),)
+UV      := .venv/bin/uv pip install -q --python $(PY)
+ifneq ($(INSTALLER),$(filter uv pip,$(firstword $(INSTALLER))))
 $(error INSTALLER=$(INSTALLER): expected uv or pip)
 endif
 
@@ -17,17 +19,17 @@ $(STAMP): requirements.txt requirements-plugin-test.txt pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: a looser pin pulls gigabytes of CUDA wheels.
-	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q "$(TORCH)"
+	# Then torch is named again beside the requirements: installed, it holds, and a requirement
+	# wanting another fails here instead of pulling a CUDA build.
 ifeq ($(INSTALLER),uv)
 	$(PY) -m pip install -q $(UV_PIN)
-	# torch named again: already installed, it holds, and a requirement wanting another fails here
-	# instead of pulling a CUDA build.
-	.venv/bin/uv pip install -q --python $(PY) --compile-bytecode -r requirements.txt "$(TORCH)"
+	$(UV) --compile-bytecode -r requirements.txt "$(TORCH)"
 	# lmms-eval's interface only, for the plugin test (its full dependency set conflicts with ours).
-	.venv/bin/uv pip install -q --python $(PY) --compile-bytecode --no-deps -r requirements-plugin-test.txt
-	.venv/bin/uv pip install -q --python $(PY) --no-deps -e .
+	$(UV) --compile-bytecode --no-deps -r requirements-plugin-test.txt
+	$(UV) --no-deps -e .
 else
-	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q -r requirements.txt "$(TORCH)"
 	$(PY) -m pip install -q --no-deps -r requirements-plugin-test.txt
 	$(PY) -m pip install -q --no-deps -e .
 endif
