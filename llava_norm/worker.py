@@ -99,12 +99,20 @@ def quiet_transformers():
 @contextlib.contextmanager
 def environment_variable(name: str, value: str):
     """``name`` set to ``value`` in this process's environment for the block, then as it was."""
-    before = os.environ.get(name)
-    os.environ[name] = value
+    with restored_environment(name):
+        os.environ[name] = value
+        yield
+
+
+@contextlib.contextmanager
+def restored_environment(*names: str):
+    """The variables ``names``, whatever the block sets or removes, put back as they were before it."""
+    before = {name: os.environ.get(name) for name in names}
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

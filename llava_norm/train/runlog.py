@@ -33,6 +33,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from llava_norm.train.rundir import WANDB_RUN_ID
+from llava_norm.worker import restored_environment
 
 log = logging.getLogger(__name__)
 LOG_STATE = "log_state_rank{rank}.json"
@@ -133,17 +134,10 @@ def kept_wandb_run(output_dir: Path | None):
     """``keep_wandb_run(output_dir)`` for the body (None: W&B off, or not the main process), with
     the variables it sets restored after: a later run in the same process (a test, a library
     caller) must not log into this one, nor a launch this process starts inherit its id."""
-    before = {name: os.environ.get(name) for name in WANDB_VARIABLES}
-    try:
+    with restored_environment(*WANDB_VARIABLES):
         if output_dir is not None:
             keep_wandb_run(output_dir)
         yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def keep_wandb_run(output_dir: Path) -> str:
