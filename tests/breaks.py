@@ -195,6 +195,13 @@ BREAKS = [
     Break("a failed launch's report reads earlier launches in its log", "llava_norm/pipeline.py",
           "        handle.seek(start if start <= log.stat().st_size else 0)", "        handle.seek(0)",
           "tests/test_pipeline.py::test_a_failed_launchs_errors_above_its_last_lines_are_shown_and_earlier_launches_are_not"),
+    Break("a failed launch's errors shown out of order", "llava_norm/pipeline.py",
+          "    kept = list(named)\n", "    kept = list(named)[::-1]\n",
+          "tests/test_pipeline.py::test_a_failed_launchs_errors_above_its_last_lines_are_shown_and_earlier_launches_are_not"),
+    Break("a logged launch's output not written to its log", "llava_norm/pipeline.py",
+          "        code = subprocess.run(command, cwd=REPO, env=environment_vars, stdout=handle,",
+          "        code = subprocess.run(command, cwd=REPO, env=environment_vars, stdout=subprocess.DEVNULL,",
+          "tests/test_pipeline.py::test_a_failed_launch_stops_the_chain_with_the_steps_error"),
 ]
 
 
@@ -213,8 +220,21 @@ def check(brk: Break) -> bool:
     return run.returncode == 1  # tests failed (not a usage error or an interrupted run)
 
 
+def passes_unbroken(tests: list[str]) -> None:
+    """Every named test passes before any break: one failing for another reason would count as
+    having caught its break."""
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", *dict.fromkeys(tests)], cwd=ROOT,
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        raise SystemExit("the named tests must pass before any break is applied:\n" + run.stdout[-3000:])
+
+
 def main(names: list[str]) -> None:
     chosen = [b for b in BREAKS if not names or b.name in names]
+    unknown = set(names) - {b.name for b in chosen}
+    if unknown:
+        raise SystemExit(f"no break named {sorted(unknown)}")
+    passes_unbroken([b.test for b in chosen])
     missed = []
     for brk in chosen:
         caught = check(brk)

@@ -326,8 +326,8 @@ def test_a_failed_launch_stops_the_chain_with_the_steps_error(tmp_path, streamed
     log = None if streamed else tmp_path / "step.log"
     with pytest.raises(RuntimeError, match=r"^step failed \(exit 3\): bash -c echo said; exit 3"):
         launch(["bash", "-c", "echo said; exit 3"], log)
-    if log is not None:
-        assert "said" in log.read_text()
+    if log is not None:  # the command's output, below the header line that quotes the command
+        assert log.read_text().splitlines()[-1] == "said"
 
 
 def test_a_failed_launchs_errors_above_its_last_lines_are_shown_and_earlier_launches_are_not(tmp_path):
@@ -350,4 +350,8 @@ def test_a_failed_launchs_errors_above_its_last_lines_are_shown_and_earlier_laun
     assert message.count("warn: an error again") == 1 and "bad byte \ufffd error\n" in message
     assert "\nbar 2 error\n" in message and "\r" not in message  # a progress bar's rewritten line, as shown
     assert "step 6 error\n" in message and "... (9 more)\n" in message and "step 7 error" not in message
+    shown = ["data error: rows.json row 7", "warn: an error again", "bad byte", "\nbar 2 error", "step 1 error",
+             "step 6 error", "... (9 more)", "step 16 error", "step 25 error", "noise 21\n"]
+    report = message[message.index("\n--- lines naming an error"):]  # below the quoted command
+    assert [report.index(line) for line in shown] == sorted(report.index(line) for line in shown)  # first-seen order
     assert "noise 20\n" not in message and "an earlier launch" not in message
