@@ -140,8 +140,19 @@ def test_killed_evaluation_resumes_to_the_same_metrics_without_double_counting(s
     assert not (cut / "summary.json").exists(), "the run finished before it could be killed"
     before = len(_records(cut))
     assert before >= 25
+    # Each complete record the killed run wrote gets a field the runner never writes (a line the
+    # kill cut short is left as it is): a recomputed record would come back without it.
+    kept = {}
+    for path in cut.glob("predictions/*/rank*.jsonl"):
+        lines, _, torn = path.read_text().rpartition("\n")
+        kept[path] = "".join(json.dumps({**json.loads(line), "before_the_kill": True}) + "\n"
+                             for line in lines.splitlines())
+        path.write_text(kept[path] + torn)
 
     _run(_eval_command(setup, cut, nproc=2))  # resumed with another world size
+    assert kept  # resumed, not recomputed: the killed run's records kept, the rest appended after them
+    for path, written in kept.items():
+        assert path.read_text()[:len(written)] == written, path
     ids = _records(cut)
     assert len(ids) == len(set(ids)), "a sample was predicted twice"
     assert len(ids) == len(_records(whole))
