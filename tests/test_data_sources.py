@@ -124,7 +124,7 @@ def test_bad_shards_and_rows_follow_the_policy(bundle, tmp_path):
         _dataset(bundle, DataSource(path=str(next_dir)), policy="error")[1]
 
 
-def test_index_is_reused_only_when_files_code_and_tokenizer_match(bundle, corpus, monkeypatch, capfd):
+def test_index_is_reused_only_when_files_code_and_tokenizer_match(bundle, corpus, monkeypatch, capfd, tiny_dir):
     data, images, next_dir = corpus
     built = []
 
@@ -154,6 +154,12 @@ def test_index_is_reused_only_when_files_code_and_tokenizer_match(bundle, corpus
     os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 10**9))  # an edit the sampled
     _dataset(bundle, source)                                   # fingerprint of a big file could miss
     assert builds() == 6
+    other = build_model(ModelSpec(f"{tiny_dir}/siglip", f"{tiny_dir}/llama"))
+    _dataset(other, source)
+    assert builds() == 6  # the same tokenizer, loaded again
+    other.tokenizer.add_tokens(["<not-in-the-data>"])  # another tokenizer, the same prompt settings
+    _dataset(other, source)
+    assert builds() == 7
 
 
 def test_memory_holds_positions_not_rows(bundle, corpus):
