@@ -126,8 +126,10 @@ class FingerprintMemo:
     """File fingerprints by absolute path, with the size, modification time and inode they were
     taken at, in ``folder/MEMO_NAME`` (JSON). Processes share it through the file: the first to
     fingerprint a file records it (written whole and atomically), later ones, on any rank or
-    start, stat the file and read nothing of it. An edit that keeps size, modification time and
-    inode is not seen (as with make or rsync's quick check)."""
+    start, stat the file and read nothing of it. A save merges what others saved since this memo
+    was read; of two saves at the same instant the later wins, and the other's new entries are
+    fingerprinted again at the next start. An edit that keeps size, modification time and inode
+    is not seen (as with make or rsync's quick check)."""
 
     def __init__(self, folder: str | Path):
         self.path = Path(folder) / MEMO_NAME

@@ -135,6 +135,8 @@ def kill_at_checkpoint(launches: list[tuple[list[str], dict]], out: Path, step: 
             tails = "\n".join(log.read_text()[-3000:] for log in logs)
             raise AssertionError(f"run ended before checkpoint-{step} (or {timeout} s passed); its output:\n{tails}")
         time.sleep(0.02)
+    # the run's processes are found while it runs: the check after the kill below would pass vacuously otherwise
+    assert processes_of(out), "no process of the run found by its output dir"
     for p in procs:
         os.killpg(p.pid, signal.SIGKILL)  # the launchers' groups; torchrun's workers sit in sessions of their own
     for p in procs:
@@ -186,6 +188,7 @@ def _kill_when_stopped(launches: list[tuple[list[str], dict]], out: Path, where:
             raise AssertionError(f"the run ended before it stopped at {where} (or {timeout} s passed); its "
                                  "output:\n" + "\n".join(tails))
         time.sleep(0.02)
+    assert processes_of(out), "no process of the run found by its output dir"  # as in kill_at_checkpoint
     for p in procs:
         os.killpg(p.pid, signal.SIGKILL)
     for p in procs:

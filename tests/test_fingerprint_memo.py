@@ -65,7 +65,10 @@ def test_a_changed_size_time_or_inode_is_fingerprinted_anew(tmp_path, monkeypatc
     assert values == [file_fingerprint(p) for p in (first, second, third)]
 
 
-def test_a_torn_memo_is_rebuilt_and_concurrent_savers_keep_each_others_entries(tmp_path):
+def test_a_torn_memo_is_rebuilt_and_interleaved_savers_keep_each_others_entries(tmp_path):
+    """Two memos opened before either saves (two processes' starts), saved one after the other: the
+    second save keeps the first's entries. Saves at the same instant are not tested: the later
+    replace wins, and the lost entries are fingerprinted again at the next start."""
     a, b = _shards(tmp_path / "shards", n=2, size=1000)
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / provenance.MEMO_NAME).write_text('{"half a rec')
