@@ -210,6 +210,15 @@ BREAKS = [
           "        key.update(tokenizer=hashlib.sha256(serialised.encode()).hexdigest(), format=type(form).__name__,",
           "        key.update(format=type(form).__name__,",
           "tests/test_data_sources.py::test_index_is_reused_only_when_files_code_and_tokenizer_match"),
+    Break("a cuDNN trainer figure retyped", "README.md", "made 3,317 tokens/s", "made 3,318 tokens/s",
+          "tests/test_docs.py::test_readme_cudnn_attention_figures_are_the_profiled_runs"),
+    Break("the compiled softmax never chosen on CUDA", "llava_norm/model/loss.py",
+          "        compile_backend = SOFTMAX_BACKEND if _gpu(hidden.device) else None",
+          "        compile_backend = None",
+          "tests/test_fused_loss.py::test_the_softmax_is_compiled_on_cuda_only"),
+    Break("a softmax compile failure raised into training", "llava_norm/model/loss.py",
+          "            if not _compile_failure(error):", "            if True:",
+          "tests/test_fused_loss.py::test_a_softmax_that_does_not_compile_falls_back_to_the_blocks_and_says_so_once"),
 ]
 
 

@@ -271,6 +271,22 @@ def test_every_break_still_finds_the_line_it_edits():
     assert [b.name for b in BREAKS if (ROOT / b.path).read_text().count(b.old) != 1] == []
 
 
+def test_the_tests_readmes_checked_rows_are_the_breaks_tests():
+    """A row of tests/README.md marked **checked** names a test that a break of tests/breaks.py
+    names, and each break's test has such a row: the mark says the break is applied and caught."""
+    from breaks import BREAKS
+
+    def test_of(node: str) -> str:  # a parametrised node's function, from the tests folder
+        return re.sub(r"\[.*\]$", "", node.removeprefix("tests/"))
+
+    rows = [line for line in (ROOT / "tests/README.md").read_text().splitlines() if line.startswith("| `")]
+    named = {test_of(re.match(r"\| `([^`]+)`", row).group(1)): "**checked**" in row for row in rows}
+    broken = {test_of(b.test) for b in BREAKS}
+    # a row may name a whole module (its checked case is said in the row)
+    assert [t for t, checked in named.items() if checked and not any(b == t or b.startswith(f"{t}::") for b in broken)] == []
+    assert [b for b in broken if not named.get(b, named.get(b.split("::")[0]))] == []
+
+
 def test_the_tests_readme_quotes_the_command_make_test_runs():
     makefile = (ROOT / "Makefile").read_text()
     jobs = re.search(r"^TEST_JOBS \?= (\d+)$", makefile, re.M).group(1)
