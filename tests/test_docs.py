@@ -101,6 +101,20 @@ def test_the_cluster_docs_pin_what_the_requirements_files_and_makefile_pin():
     assert {name: doc[name] for name in doc} == {name: pinned.get(name) for name in doc}
 
 
+def test_the_cluster_docs_world_sizes_are_what_check_names(monkeypatch):
+    """docs/cluster.md's example: the paper's stage 2 on 6 nodes of 8 GPUs is refused, naming the
+    world sizes that work, as `llava-norm check CONFIG --gpus 8 --nodes 6` prints them."""
+    from llava_norm.train.preflight import preflight
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    report = preflight(ROOT / "configs/llama3.2-3b/ln_textnorm_gwc/stage2.yaml", [], gpus=8, nodes=6, plan=False)
+    refused = next(p for p in report.problems if "key 'train.global_batch_size'" in p)
+    sizes = re.search(r"world sizes that work: \[([\d, ]+)\]", refused).group(1)
+    doc = " ".join((ROOT / "docs/cluster.md").read_text().split())
+    assert "128 rows per step cannot be split over 6 node(s) x 8 GPUs" in refused
+    assert f"`llava-norm check CONFIG --gpus 8 --nodes 6` refuses it and names the world sizes that work ({sizes})" in doc
+
+
 def test_the_cluster_docs_download_every_shipped_backbone():
     from llava_norm.plan.backbones import SHIPPED_BACKBONES
 

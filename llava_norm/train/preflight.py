@@ -81,9 +81,11 @@ def unset_variables(path: Path, config: RunConfig) -> list[str]:
     return problems
 
 
-def _sizes_that_divide(config: RunConfig, upto: int = 64) -> list[int]:
+def _sizes_that_divide(config: RunConfig) -> list[int]:
+    """Every number of processes the global batch splits over, up to one row-batch each."""
     t = config.train
-    return [w for w in range(1, upto + 1) if t.global_batch_size % (t.per_device_batch_size * w) == 0]
+    most = t.global_batch_size // t.per_device_batch_size
+    return [w for w in range(1, most + 1) if t.global_batch_size % (t.per_device_batch_size * w) == 0]
 
 
 def source_problems(source: DataSource, key: str) -> tuple[list[str], int | None]:
