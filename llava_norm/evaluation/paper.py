@@ -1,8 +1,8 @@
 """The paper's published Table 4 numbers, and which of our runs each one belongs beside.
 
 Owns this repository's one copy of the numbers in "The Unseen Bias" (arXiv 2512.08374),
-Table 4, first half, as ``shared/paper/METHOD.md`` transcribes it and the paper's text
-confirms: for two backbones (Llama-3.2-3B-Instruct and Qwen2.5-7B-Instruct, each with
+Table 4, first half, as the project's notes on the paper (METHOD.md, not shipped with the code)
+transcribe it and the paper's text confirms: for two backbones (Llama-3.2-3B-Instruct and Qwen2.5-7B-Instruct, each with
 SigLIP-SO400M-Patch14-384; the paper's section 5.2), the baseline ("w/o Norm", our arm
 ``none``) and "w/ Norm (w/ GWC)" (our arm ``ln_textnorm_gwc``), in the four columns whose
 header names a benchmark. It also owns how a run is matched to a row (``paper_row``) and what
