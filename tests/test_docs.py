@@ -92,6 +92,31 @@ def _pins(text: str) -> dict[str, str]:
     return {name.lower(): version for name, version in re.findall(r"([A-Za-z][\w.-]*)==([\w.+-]+)", text)}
 
 
+def _bench_prints(script: str, args: list[str], monkeypatch, capsys) -> str:
+    """What ``bench/<script> <args>`` prints, run in this process (the libraries are loaded already)."""
+    import runpy
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    monkeypatch.setattr(sys, "argv", [script, *args])
+    capsys.readouterr()
+    runpy.run_path(str(ROOT / "bench" / script), run_name="__main__")
+    return capsys.readouterr().out
+
+
+def test_the_readmes_packing_and_padding_figures_are_what_the_bench_scripts_print(monkeypatch, capsys):
+    flat = " ".join(README.split())
+    packing = _bench_prints("packing.py", [], monkeypatch, capsys)
+    fill = {int(b): float(f) for b, f in re.findall(r"row budget (\d+) \(.*\): lowest fill ([\d.]+)%", packing)}
+    assert (f"packed rows of 4096 / 8192 tokens are filled to {fill[4096]:.0f}% / {fill[8192]:.0f}% of their budget "
+            f"(`bench/packing.py`; rows of exactly `data.max_length` fill {fill[2048]:.0f}%") in flat
+    worst = {}
+    for estimate in ("tokens", "words"):
+        printed = _bench_prints("padding.py", ["--length-estimate", estimate], monkeypatch, capsys)
+        worst[estimate] = re.search(r"worst grouped padding share: ([\d.]+%) at per-device batch 16", printed).group(1)
+    assert (f"(`bench/padding.py`, then `--length-estimate words`: {worst['tokens']} vs {worst['words']} at "
+            "per-device batch 16)") in flat
+
+
 def test_the_cluster_docs_pin_what_the_requirements_files_and_makefile_pin():
     doc = _pins((ROOT / "docs/cluster.md").read_text())
     pinned = {}
