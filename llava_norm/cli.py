@@ -40,7 +40,7 @@ def _train(args) -> None:
         run_training(config, check=lambda: preflight(args.config, args.overrides, per_node, max(1, world // per_node),
                                                       plan=False))
     except LaunchCheckError as error:  # one line per problem, as `llava-norm check` lists them before a launch
-        sys.exit("\n".join(f"config error: {problem}" for problem in str(error).splitlines()))
+        sys.exit("\n".join(f"launch check: {problem}" for problem in str(error).splitlines()))
     except (RelaunchError, ResumeError) as error:  # every rank meets it alike: one says it
         sys.exit(f"relaunch refused: {error}" if os.environ.get("RANK", "0") == "0" else 1)
     except ConfigError as error:  # what only the backbones' own configs can tell (data.packing's LLM family)

@@ -219,6 +219,10 @@ BREAKS = [
     Break("a softmax compile failure raised into training", "llava_norm/model/loss.py",
           "            if not _compile_failure(error):", "            if True:",
           "tests/test_fused_loss.py::test_a_softmax_that_does_not_compile_falls_back_to_the_blocks_and_says_so_once"),
+    Break("a malformed JSONL line stops the launch under skip", "llava_norm/train/preflight.py",
+          "        problems += [f\"{SKIPPABLE}key '{key}': {error}\" for error in unreadable[:MAX_SHARD_LINES]]",
+          "        problems += [f\"key '{key}': {error}\" for error in unreadable[:MAX_SHARD_LINES]]",
+          "tests/test_check.py::test_a_malformed_jsonl_line_is_a_warning_under_skip_and_a_problem_under_error"),
 ]
 
 

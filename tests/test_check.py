@@ -104,8 +104,8 @@ def test_the_command_exits_non_zero_and_train_stops_before_loading(world, tmp_pa
     done = subprocess.run([sys.executable, "-m", "llava_norm.cli", "train", str(config), f"train.output_dir={out}",
                            "train.deepspeed=null"], cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 1
-    assert "config error: environment variable CHECK_DATA is unset" in done.stderr
-    assert "config error: key 'data.mixture[0].path': file not found: /nowhere/data.json" in done.stderr
+    assert "launch check: environment variable CHECK_DATA is unset" in done.stderr
+    assert "launch check: key 'data.mixture[0].path': file not found: /nowhere/data.json" in done.stderr
     assert not out.exists() or not any(out.iterdir())  # nothing written
 
 
@@ -135,3 +135,20 @@ def test_a_sweep_is_checked_before_its_slurm_files_are_written(tmp_path):
     assert "evaluation: " in text and "(EVAL_DATA is unset)" in text
     assert "meta-llama/Llama-3.2-3B-Instruct is not in the Hugging Face cache" in text
     assert not out.exists()
+
+
+def test_a_malformed_jsonl_line_is_a_warning_under_skip_and_a_problem_under_error(world, tmp_path):
+    """One JSONL line that does not read is one bad row (the dataset skips it under skip, the
+    default), not a launch-stopping problem; under error it stops the launch, naming the line."""
+    _, config, data, images, _ = world
+    lines = [json.dumps(row) for row in json.loads(data.read_text())]
+    lines[3] = lines[3][:20]  # a line cut short
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_text("\n".join(lines) + "\n")
+    mixture = f"data.mixture=[{{path: {jsonl}, image_folder: {images}}}]"
+    report = preflight(config, [mixture], gpus=2, plan=False)
+    assert report.ok, report.problems
+    assert any(f"{jsonl}: line 4: invalid JSON at column " in w and "skipped.jsonl" in w for w in report.warnings)
+    assert "data: 7 rows in 1 source(s)" in "\n".join(report.summary)
+    strict = preflight(config, [mixture, "data.on_bad_sample=error"], gpus=2, plan=False)
+    assert [p for p in strict.problems if f"{jsonl}: line 4: invalid JSON at column " in p]

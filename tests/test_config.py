@@ -295,12 +295,12 @@ def test_a_named_fused_loss_kernel_needs_its_package(setup, monkeypatch):
     load_config(setup["base"], fused + ["train.fused_loss_kernel=cce"])
 
 
-@pytest.mark.parametrize("overrides,key", [
-    (["train.deepspeed={d}/bad.json"], "train.deepspeed"),  # malformed DeepSpeed JSON
-    (["lora.enabled=true"], "lora.enabled"),  # LoRA with a stage-1 config
-    (["optim.lr_lora=0", "train.stage=2"], "optim.lr_lora"),
+@pytest.mark.parametrize("overrides,key,said", [
+    (["train.deepspeed={d}/bad.json"], "train.deepspeed", "launch check"),  # malformed DeepSpeed JSON: the file it names
+    (["lora.enabled=true"], "lora.enabled", "config error"),  # LoRA with a stage-1 config
+    (["optim.lr_lora=0", "train.stage=2"], "optim.lr_lora", "config error"),
 ])
-def test_cli_reports_one_line_before_any_load(setup, overrides, key):
+def test_cli_reports_one_line_before_any_load(setup, overrides, key, said):
     """The real command: exit status, one stderr line naming file and key, nothing loaded or written."""
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     start = time.monotonic()
@@ -310,7 +310,7 @@ def test_cli_reports_one_line_before_any_load(setup, overrides, key):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode != 0
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert lines[0].startswith(f"config error: {setup['base']}: key '{key}'"), lines[0]
+    assert lines[0].startswith(f"{said}: {setup['base']}: key '{key}'"), lines[0]
     assert result.stdout == ""
     assert not (setup["d"] / "out").exists()  # run_training would have created output_dir
     assert time.monotonic() - start < 120

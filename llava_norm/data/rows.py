@@ -102,8 +102,8 @@ def read_entries(path: Path) -> list[tuple[int | None, object]]:
             try:
                 entries.append((line_no, json.loads(text)))
             except json.JSONDecodeError as error:
-                entries.append((line_no, BadSampleError(f"{path}: line {line_no}: invalid JSON ({error.msg})",
-                                                        cause="invalid_jsonl_line", **where)))
+                entries.append((line_no, BadSampleError(f"{path}: line {line_no}: invalid JSON at column {error.colno} "
+                                                        f"({error.msg})", cause="invalid_jsonl_line", **where)))
         return entries
     whole = dict(file=str(path), row=WHOLE_FILE)
     try:
@@ -114,8 +114,8 @@ def read_entries(path: Path) -> list[tuple[int | None, object]]:
     try:
         rows = json.loads(text)
     except json.JSONDecodeError as error:
-        raise BadSampleError(f"{path}: invalid JSON at line {error.lineno} ({error.msg})",
-                             cause="invalid_json", **whole) from None
+        raise BadSampleError(f"{path}: invalid JSON at line {error.lineno}, column {error.colno}, character "
+                             f"{error.pos} ({error.msg})", cause="invalid_json", **whole) from None
     if not isinstance(rows, list):
         raise BadSampleError(f"{path}: expected a JSON list of rows", cause="invalid_json", **whole)
     return [(None, raw) for raw in rows]

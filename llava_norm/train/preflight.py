@@ -22,7 +22,7 @@ from pathlib import Path
 from llava_norm.config import _read_yaml_chain, load_config
 from llava_norm.config_checks import path_problems
 from llava_norm.config_schema import ConfigError, DataSource, RunConfig, effective_grad_accum
-from llava_norm.data.rows import read_rows_file
+from llava_norm.data.rows import BadSampleError, read_entries
 from llava_norm.data.sources import resolve
 from llava_norm.train.rundir import NO_DATA_STATE, data_state, global_batch_problem, processes
 from llava_norm.worker import environment_variable
@@ -116,10 +116,16 @@ def source_problems(source: DataSource, key: str) -> tuple[list[str], int | None
     rows_total, problems = 0, []
     for path in resolved.files:
         try:
-            rows = read_rows_file(path)
+            entries = read_entries(Path(path))
         except Exception as error:  # noqa: BLE001 - BadSampleError or OSError: the file as a whole
             problems.append(f"key '{key}': {error}")
             continue
+        # a JSONL line that does not read is one bad row, as the dataset treats it: skip steps over it
+        unreadable = [raw for _, raw in entries if isinstance(raw, BadSampleError)]
+        problems += [f"{SKIPPABLE}key '{key}': {error}" for error in unreadable[:MAX_SHARD_LINES]]
+        if len(unreadable) > MAX_SHARD_LINES:
+            problems.append(f"{SKIPPABLE}key '{key}': {len(unreadable) - MAX_SHARD_LINES} more unreadable lines in {path}")
+        rows = [raw for _, raw in entries if not isinstance(raw, BadSampleError)]
         rows_total += len(rows)
         with_image = [r["image"] for r in rows if isinstance(r, dict) and isinstance(r.get("image"), str)]
         if not with_image or not resolved.image_folder:
