@@ -152,3 +152,12 @@ def test_a_malformed_jsonl_line_is_a_warning_under_skip_and_a_problem_under_erro
     assert "data: 7 rows in 1 source(s)" in "\n".join(report.summary)
     strict = preflight(config, [mixture, "data.on_bad_sample=error"], gpus=2, plan=False)
     assert [p for p in strict.problems if f"{jsonl}: line 4: invalid JSON at column " in p]
+
+
+def test_a_backbone_that_is_neither_a_folder_nor_a_repo_id_is_one_line(world):
+    """A relative path that does not exist here (two slashes: not a repo id either) is named by
+    its key, not met as huggingface_hub's validation traceback."""
+    _, config, _, _, _ = world
+    report = preflight(config, ["model.llm=checkpoints/llama/v2"], gpus=1, plan=False)
+    assert [p for p in report.problems if p.startswith("key 'model.llm': 'checkpoints/llama/v2' is not a local "
+                                                       "directory")], report.problems

@@ -146,7 +146,11 @@ def backbone_problems(name: str, key: str) -> tuple[list[str], str]:
         return [], f"local {name}"
     from huggingface_hub import get_token, try_to_load_from_cache
 
-    cached = try_to_load_from_cache(name, "config.json")
+    try:
+        cached = try_to_load_from_cache(name, "config.json")
+    except ValueError:  # huggingface_hub's HFValidationError: not a repo id (a missing relative path, say)
+        return [f"key '{key}': {name!r} is not a local directory (from {Path.cwd()}) and not a Hugging Face repo "
+                "id (name or namespace/name)"], "nowhere"
     if isinstance(cached, str):
         return [], "hub cache"
     problems = []
