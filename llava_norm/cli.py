@@ -24,6 +24,10 @@ def _train(args) -> None:
             config = load_config(args.config, args.overrides, check_paths=False)
         except ConfigError as error:
             sys.exit(f"config error: {error}")
+        if args.stage is not None and config.train.stage != args.stage:  # a stage-2 file given to pretrain.sh
+            script = "scripts/pretrain.sh" if args.stage == 1 else "scripts/finetune.sh"
+            sys.exit(f"config error: {args.config}: key 'train.stage': the config trains stage {config.train.stage} "
+                     f"and {script} runs stage {args.stage}: use the other script, or give train.stage={args.stage}")
 
         import torch.distributed as dist
 
@@ -262,6 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="run stage 1 or 2 from a YAML config")
+    p.add_argument("--stage", type=int, choices=(1, 2), help="the stage this launch is for (scripts/pretrain.sh and "
+                   "finetune.sh give it): a config whose train.stage differs is refused")
     p.add_argument("config")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=2e-5 train.max_steps=10")
     p.set_defaults(func=_train)

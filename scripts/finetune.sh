@@ -2,4 +2,4 @@
 # Stage 2 (full fine-tune). Usage: scripts/finetune.sh CONFIG [key=value ...]
 set -euo pipefail
 config=${1:?usage: scripts/finetune.sh CONFIG [key=value ...]}; shift
-exec "$(dirname "$0")/_launch.sh" train "$config" train.stage=2 "$@"
+exec "$(dirname "$0")/_launch.sh" train --stage 2 "$config" "$@"  # refused if the config trains the other stage

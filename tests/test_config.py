@@ -314,3 +314,18 @@ def test_cli_reports_one_line_before_any_load(setup, overrides, key, said):
     assert result.stdout == ""
     assert not (setup["d"] / "out").exists()  # run_training would have created output_dir
     assert time.monotonic() - start < 120
+
+
+@pytest.mark.parametrize("script,config", [("pretrain.sh", "stage2.yaml"), ("finetune.sh", "stage1.yaml")])
+def test_a_stage_script_refuses_the_other_stages_config(tmp_path, script, config):
+    """pretrain.sh given a stage-2 config (or finetune.sh a stage-1 one) says so before anything
+    loads; it used to override train.stage and train the other stage without a word."""
+    out = tmp_path / "out"
+    result = subprocess.run(["bash", str(REPO / "scripts" / script), str(REPO / "configs/tiny/none" / config),
+                             f"train.output_dir={out}"], capture_output=True, text=True, cwd=REPO,
+                            env={**os.environ, "GPUS_PER_NODE": "1"}, timeout=120)
+    other, this = (2, 1) if script == "pretrain.sh" else (1, 2)
+    assert result.returncode != 0 and not out.exists()
+    assert result.stderr.strip() == (
+        f"config error: {REPO / 'configs/tiny/none' / config}: key 'train.stage': the config trains stage {other} "
+        f"and scripts/{script} runs stage {this}: use the other script, or give train.stage={this}")
