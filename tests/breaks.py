@@ -231,6 +231,9 @@ BREAKS = [
           "        if args.stage is not None and config.train.stage != args.stage:",
           "        if False:",
           "tests/test_config.py::test_a_stage_script_refuses_the_other_stages_config"),
+    Break("ZeRO's gather deprecation printed at every step", "llava_norm/train/deepspeed_setup.py",
+          "    safe_deepspeed_loading()\n    quiet_zero_gather_deprecation()\n", "    safe_deepspeed_loading()\n",
+          "tests/test_training.py::test_stage1_then_stage2_under_deepspeed[2]"),
 ]
 
 

@@ -1,6 +1,7 @@
 """What a launch sets in DeepSpeed before it initialises: the process group of a launcher-less
 run, checkpoint loads that unpickle no code, and two start-up costs DeepSpeed pays for features
-training never uses (its CPU inference op's build, its Muon kernels' compile wrappers)."""
+training never uses (its CPU inference op's build, its Muon kernels' compile wrappers), and
+the deprecation warning its ZeRO gathers raise every step."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import functools
 import os
 import socket
 import sys
+import warnings
 
 import torch
 
@@ -20,6 +22,18 @@ def prepare_deepspeed() -> None:
     skip_cpu_inference_comm_op()
     defer_muon_compile()
     safe_deepspeed_loading()
+    quiet_zero_gather_deprecation()
+
+
+def quiet_zero_gather_deprecation() -> None:
+    """Drop torch's FutureWarning about ``all_gather_into_tensor``, which DeepSpeed's ZeRO calls.
+
+    Why: it is DeepSpeed's call, nothing a user can change, and it was printed at every step on
+    every rank (warnings' once-per-place memory is cleared whenever a library changes the
+    warning filters, as ``catch_warnings`` blocks do), burying the run's own lines.
+    """
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.all_gather_into_tensor` is deprecated",
+                            category=FutureWarning)
 
 
 def single_process_rendezvous() -> None:
