@@ -126,13 +126,17 @@ def _eval(args) -> None:
     with frozen_imports():
         # lazy: start-up; a subcommand loads only the stages it runs
         from llava_norm.evaluation.arguments import eval_config_from_args
+        from llava_norm.evaluation.predictions import SettingsMismatchError
         from llava_norm.evaluation.runner import run_evaluation
 
     try:
         config = eval_config_from_args(args)
     except (ValueError, FileNotFoundError) as error:
         sys.exit(f"eval: {error}")
-    summary = run_evaluation(config)
+    try:
+        summary = run_evaluation(config)
+    except SettingsMismatchError as error:  # every rank meets it alike: one says it
+        sys.exit(f"eval: {error}" if os.environ.get("RANK", "0") == "0" else 1)
     if summary is not None:
         print(f"results in {config.out_dir}: " + ", ".join(summary["benchmarks"]))
 

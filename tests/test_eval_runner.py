@@ -186,7 +186,9 @@ def test_finished_benchmarks_are_not_recomputed_and_changed_settings_are_refused
     assert json.loads((whole / "pope.json").read_text())["metrics"] == result["metrics"]
     bad = subprocess.run(_eval_command(setup, whole, nproc=1, extra=["--benchmarks", "pope", "--limit", "2"]),
                          cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
-    assert bad.returncode != 0 and "limit" in bad.stderr and "--overwrite" in bad.stderr
+    said = bad.stderr.strip().splitlines()[-1]  # one line, not a traceback
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr, bad.stderr[-2000:]
+    assert said.startswith("eval: ") and "limit=2" in said and "--replace-stale" in said, said
 
 
 def test_loglikelihood_flags_exactly_the_greedy_continuation(tiny_dir):

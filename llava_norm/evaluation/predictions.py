@@ -59,8 +59,8 @@ class PredictionStore:
             key = changed[0]
             raise SettingsMismatchError(changed, 
                 f"{path}: existing predictions were made with {key}={old.get(key)!r}, this run has "
-                f"{key}={settings.get(key)!r} (differing keys: {changed}). Pass --overwrite to recompute "
-                f"{self.benchmark}, or write to another --out directory.")
+                f"{key}={settings.get(key)!r} (differing keys: {changed}). Pass --replace-stale to recompute "
+                f"{self.benchmark} (--overwrite: every benchmark), or write to another --out directory.")
 
     def write_settings(self, settings: dict) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)

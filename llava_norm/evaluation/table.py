@@ -80,7 +80,8 @@ def build_table(run_dirs: list[str | Path], baseline: str | None = None,
     for run_dir in run_dirs:
         name, results = read_run(run_dir, benchmarks)
         if name in runs:
-            raise ValueError(f"two evaluation directories have run name {name!r}; give them distinct --name")
+            raise ValueError(f"two evaluation directories have run name {name!r}; evaluate again with distinct "
+                             "`llava-norm eval --name`")
         runs[name] = results
     names = list(runs)
     baseline = baseline or names[0]
