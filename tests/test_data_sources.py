@@ -212,6 +212,11 @@ def test_an_image_folder_without_the_images_is_refused_at_load(bundle, tmp_path,
     with caplog.at_level("WARNING"):
         dataset = _dataset(bundle, DataSource(path=str(data), image_folder=str(nested / "images")))
     assert "1 of 6 images sampled" in caplog.text and len(dataset) == 6
+    assert caplog.text.rstrip().endswith("rows without their image are skipped when drawn")
+    caplog.clear()
+    with caplog.at_level("WARNING"):  # the warning says what the policy will do
+        _dataset(bundle, DataSource(path=str(data), image_folder=str(nested / "images")), policy="error")
+    assert caplog.text.rstrip().endswith("the first row drawn without its image stops the run (data.on_bad_sample: error)")
 
 
 def test_hub_layout_problems_are_named(bundle, corpus, tmp_path, monkeypatch):

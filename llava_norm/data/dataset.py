@@ -70,11 +70,12 @@ def _flags(values) -> np.ndarray:
     return values.to_numpy(zero_copy_only=False).astype(bool) if len(values) else np.zeros(0, bool)
 
 
-def _probe_image_folder(index, source: ResolvedSource, with_image: np.ndarray, key: str) -> None:
+def _probe_image_folder(index, source: ResolvedSource, with_image: np.ndarray, key: str, on_bad_sample: str) -> None:
     """The 558K check of the image folder, at every start and cheaply: are the images of
     IMAGE_PROBES rows, spread over the source, where the rows say? None found is a wrong
     ``image_folder`` (an unzip that added a level of folders, say): an error now rather than
-    every row skipped when drawn. Some missing is a warning: those rows are skipped when drawn."""
+    every row skipped when drawn. Some missing is a warning: those rows are skipped when drawn (under
+    ``on_bad_sample: error`` the first one drawn stops the run)."""
     if source.kind != "llava_json" or not len(with_image):
         return
     picks = with_image[np.linspace(0, len(with_image) - 1, min(IMAGE_PROBES, len(with_image))).astype(np.int64)]
@@ -86,8 +87,10 @@ def _probe_image_folder(index, source: ResolvedSource, with_image: np.ndarray, k
                           f"under {folder} (e.g. {folder / missing[0]}); point image_folder at the folder that "
                           "holds the rows' image paths")
     if missing:
-        log.warning("%s: %d of %d images sampled from %s are missing under %s (e.g. %s); rows without their image "
-                    "are skipped when drawn", key, len(missing), len(names), source.files[0], folder, missing[0])
+        then = ("the first row drawn without its image stops the run (data.on_bad_sample: error)"
+                if on_bad_sample == "error" else "rows without their image are skipped when drawn")
+        log.warning("%s: %d of %d images sampled from %s are missing under %s (e.g. %s); %s", key, len(missing),
+                    len(names), source.files[0], folder, missing[0], then)
 
 
 class Rows:
@@ -160,7 +163,7 @@ class SupervisedDataset(Dataset):
                     self.adjusted[kind] = self.adjusted.get(kind, 0) + n
             counts = table.column("tokens" if length_estimate == "tokens" else "words").to_numpy()
             images = ~_flags(pc.equal(table.column("image"), ""))
-            _probe_image_folder(index, resolved, good[images[good]], f"data.mixture[{i}]")
+            _probe_image_folder(index, resolved, good[images[good]], f"data.mixture[{i}]", self.on_bad_sample)
             where_source.append(np.full(len(good), i, dtype=np.int32))
             where_row.append(good.astype(np.int64))
             lengths.append(counts[good].astype(np.int64))
