@@ -216,3 +216,18 @@ def test_loglikelihood_flags_exactly_the_greedy_continuation(tiny_dir):
     expected = torch.log_softmax(logits, -1)
     assert s_best == pytest.approx(expected[ranked[0]].item(), abs=1e-4)
     assert s_other == pytest.approx(expected[ranked[1]].item(), abs=1e-4)
+
+
+def test_a_run_folder_or_checkpoint_given_as_the_model_names_the_folder_to_evaluate(tmp_path):
+    from llava_norm.evaluation.arguments import check_saved_model
+
+    run = tmp_path / "stage2"
+    (run / "model").mkdir(parents=True)
+    (run / "model" / "config.json").write_text("{}")
+    (run / "checkpoint-40").mkdir()
+    (run / "checkpoint-40" / "checkpoint_complete").write_text("")
+    check_saved_model(str(run / "model"))  # a saved model: nothing to say
+    with pytest.raises(ValueError, match=rf"is a training run's folder: evaluate the model it saved, {run / 'model'}$"):
+        check_saved_model(str(run))
+    with pytest.raises(ValueError, match=rf"is a training checkpoint .*: evaluate the run's {run / 'model'}, written"):
+        check_saved_model(str(run / "checkpoint-40"))

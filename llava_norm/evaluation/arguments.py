@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from llava_norm.config_schema import PROMPT_FORMATS
+from llava_norm.train.rundir import COMPLETE_MARKER
 
 
 DEFAULT_DATA_ROOT = "data/eval"  # where scripts/eval.sh and the pipeline look without EVAL_DATA / --data-root
@@ -64,12 +65,27 @@ def benchmark_options(pairs: list[str]) -> dict[str, dict]:
     return options
 
 
+def check_saved_model(path: str) -> None:
+    """A training run's folder or one of its checkpoints given where a saved model belongs: said
+    with the folder to evaluate, before anything loads (the model loader's own error names a
+    tokenizer backend or an unknown model type, not the mix-up)."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir() or (folder / "config.json").is_file():
+        return
+    if (folder / "model" / "config.json").is_file():
+        raise ValueError(f"{path} is a training run's folder: evaluate the model it saved, {folder / 'model'}")
+    if (folder / COMPLETE_MARKER).is_file() or folder.name.startswith("checkpoint-"):
+        raise ValueError(f"{path} is a training checkpoint (what a relaunch resumes from), not a saved model: "
+                         f"evaluate the run's {folder.parent / 'model'}, written when the run ends")
+
+
 def eval_config_from_args(args: argparse.Namespace):
     """The ``EvalConfig``; raises ValueError / FileNotFoundError naming the bad argument or missing data."""
     # lazy: the settings load torch; building the parser must not
     from llava_norm.data.prompts import training_prompt_settings
     from llava_norm.evaluation.settings import EvalConfig, default_run_name, resolve_benchmarks
 
+    check_saved_model(args.checkpoint)
     options = benchmark_options(args.option)
     requests = resolve_benchmarks(args.benchmarks.split(","), args.data_root, key_values(args.data, "--data"), options)
     prompt = training_prompt_settings(args.checkpoint)
