@@ -161,3 +161,13 @@ def test_a_backbone_that_is_neither_a_folder_nor_a_repo_id_is_one_line(world):
     report = preflight(config, ["model.llm=checkpoints/llama/v2"], gpus=1, plan=False)
     assert [p for p in report.problems if p.startswith("key 'model.llm': 'checkpoints/llama/v2' is not a local "
                                                        "directory")], report.problems
+
+
+def test_a_plan_that_does_not_fit_is_a_problem(world, monkeypatch):
+    """`check` exits 1 on any problem (test_the_command_exits_non_zero...); a plan over the GPU's
+    memory is one, with the single changes that fit (`plan` itself only reports)."""
+    _, config, data, _, _ = world
+    monkeypatch.setenv("CHECK_DATA", str(data.parent))
+    report = preflight(config, [], gpus=2, gpu_memory_gib=0.01)
+    assert not report.ok
+    assert [p for p in report.problems if p.startswith("plan: peak ") and "does not fit 0.0 GiB" in p], report.problems
