@@ -128,3 +128,14 @@ def test_profile_steps_write_a_trace_and_the_top_operators_of_those_steps(tmp_pa
     assert top.startswith("steps 2-3 of the main process:") and "aten::mm" in top
     events = json.loads((profile / "trace.json").read_text())["traceEvents"]
     assert any(e.get("name") == "aten::mm" for e in events)
+
+
+def test_the_done_line_counts_an_unreadable_shard_apart_from_bad_rows():
+    from llava_norm.train.run import skipped_phrase
+
+    row = {"file": "a.json", "row": "s1", "cause": "image_corrupt"}
+    shard = {"file": "train-00002.parquet", "row": "*", "cause": "shard_unreadable"}
+    assert skipped_phrase([]) == "0 bad rows"
+    assert skipped_phrase([row]) == "1 bad row"
+    assert skipped_phrase([row, row, shard]) == "2 bad rows and 1 whole file or shard"
+    assert skipped_phrase([shard, shard]) == "0 bad rows and 2 whole files or shards"

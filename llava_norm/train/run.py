@@ -27,6 +27,7 @@ from llava_norm.data.collate import collate
 from llava_norm.data.conversation import conversation_tokenizer
 from llava_norm.data.dataset import SupervisedDataset, count_by_cause
 from llava_norm.data.packing import PackedDataset, collate_packed
+from llava_norm.data.rows import WHOLE_FILE
 from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE, PROJECTOR_PREFIX
 from llava_norm.model.builder import ModelSpec, build_model
 from llava_norm.model.compile import compile_layers
@@ -279,9 +280,19 @@ def run_training(config: RunConfig, check=None) -> Path | None:
         finish_record(config, record, {"model": model_dir, "projector": out / PROJECTOR_FILE})
         causes = ", ".join(f"{cause} {n}" for cause, n in by_cause.items()) or "none"
         print(f"[llava-norm] stage {t.stage} done: {trainer.state.global_step} steps "
-              f"({summary['steps_this_launch']} in this launch); {len(skipped)} bad rows skipped ({causes}), "
+              f"({summary['steps_this_launch']} in this launch); {skipped_phrase(skipped)} skipped ({causes}), "
               f"listed in {out / SKIPPED}; model in {model_dir}")
     return model_dir
+
+
+def skipped_phrase(skipped: list[dict]) -> str:
+    """``"3 bad rows and 1 whole file or shard"``: a record of a whole file (an unreadable shard)
+    stands for every row in it, so it is not counted as one row."""
+    wholes = sum(1 for r in skipped if r["row"] == WHOLE_FILE)
+    rows = len(skipped) - wholes
+    phrase = f"{rows} bad row{'' if rows == 1 else 's'}"
+    return phrase + (f" and {wholes} whole file{'' if wholes == 1 else 's'} or shard{'' if wholes == 1 else 's'}"
+                     if wholes else "")
 
 
 def unique_skips(rejected: list[dict], draws: list[dict]) -> list[dict]:
