@@ -51,9 +51,21 @@ def _train(args) -> None:
         sys.exit(f"config error: {args.config}: {error}")
     except BadSampleError as error:  # data found unusable before training starts (its file and row named)
         sys.exit(f"data error: {error}")
+    except KeyboardInterrupt:  # Ctrl-C: where the run stands and how it goes on, not a traceback per rank
+        sys.exit(interrupted(config.train.output_dir) if os.environ.get("RANK", "0") == "0" else 130)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # leave together: no rank tears the group down under one still saving
         dist.destroy_process_group()
+
+
+def interrupted(output_dir: str) -> str:
+    """The line an interrupted training run leaves: its last complete checkpoint and how to resume."""
+    from llava_norm.train.rundir import complete_checkpoints  # lazy: only once interrupted
+
+    found = complete_checkpoints(Path(output_dir)) if Path(output_dir).is_dir() else []
+    where = f"its last complete checkpoint is {found[-1]}" if found else "no checkpoint was complete yet"
+    return f"interrupted: {where}; relaunch the same command to resume from it" if found else \
+        f"interrupted: {where}; the same command starts the run again"
 
 
 def _check(args) -> None:

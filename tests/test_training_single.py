@@ -139,3 +139,31 @@ def test_the_done_line_counts_an_unreadable_shard_apart_from_bad_rows():
     assert skipped_phrase([row]) == "1 bad row"
     assert skipped_phrase([row, row, shard]) == "2 bad rows and 1 whole file or shard"
     assert skipped_phrase([shard, shard]) == "0 bad rows and 2 whole files or shards"
+
+
+def test_ctrl_c_leaves_one_line_naming_the_checkpoint_to_resume_from(tmp_path, monkeypatch):
+    """Interrupted, `llava-norm train` says where the run stands instead of a traceback per rank."""
+    import argparse
+
+    import pytest
+
+    from llava_norm import cli
+    from llava_norm.train import run
+
+    def interrupt(config, check):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "run_training", interrupt)
+    monkeypatch.delenv("RANK", raising=False)
+    args = argparse.Namespace(config="configs/tiny/none/stage1.yaml", overrides=[f"train.output_dir={tmp_path}"],
+                              stage=None)
+    with pytest.raises(SystemExit) as left:
+        cli._train(args)
+    assert left.value.code == "interrupted: no checkpoint was complete yet; the same command starts the run again"
+    for step in (2, 4):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    (tmp_path / "checkpoint-2" / COMPLETE_MARKER).write_text("")
+    with pytest.raises(SystemExit) as left:
+        cli._train(args)
+    assert left.value.code == (f"interrupted: its last complete checkpoint is {tmp_path / 'checkpoint-2'}; relaunch "
+                               "the same command to resume from it")
