@@ -52,20 +52,30 @@ def _train(args) -> None:
     except BadSampleError as error:  # data found unusable before training starts (its file and row named)
         sys.exit(f"data error: {error}")
     except KeyboardInterrupt:  # Ctrl-C: where the run stands and how it goes on, not a traceback per rank
-        sys.exit(interrupted(config.train.output_dir) if os.environ.get("RANK", "0") == "0" else 130)
+        if os.environ.get("RANK", "0") == "0":
+            print(interrupted(config.train), file=sys.stderr, flush=True)
+        sys.exit(130)  # as the shell reports an interrupt: not a failure of the run
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # leave together: no rank tears the group down under one still saving
         dist.destroy_process_group()
 
 
-def interrupted(output_dir: str) -> str:
-    """The line an interrupted training run leaves: its last complete checkpoint and how to resume."""
+def interrupted(train) -> str:
+    """The line an interrupted training run leaves: its last complete checkpoint and what the
+    same command does next (``train.restart`` and ``train.resume`` decide, as train/relaunch.py)."""
     from llava_norm.train.rundir import complete_checkpoints  # lazy: only once interrupted
 
-    found = complete_checkpoints(Path(output_dir)) if Path(output_dir).is_dir() else []
-    where = f"its last complete checkpoint is {found[-1]}" if found else "no checkpoint was complete yet"
-    return f"interrupted: {where}; relaunch the same command to resume from it" if found else \
-        f"interrupted: {where}; the same command starts the run again"
+    out = Path(train.output_dir)
+    found = complete_checkpoints(out) if out.is_dir() else []
+    if not found:
+        return "interrupted: no checkpoint was complete yet; the same command starts the run again"
+    where = f"interrupted: its last complete checkpoint is {found[-1]}"
+    if train.restart:
+        return f"{where}; the same command deletes it and starts over (train.restart=true): drop that to resume"
+    if train.resume != "auto":
+        return (f"{where}; relaunch with train.resume=auto to resume from it (this command has "
+                f"train.resume={train.resume})")
+    return f"{where}; relaunch the same command to resume from it"
 
 
 def _check(args) -> None:

@@ -104,6 +104,9 @@ def check_grid(config: PipelineConfig, gpus: int) -> tuple[list[str], float | No
                                                                      "model.pretrained_projector=null"]
             report = preflight(Path(arm) / f"stage{stage}.yaml", overrides, gpus, plan=i == 0, sources=sources)
             problems += [f"{Path(arm).name} stage {stage}: {p}" for p in report.problems]
+            if report.config is not None and report.config.train.stage != stage:  # its script would refuse it
+                problems.append(f"{Path(arm).name} stage {stage}: {Path(arm) / f'stage{stage}.yaml'}: key 'train.stage': "
+                                f"it trains stage {report.config.train.stage}")
             if report.plan is not None:
                 host = max(host or 0.0, report.plan.host_memory_gib())
     return problems, host

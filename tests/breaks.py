@@ -224,8 +224,8 @@ BREAKS = [
           "        problems += [f\"key '{key}': {error}\" for error in unreadable[:MAX_SHARD_LINES]]",
           "tests/test_check.py::test_a_malformed_jsonl_line_is_a_warning_under_skip_and_a_problem_under_error"),
     Break("a backbone name that is no repo id met as a traceback", "llava_norm/train/preflight.py",
-          "    except ValueError:  # huggingface_hub's HFValidationError",
-          "    except KeyError:  # huggingface_hub's HFValidationError",
+          "    except ValueError as error:  # huggingface_hub's HFValidationError",
+          "    except KeyError as error:  # huggingface_hub's HFValidationError",
           "tests/test_check.py::test_a_backbone_that_is_neither_a_folder_nor_a_repo_id_is_one_line"),
     Break("a stage script trains whatever stage its config says", "llava_norm/cli.py",
           "        if args.stage is not None and config.train.stage != args.stage:",
@@ -238,6 +238,10 @@ BREAKS = [
           "    except SettingsMismatchError as error:  # every rank meets it alike: one says it",
           "    except KeyError as error:  # every rank meets it alike: one says it",
           "tests/test_eval_runner.py::test_finished_benchmarks_are_not_recomputed_and_changed_settings_are_refused"),
+    Break("a grid's stage file that trains the other stage passes the sweep's check", "llava_norm/sweep.py",
+          "            if report.config is not None and report.config.train.stage != stage:",
+          "            if False:",
+          "tests/test_sweep.py::test_an_arm_whose_stage_file_trains_the_other_stage_is_refused_before_the_grid_runs"),
 ]
 
 

@@ -152,6 +152,9 @@ def test_a_malformed_jsonl_line_is_a_warning_under_skip_and_a_problem_under_erro
     assert "data: 7 rows in 1 source(s)" in "\n".join(report.summary)
     strict = preflight(config, [mixture, "data.on_bad_sample=error"], gpus=2, plan=False)
     assert [p for p in strict.problems if f"{jsonl}: line 4: invalid JSON at column " in p]
+    jsonl.write_text(json.dumps(json.loads(data.read_text()), indent=1))  # a JSON list named .jsonl: no line reads
+    report = preflight(config, [mixture], gpus=2, plan=False)
+    assert [p for p in report.problems if p.startswith(f"key 'data.mixture[0]': {jsonl}: none of its ")], report.problems
 
 
 def test_a_backbone_that_is_neither_a_folder_nor_a_repo_id_is_one_line(world):

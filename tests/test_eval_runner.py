@@ -224,7 +224,8 @@ def test_a_run_folder_or_checkpoint_given_as_the_model_names_the_folder_to_evalu
     run = tmp_path / "stage2"
     (run / "model").mkdir(parents=True)
     (run / "model" / "config.json").write_text("{}")
-    (run / "checkpoint-40").mkdir()
+    (run / "checkpoint-40").mkdir()  # as the trainer writes one: the model's config beside the marker
+    (run / "checkpoint-40" / "config.json").write_text("{}")
     (run / "checkpoint-40" / "checkpoint_complete").write_text("")
     check_saved_model(str(run / "model"))  # a saved model: nothing to say
     with pytest.raises(ValueError, match=rf"is a training run's folder: evaluate the model it saved, {run / 'model'}$"):

@@ -209,3 +209,24 @@ def test_bad_grids_are_refused_before_anything_runs(sweep):
     assert arm_dir.returncode != 0 and "is an arm directory" in arm_dir.stderr
     both = _cli("sweep", *sweep.args, "--slurm", "/tmp/x", "--task", "1")
     assert both.returncode != 0 and "--task and --table-only" in both.stderr
+
+
+def test_an_arm_whose_stage_file_trains_the_other_stage_is_refused_before_the_grid_runs(tmp_path, tiny_dir):
+    """finetune.sh refuses a stage2.yaml that trains stage 1 (tests/test_config.py); the grid's check
+    says so before any stage 1 trains for hours."""
+    import shutil
+
+    from llava_norm.pipeline import PipelineConfig
+    from llava_norm.sweep import check_grid
+
+    shutil.copytree(REPO / "configs", tmp_path / "configs")  # the arm's base files beside it
+    arm = tmp_path / "configs/tiny/none"
+    (arm / "stage2.yaml").write_text((arm / "stage2.yaml").read_text().replace("train: {", "train: {stage: 1, "))
+    data, images = write_dataset(tmp_path / "data", n=4)
+    common = [f"model.vision_tower={tiny_dir}/siglip", f"model.llm={tiny_dir}/llama",
+              f"data.mixture=[{{path: {data}, image_folder: {images}}}]"]
+    world = tmp_path / "world"
+    build_world(world, seed=5, n_pretrain=4, n_instruct=4, n_text=4, n_bench=2)
+    problems, _ = check_grid(PipelineConfig(arms=[str(arm)], data_root=str(world / "benchmarks"), benchmarks="pope",
+                                            stage1_overrides=common, stage2_overrides=common), gpus=1)
+    assert problems == [f"none stage 2: {arm / 'stage2.yaml'}: key 'train.stage': it trains stage 1"], problems

@@ -141,7 +141,7 @@ def test_the_done_line_counts_an_unreadable_shard_apart_from_bad_rows():
     assert skipped_phrase([shard, shard]) == "0 bad rows and 2 whole files or shards"
 
 
-def test_ctrl_c_leaves_one_line_naming_the_checkpoint_to_resume_from(tmp_path, monkeypatch):
+def test_ctrl_c_leaves_one_line_naming_the_checkpoint_to_resume_from(tmp_path, monkeypatch, capsys):
     """Interrupted, `llava-norm train` says where the run stands instead of a traceback per rank."""
     import argparse
 
@@ -157,13 +157,20 @@ def test_ctrl_c_leaves_one_line_naming_the_checkpoint_to_resume_from(tmp_path, m
     monkeypatch.delenv("RANK", raising=False)
     args = argparse.Namespace(config="configs/tiny/none/stage1.yaml", overrides=[f"train.output_dir={tmp_path}"],
                               stage=None)
-    with pytest.raises(SystemExit) as left:
-        cli._train(args)
-    assert left.value.code == "interrupted: no checkpoint was complete yet; the same command starts the run again"
+    def said(overrides=()):
+        args.overrides = [f"train.output_dir={tmp_path}", *overrides]
+        with pytest.raises(SystemExit) as left:
+            cli._train(args)
+        assert left.value.code == 130  # as the shell reports an interrupt, not a failed run
+        return capsys.readouterr().err.strip()
+
+    assert said() == "interrupted: no checkpoint was complete yet; the same command starts the run again"
     for step in (2, 4):
         (tmp_path / f"checkpoint-{step}").mkdir()
     (tmp_path / "checkpoint-2" / COMPLETE_MARKER).write_text("")
-    with pytest.raises(SystemExit) as left:
-        cli._train(args)
-    assert left.value.code == (f"interrupted: its last complete checkpoint is {tmp_path / 'checkpoint-2'}; relaunch "
-                               "the same command to resume from it")
+    last = f"interrupted: its last complete checkpoint is {tmp_path / 'checkpoint-2'}"
+    assert said() == f"{last}; relaunch the same command to resume from it"
+    assert said(["train.restart=true"]) == (f"{last}; the same command deletes it and starts over "
+                                            "(train.restart=true): drop that to resume")
+    assert said(["train.resume=none"]) == (f"{last}; relaunch with train.resume=auto to resume from it (this "
+                                           "command has train.resume=none)")

@@ -70,13 +70,15 @@ def check_saved_model(path: str) -> None:
     with the folder to evaluate, before anything loads (the model loader's own error names a
     tokenizer backend or an unknown model type, not the mix-up)."""
     folder = Path(path).expanduser()
-    if not folder.is_dir() or (folder / "config.json").is_file():
+    if not folder.is_dir():
         return
-    if (folder / "model" / "config.json").is_file():
-        raise ValueError(f"{path} is a training run's folder: evaluate the model it saved, {folder / 'model'}")
-    if (folder / COMPLETE_MARKER).is_file() or folder.name.startswith("checkpoint-"):
+    # a checkpoint holds the model's config and weights, but not the tokenizer a saved model has
+    if (folder / COMPLETE_MARKER).is_file() or (folder.name.startswith("checkpoint-") and
+                                                not (folder / "config.json").is_file()):
         raise ValueError(f"{path} is a training checkpoint (what a relaunch resumes from), not a saved model: "
                          f"evaluate the run's {folder.parent / 'model'}, written when the run ends")
+    if not (folder / "config.json").is_file() and (folder / "model" / "config.json").is_file():
+        raise ValueError(f"{path} is a training run's folder: evaluate the model it saved, {folder / 'model'}")
 
 
 def eval_config_from_args(args: argparse.Namespace):

@@ -122,10 +122,15 @@ def source_problems(source: DataSource, key: str) -> tuple[list[str], int | None
             continue
         # a JSONL line that does not read is one bad row, as the dataset treats it: skip steps over it
         unreadable = [raw for _, raw in entries if isinstance(raw, BadSampleError)]
+        rows = [raw for _, raw in entries if not isinstance(raw, BadSampleError)]
+        if unreadable and not rows:  # not a few bad lines: the file is not JSONL (a JSON list named .jsonl?)
+            problems.append(f"key '{key}': {path}: none of its {len(unreadable)} lines reads as a JSON row "
+                            f"(first: {unreadable[0]})")
+            continue
         problems += [f"{SKIPPABLE}key '{key}': {error}" for error in unreadable[:MAX_SHARD_LINES]]
         if len(unreadable) > MAX_SHARD_LINES:
-            problems.append(f"{SKIPPABLE}key '{key}': {len(unreadable) - MAX_SHARD_LINES} more unreadable lines in {path}")
-        rows = [raw for _, raw in entries if not isinstance(raw, BadSampleError)]
+            problems.append(f"{SKIPPABLE}key '{key}': {len(unreadable) - MAX_SHARD_LINES} more unreadable lines in "
+                            f"{path}")
         rows_total += len(rows)
         with_image = [r["image"] for r in rows if isinstance(r, dict) and isinstance(r.get("image"), str)]
         if not with_image or not resolved.image_folder:
@@ -148,9 +153,9 @@ def backbone_problems(name: str, key: str) -> tuple[list[str], str]:
 
     try:
         cached = try_to_load_from_cache(name, "config.json")
-    except ValueError:  # huggingface_hub's HFValidationError: not a repo id (a missing relative path, say)
+    except ValueError as error:  # huggingface_hub's HFValidationError: not a repo id (a missing relative path, say)
         return [f"key '{key}': {name!r} is not a local directory (from {Path.cwd()}) and not a Hugging Face repo "
-                "id (name or namespace/name)"], "nowhere"
+                f"id ({str(error).splitlines()[0] if str(error) else 'name or namespace/name'})"], "nowhere"
     if isinstance(cached, str):
         return [], "hub cache"
     problems = []
