@@ -18,16 +18,17 @@ from llava_norm.worker import die_with_launcher, exit_launched_worker, frozen_im
 def _train(args) -> None:
     with frozen_imports():
         # lazy: start-up; a config error is said before torch and transformers load (seconds per process)
-        from llava_norm.config import ConfigError, load_config
+        from llava_norm.config import ConfigError, load_config, stage_problem
 
         try:  # what the config names on this machine is the launch check's (below): every problem at once
             config = load_config(args.config, args.overrides, check_paths=False)
         except ConfigError as error:
             sys.exit(f"config error: {error}")
-        if args.stage is not None and config.train.stage != args.stage:  # a stage-2 file given to pretrain.sh
+        problem = args.stage and stage_problem(args.config, config, args.stage)  # a stage-2 file to pretrain.sh
+        if problem:
             script = "scripts/pretrain.sh" if args.stage == 1 else "scripts/finetune.sh"
-            sys.exit(f"config error: {args.config}: key 'train.stage': the config trains stage {config.train.stage} "
-                     f"and {script} runs stage {args.stage}: use the other script, or give train.stage={args.stage}")
+            sys.exit(f"config error: {problem} ({script} runs stage {args.stage}): use the other script, or give "
+                     f"train.stage={args.stage}")
 
         import torch.distributed as dist
 

@@ -67,6 +67,14 @@ def load_config(path: str | Path, overrides: list[str] = (), check_paths: bool =
         return _load(Path(path), list(overrides), check_paths)
 
 
+def stage_problem(path: str | Path, config: RunConfig, stage: int) -> str | None:
+    """A config that trains another stage than the one it is launched as (by scripts/pretrain.sh
+    or finetune.sh, or as a grid's ``stage{N}.yaml``), named by its file and key; None if it agrees."""
+    if config.train.stage == stage:
+        return None
+    return f"{path}: key 'train.stage': the config trains stage {config.train.stage}, not stage {stage}"
+
+
 @contextlib.contextmanager
 def naming_the_file(path: str | Path):
     """A ConfigError raised in the block comes out as one line naming the file (its own, else ``path``)."""

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llava_norm.config import stage_problem
 from llava_norm.config_schema import NORM_ARMS
 from llava_norm.pipeline import REPO, PipelineConfig, runs
 
@@ -104,9 +105,9 @@ def check_grid(config: PipelineConfig, gpus: int) -> tuple[list[str], float | No
                                                                      "model.pretrained_projector=null"]
             report = preflight(Path(arm) / f"stage{stage}.yaml", overrides, gpus, plan=i == 0, sources=sources)
             problems += [f"{Path(arm).name} stage {stage}: {p}" for p in report.problems]
-            if report.config is not None and report.config.train.stage != stage:  # its script would refuse it
-                problems.append(f"{Path(arm).name} stage {stage}: {Path(arm) / f'stage{stage}.yaml'}: key 'train.stage': "
-                                f"it trains stage {report.config.train.stage}")
+            mismatch = report.config and stage_problem(Path(arm) / f"stage{stage}.yaml", report.config, stage)
+            if mismatch:  # its script would refuse it when the stage starts
+                problems.append(f"{Path(arm).name} stage {stage}: {mismatch}")
             if report.plan is not None:
                 host = max(host or 0.0, report.plan.host_memory_gib())
     return problems, host

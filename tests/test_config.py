@@ -327,5 +327,5 @@ def test_a_stage_script_refuses_the_other_stages_config(tmp_path, script, config
     other, this = (2, 1) if script == "pretrain.sh" else (1, 2)
     assert result.returncode != 0 and not out.exists()
     assert result.stderr.strip() == (
-        f"config error: {REPO / 'configs/tiny/none' / config}: key 'train.stage': the config trains stage {other} "
-        f"and scripts/{script} runs stage {this}: use the other script, or give train.stage={this}")
+        f"config error: {REPO / 'configs/tiny/none' / config}: key 'train.stage': the config trains stage {other}, "
+        f"not stage {this} (scripts/{script} runs stage {this}): use the other script, or give train.stage={this}")
