@@ -112,6 +112,32 @@ def test_deepspeed_checkpoints_load_without_unpickling_code(tmp_path, capsys):
     assert "unpickled code ran" not in capsys.readouterr().out
 
 
+class _EarlyPython311Enum:
+    """A ZeRO stage as Python 3.11.2 (Debian 12's) pickles it: ``getattr(ZeroStageEnum, name)``."""
+
+    def __init__(self, owner, name):
+        self.owner, self.name = owner, name
+
+    def __reduce__(self):
+        return (getattr, (self.owner, self.name))
+
+
+def test_a_zero_stage_pickled_by_early_python_311_loads_and_no_other_getattr_does(tmp_path):
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    safe_deepspeed_loading()
+    saved = tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    torch.save({"zero_stage": _EarlyPython311Enum(ZeroStageEnum, "gradients"), "w": torch.ones(2)}, saved)
+    assert b"getattr" in saved.read_bytes()  # written the way that Python writes it
+    assert TorchCheckpointEngine().load(str(saved))["zero_stage"] is ZeroStageEnum.gradients
+    for owner, name in ((LossScaler, "__init__"), (ZeroStageEnum, "__class__")):  # an allowed class, not a stage
+        torch.save({"x": _EarlyPython311Enum(owner, name)}, saved)
+        with pytest.raises(pickle.UnpicklingError, match="is not a ZeRO stage"):
+            TorchCheckpointEngine().load(str(saved))
+
+
 def _stopped_after_checkpoint_2(launch, out):
     """The run trained, then left as if killed right after checkpoint-2: its data state file and record."""
     launch()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -62,14 +63,32 @@ def universal_checkpoint(checkpoint: Path, output_dir: Path, convert: bool = Tru
     return out
 
 
-def deepspeed_records() -> list[type]:
+def deepspeed_records() -> list:
     """The plain DeepSpeed classes its checkpoint files hold beside tensors, containers and strings
-    (loss scaler, ZeRO stage, fragment address): the only ones a load may rebuild."""
+    (loss scaler, ZeRO stage, fragment address): the only ones a load may rebuild. Also a
+    ``getattr`` that only returns a ZeRO stage (``enum_member``)."""
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler  # lazy: DeepSpeed runs only
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
 
-    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address, (enum_member, "builtins.getattr")]
+
+
+def enum_member(cls, name: str):
+    """``getattr`` as a load may call it: a ZeRO stage, by name, and nothing else.
+
+    Why: early Python 3.11 releases (Debian 12's system Python, 3.11.2, among them) pickle an
+    enum member as ``getattr(cls, name)``, so the ZeRO stage in every DeepSpeed checkpoint written
+    there names ``builtins.getattr``, which torch's weights-only load refuses: no such checkpoint
+    resumed. Later ones (3.11.7 among them) pickle it as ``cls(value)``. Allowing ``getattr`` itself
+    would let a file read any attribute of any allowed class; this one returns only a ZeRO stage.
+    """
+    from deepspeed.runtime.zero.config import ZeroStageEnum  # lazy: DeepSpeed runs only
+
+    if cls is ZeroStageEnum and isinstance(name, str) and name in cls.__members__:
+        return cls[name]
+    raise pickle.UnpicklingError(f"getattr({getattr(cls, '__name__', cls)!r}, {name!r}) is not a ZeRO stage: "
+                                 "refused")
 
 
 @contextmanager
