@@ -1,5 +1,12 @@
 # Every target is self-sufficient on a fresh machine: it builds .venv on first use.
 PY      := .venv/bin/python
+# The interpreter .venv is built from: the system's /usr/bin/python3 where it is the same Python
+# version as the python3 on PATH, else that python3. Why: Debian's and Ubuntu's build is optimised
+# with profile feedback and link-time optimisation, pyenv's default build is not, and the suite is
+# mostly processes importing torch and transformers (bench/startup.py, README "Time"). A python3
+# of another version on PATH is a choice this leaves alone; PYTHON=... overrides both.
+PYTHON  ?= $(shell sys=/usr/bin/python3; v='import sys; print(sys.version_info[:2])'; \
+             if [ -x $$sys ] && [ "$$($$sys -c "$$v")" = "$$(python3 -c "$$v")" ]; then echo $$sys; else echo python3; fi)
 STAMP   := .venv/.installed
 # TORCH: one requirement (it is quoted below), e.g. TORCH=torch==2.9.1
 TORCH   ?= torch==2.13.0
@@ -16,7 +23,7 @@ endif
 .PHONY: install install-gpu bytecode test check-breaks demo ablation bench-gpu clean
 
 $(STAMP): requirements.txt requirements-plugin-test.txt pyproject.toml
-	test -x $(PY) || python3 -m venv .venv
+	test -x $(PY) || $(PYTHON) -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: a looser pin pulls gigabytes of CUDA wheels.
 	$(PY) -m pip install -q "$(TORCH)"
