@@ -83,6 +83,16 @@ def test_meta_trace_equals_the_trace_of_real_tensors(tmp_path, tiny_dir):
     vocab = meta.config.text_config.vocab_size
     assert on_meta.largest_tensor >= 2 * 160 * vocab * 4
     assert trace_activations(meta, 4, 160, 4, tokens_per_image).total(False) > 1.9 * on_meta.total(False)
+    # With the fused loss, whose chunks a meta forward skips (they would compute nothing there):
+    # the same layers, and outside them only the fused term's own vocabulary difference.
+    from llava_norm.model.loss import fused_held_bytes
+
+    fused_meta = trace_activations(meta, 2, 160, 2, tokens_per_image, "fused")
+    fused_cpu = trace_activations(real, 2, 160, 2, tokens_per_image, "fused")
+    assert fused_meta.layers == fused_cpu.layers == on_meta.layers
+    hidden, rows = meta.config.text_config.hidden_size, 2 * 160
+    held = {m: fused_held_bytes(rows, hidden, m.lm_head.weight.shape[0], 4, True) for m in (meta, real)}
+    assert fused_cpu.outside_layers - fused_meta.outside_layers == held[real] - held[meta] > 0
 
 
 def test_checkpointing_keeps_layer_inputs_and_rebuilds_one_layer():

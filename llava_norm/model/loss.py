@@ -59,6 +59,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        if hidden.is_meta:  # a plan's trace (llava_norm.plan.memory): the chunks would compute nothing,
+            ctx.grads = (grad_hidden, grad_weight)  # and the tensors they fill are already made
+            return loss
         block = _block_rows(weight.shape[0])
         matmul_weight = weight.to(dtype)  # the weight itself unless autocast computes in another dtype
         for start in range(0, hidden.shape[0], chunk):
