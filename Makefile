@@ -1,12 +1,15 @@
 # Every target is self-sufficient on a fresh machine: it builds .venv on first use.
 PY      := .venv/bin/python
-# The interpreter .venv is built from: the system's /usr/bin/python3 where it is the same Python
-# version as the python3 on PATH, else that python3. Why: Debian's and Ubuntu's build is optimised
-# with profile feedback and link-time optimisation, pyenv's default build is not, and the suite is
-# mostly processes importing torch and transformers (bench/startup.py, README "Time"). A python3
-# of another version on PATH is a choice this leaves alone; PYTHON=... overrides both.
-PYTHON  ?= $(shell sys=/usr/bin/python3; v='import sys; print(sys.version_info[:2])'; \
-             if [ -x $$sys ] && [ "$$($$sys -c "$$v")" = "$$(python3 -c "$$v")" ]; then echo $$sys; else echo python3; fi)
+# The interpreter .venv is built from: the system's python3 (SYSTEM_PYTHON) where it is the same Python
+# version as the python3 on PATH and can make a venv (Debian's needs python3-venv), else that
+# python3. Why: Debian's and Ubuntu's build is optimised with profile feedback and link-time
+# optimisation, pyenv's default build is not, and the suite is mostly processes importing torch
+# and transformers (bench/startup.py, README "Time"). A python3 of another version on PATH is a
+# choice this leaves alone; PYTHON=... overrides both.
+SYSTEM_PYTHON ?= /usr/bin/python3
+PYTHON  ?= $(shell sys=$(SYSTEM_PYTHON); v='import sys; print(sys.version_info[:2])'; \
+             if [ -x $$sys ] && $$sys -c 'import ensurepip, venv' >/dev/null 2>&1 && \
+                [ "$$($$sys -c "$$v")" = "$$(python3 -c "$$v")" ]; then echo $$sys; else echo python3; fi)
 STAMP   := .venv/.installed
 # TORCH: one requirement (it is quoted below), e.g. TORCH=torch==2.9.1
 TORCH   ?= torch==2.13.0
