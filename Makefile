@@ -1,15 +1,18 @@
 # Every target is self-sufficient on a fresh machine: it builds .venv on first use.
 PY      := .venv/bin/python
-# The interpreter .venv is built from: the system's python3 (SYSTEM_PYTHON) where it is the same Python
-# version as the python3 on PATH and can make a venv (Debian's needs python3-venv), else that
-# python3. Why: Debian's and Ubuntu's build is optimised with profile feedback and link-time
-# optimisation, pyenv's default build is not, and the suite is mostly processes importing torch
-# and transformers (bench/startup.py, README "Time"). A python3 of another version on PATH is a
-# choice this leaves alone; PYTHON=... overrides both.
+# The interpreter .venv is built from: the system's python3 (SYSTEM_PYTHON) where it has the same
+# minor version (3.x) as the python3 on PATH and can make a venv (Debian's needs python3-venv),
+# else that python3. Why: Debian's and Ubuntu's /usr/bin/python3 is built with profile feedback
+# and link-time optimisation and linked statically; the pyenv build on this project's machines has
+# neither and loads libpython as a shared library, and the suite is mostly processes importing
+# torch and transformers (bench/startup.py, README "Time"). A python3 of another minor version on
+# PATH is a choice this leaves alone; VENV_PYTHON=... overrides both. (Not PYTHON: the scripts
+# read that as the interpreter they run.) An existing .venv is kept: `make clean` to switch.
 SYSTEM_PYTHON ?= /usr/bin/python3
-PYTHON  ?= $(shell sys=$(SYSTEM_PYTHON); v='import sys; print(sys.version_info[:2])'; \
-             if [ -x $$sys ] && $$sys -c 'import ensurepip, venv' >/dev/null 2>&1 && \
-                [ "$$($$sys -c "$$v")" = "$$(python3 -c "$$v")" ]; then echo $$sys; else echo python3; fi)
+VENV_PYTHON ?= $(shell sys='$(SYSTEM_PYTHON)'; v='import sys; print(sys.version_info[:2])'; \
+             if [ -x "$$sys" ] && "$$sys" -c 'import ensurepip, venv' >/dev/null 2>&1 && \
+                [ "$$("$$sys" -c "$$v")" = "$$(python3 -c "$$v" 2>/dev/null)" ]; then echo "$$sys"; \
+             else echo python3; fi)
 STAMP   := .venv/.installed
 # TORCH: one requirement (it is quoted below), e.g. TORCH=torch==2.9.1
 TORCH   ?= torch==2.13.0
@@ -26,7 +29,7 @@ endif
 .PHONY: install install-gpu bytecode test check-breaks demo ablation bench-gpu clean
 
 $(STAMP): requirements.txt requirements-plugin-test.txt pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv .venv
+	test -x $(PY) || "$(VENV_PYTHON)" -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: a looser pin pulls gigabytes of CUDA wheels.
 	$(PY) -m pip install -q "$(TORCH)"

@@ -315,3 +315,24 @@ def test_the_plans_loss_term_is_the_h100s_measured_peak():
         gradients = (4096 * 3072 + vocab * 3072) * 2 / 2**30
         planned = loss_module.fused_held_bytes(4095, 3072, vocab, 2, True) / 2**30  # 4,095 rows have a target
         assert abs(planned / (recorded + gradients) - 1) < 0.02, (vocab, planned, recorded + gradients)
+
+
+@pytest.mark.parametrize("frozen_head", [False, True])
+def test_on_meta_the_chunks_are_skipped_and_backward_gives_what_cpu_gives(monkeypatch, frozen_head):
+    """A plan's trace runs the loss on the meta device: no chunk is computed there, and forward and
+    backward hand out the loss and gradients with the shapes and dtypes a CPU run gives."""
+    def runs(device):
+        torch.manual_seed(0)
+        hidden = torch.randn(40, 8, device=device, requires_grad=True)
+        weight = torch.randn(32, 8, device=device, requires_grad=not frozen_head)
+        value = loss_module.chunked_linear_cross_entropy(hidden, weight, torch.zeros(40, dtype=torch.long, device=device),
+                                                         chunk=16, compile_backend=None)
+        value.backward()
+        return value, hidden.grad, weight.grad
+
+    on_cpu = runs("cpu")
+    monkeypatch.setattr(loss_module, "_block_rows", lambda vocab: pytest.fail("a chunk was computed on meta"))
+    on_meta = runs("meta")
+    assert [(t.shape, t.dtype) if t is not None else None for t in on_meta] == \
+        [(t.shape, t.dtype) if t is not None else None for t in on_cpu]
+    assert on_meta[0].is_meta and (on_meta[2] is None) == frozen_head

@@ -1,4 +1,4 @@
-"""The Makefile's choice of the interpreter that builds .venv (its PYTHON variable)."""
+"""The Makefile's choice of the interpreter that builds .venv (its VENV_PYTHON variable)."""
 
 import os
 import subprocess
@@ -20,9 +20,12 @@ def _fake(path: Path, version: str, venv: bool = True) -> Path:
 
 def _chosen(tmp_path: Path, system: Path, on_path: str, *extra: str) -> str:
     _fake(tmp_path / "bin" / "python3", on_path)
-    done = subprocess.run(["make", "-s", "--no-print-directory", "--eval", "show: ; @echo $(PYTHON)", "show",
+    # not what an enclosing make passes down (make check-breaks VENV_PYTHON=...), nor the shell's own
+    inherited = {k: v for k, v in os.environ.items()
+                 if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "VENV_PYTHON", "SYSTEM_PYTHON")}
+    done = subprocess.run(["make", "-s", "--no-print-directory", "--eval", "show: ; @echo $(VENV_PYTHON)", "show",
                            f"SYSTEM_PYTHON={system}", *extra], cwd=REPO, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"})
+                          env={**inherited, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"})
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 
@@ -38,7 +41,12 @@ def test_venv_interpreter_is_the_systems_only_where_it_is_the_same_python_and_ca
     assert _chosen(tmp_path, system, on_path) == (str(system) if expected == "system" else "python3")
 
 
-def test_python_given_on_the_command_line_wins(tmp_path):
+def test_venv_python_given_on_the_command_line_wins(tmp_path):
     system = _fake(tmp_path / "system" / "python3", "(3, 11)")
-    assert _chosen(tmp_path, system, "(3, 11)", "PYTHON=/opt/py/bin/python3") == "/opt/py/bin/python3"
-    assert _chosen(tmp_path, tmp_path / "absent", "(3, 11)") == "python3"  # no system python3 at all
+    assert _chosen(tmp_path, system, "(3, 11)", "VENV_PYTHON=/opt/py/bin/python3") == "/opt/py/bin/python3"
+
+
+def test_without_a_system_python3_it_is_the_one_on_path(tmp_path):
+    assert _chosen(tmp_path, tmp_path / "absent", "(3, 11)") == "python3"
+    spaced = _fake(tmp_path / "a dir" / "python3", "(3, 11)")  # a path with a space is one path
+    assert _chosen(tmp_path, spaced, "(3, 11)") == str(spaced)

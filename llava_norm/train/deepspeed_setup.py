@@ -59,7 +59,8 @@ def safe_deepspeed_loading() -> None:
     Why: DeepSpeed's torch checkpoint engine loads with ``weights_only=False``, so a checkpoint
     a user was handed could run code on load. Its files hold tensors, containers, strings and
     four plain DeepSpeed records (loss scaler, ZeRO stage, fragment address); those four are
-    allowed by name for the load and nothing else is.
+    allowed by name for the load, with a ``getattr`` that returns only a ZeRO stage (how early
+    Python 3.11 releases pickle it: ``universal.enum_member``), and nothing else is.
     """
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 

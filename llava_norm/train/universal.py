@@ -87,8 +87,9 @@ def enum_member(cls, name: str):
 
     if cls is ZeroStageEnum and isinstance(name, str) and name in cls.__members__:
         return cls[name]
-    raise pickle.UnpicklingError(f"getattr({getattr(cls, '__name__', cls)!r}, {name!r}) is not a ZeRO stage: "
-                                 "refused")
+    # only the types, and a bounded name: what the file holds is not shown (nor its repr run)
+    shown = repr(name[:50]) if isinstance(name, str) else type(name).__name__
+    raise pickle.UnpicklingError(f"getattr on a {type(cls).__name__} for {shown} is not a ZeRO stage: refused")
 
 
 @contextmanager
