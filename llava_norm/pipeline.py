@@ -30,6 +30,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from llava_norm.analysis.ablation import run_name, write_ablation
+from llava_norm.config import load_config, stage_problem
 from llava_norm.evaluation.arguments import DEFAULT_DATA_ROOT, parse_eval_args
 from llava_norm.evaluation.table import EVAL_SUMMARY, write_table
 from llava_norm.layout import PROJECTOR_FILE
@@ -324,9 +325,24 @@ def plan(config: PipelineConfig) -> tuple[list[Step], dict[str, list[str]]]:
     if config.task is not None:
         if not 0 <= config.task < len(grid):
             raise ValueError(f"task {config.task} is not in 0..{len(grid) - 1} ({len(grid)} runs: arms x seeds)")
-        return arm_steps(config, grid[config.task].config_dir, grid[config.task].seed), marks
+        grid = [grid[config.task]]
     steps = [step for spec in grid for step in arm_steps(config, spec.config_dir, spec.seed)]
-    return steps + [table_step(config, marks)], marks
+    problems = [problem for spec in dict.fromkeys(spec.config_dir for spec in grid)
+                for problem in stage_problems(config, spec)]
+    if problems:  # before any stage trains: finetune.sh would refuse its file only after stage 1
+        raise ValueError("\n".join(problems))
+    return steps + ([] if config.task is not None else [table_step(config, marks)]), marks
+
+
+def stage_problems(config: PipelineConfig, config_dir: str) -> list[str]:
+    """Each of an arm's stage files that trains the other stage (its script would refuse it when
+    that stage starts), with the chain's overrides applied."""
+    found = []
+    for stage, overrides in ((1, config.stage1_overrides), (2, config.stage2_overrides)):
+        path = Path(config_dir).resolve() / f"stage{stage}.yaml"
+        problem = stage_problem(path, load_config(path, overrides, check_paths=False), stage)
+        found += [f"{arm_name(config_dir)} stage {stage}: {problem}"] if problem else []
+    return found
 
 
 def run_steps(steps: list[Step], desc: str = "pipeline", reuse_stale: bool = False,

@@ -355,3 +355,23 @@ def test_a_failed_launchs_errors_above_its_last_lines_are_shown_and_earlier_laun
     report = message[message.index("\n--- lines naming an error"):]  # below the quoted command
     assert [report.index(line) for line in shown] == sorted(report.index(line) for line in shown)  # first-seen order
     assert "noise 20\n" not in message and "an earlier launch" not in message
+
+
+def test_an_arm_whose_stage_file_trains_the_other_stage_is_refused_before_any_step(tmp_path):
+    """finetune.sh refuses a stage2.yaml that trains stage 1, but only when stage 2 starts; the
+    pipeline (and each sweep task) says so while planning, before stage 1 trains."""
+    shutil.copytree(REPO / "configs", tmp_path / "configs")  # the arm's base files beside it
+    arms = [tmp_path / "configs/tiny/none", tmp_path / "configs/tiny/ln_textnorm_gwc"]
+    (arms[1] / "stage2.yaml").write_text((arms[1] / "stage2.yaml").read_text().replace("train: {", "train: {stage: 1, "))
+    expected = (f"ln_textnorm_gwc stage 2: {arms[1] / 'stage2.yaml'}: key 'train.stage': the config trains stage 1, "
+                "not stage 2")
+    config = PipelineConfig(arms=[str(a) for a in arms], runs_dir=str(tmp_path / "runs"), benchmarks="pope")
+    with pytest.raises(ValueError) as refused:
+        plan(config)
+    assert str(refused.value) == expected
+    config.seeds, config.task = [0], 1  # the sweep task that runs that arm
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        plan(config)
+    config.task = 0  # the other arm's task runs
+    assert [step.name for step in plan(config)[0]] == ["none@seed0: stage 1", "none@seed0: stage 2", "none@seed0: eval"]
+    assert not (tmp_path / "runs").exists()
