@@ -261,6 +261,14 @@ BREAKS = [
           "            if mismatch:  # its script would refuse it when the stage starts",
           "            if False:  # its script would refuse it when the stage starts",
           "tests/test_sweep.py::test_an_arm_whose_stage_file_trains_the_other_stage_is_refused_before_the_grid_runs"),
+    Break("the learned scale a 0-dim tensor", "llava_norm/model/norm_align.py",
+          "            self.scale = nn.Parameter(torch.full((1,), self.init_value))",
+          "            self.scale = nn.Parameter(torch.tensor(self.init_value))",
+          "tests/test_resume.py::test_killed_run_resumes_exactly[zero3-scale_learned-stage2-epoch2]"),
+    Break("the fixed scale learned", "llava_norm/model/norm_align.py",
+          '            self.register_buffer("scale", torch.full((1,), self.init_value))',
+          "            self.scale = nn.Parameter(torch.full((1,), self.init_value))",
+          "tests/test_resume.py::test_killed_run_resumes_exactly[packed-fused-zero3-scale_fixed-stage2-epoch1]"),
 ]
 
 

@@ -59,14 +59,15 @@ def per_step(summary: dict) -> dict[int, dict]:
 
 # (launch shape, stage, ZeRO stage or None for plain DDP, kill steps); with 3 steps per epoch,
 # step 2 is inside epoch 0, step 3 the boundary, steps 4, 5 and 7 inside epochs 1 and 2.
-# LoRA stage 2 is killed in epoch 1 in test_lora.py.
+# LoRA stage 2 is killed in epoch 1 in test_lora.py. The arm is ln_textnorm_gwc unless the case
+# names a scaling arm (SCALE_ARMS).
 CASES = {
     "zero2-stage2-epoch0-then-epoch1": ("torchrun", 2, 2, [2, 5]),
     "two-nodes-zero2-stage2-boundary": ("two-nodes", 2, 2, [3]),
     "ddp-stage1-epoch1": ("torchrun", 1, None, [4]),
-    "zero3-stage2-epoch2": ("torchrun", 2, 3, [7]),
+    "zero3-scale_learned-stage2-epoch2": ("torchrun", 2, 3, [7]),
     "one-process-zero2-stage1-epoch1-bad-rows": ("one-process", 1, 2, [5]),
-    "packed-fused-zero3-stage2-epoch1": ("torchrun", 2, 3, [4]),
+    "packed-fused-zero3-scale_fixed-stage2-epoch1": ("torchrun", 2, 3, [4]),
     "packed-fused-lora-zero2-stage2-epoch2": ("torchrun", 2, 2, [7]),
     "parquet-ddp-stage2-epoch1-bad-rows": ("torchrun", 2, None, [4]),
     "parquet-one-process-zero2-stage2-epoch0-bad-rows": ("one-process", 2, 2, [2]),
@@ -79,6 +80,15 @@ DDP_OR_ONE_PROCESS = [case for case, (shape, _, zero, _) in CASES.items() if sha
 # (asserted from each checkpoint's own record of micro-batches per epoch).
 PACKED = ["data.packing=true", "data.pack_max_tokens=320", "train.loss=fused"]
 LORA = ["lora.enabled=true", "lora.rank=4", "lora.alpha=8", "lora.vision_tower=frozen"]
+# The scaling arms' one number (shape (1,): DeepSpeed's start-up broadcast views every parameter
+# and buffer as bytes, which a 0-dim tensor cannot be), under ZeRO-3 through a kill and resume:
+# learned, it is a partitioned parameter and must move; fixed, a buffer that must keep its value.
+SCALE_ARMS = {"scale_learned": 1.0, "scale_fixed": 2.5}
+SCALE_KEY = "model.multi_modal_projector.norm.scale"
+
+
+def scale_arm(case: str) -> str | None:
+    return next((arm for arm in SCALE_ARMS if f"-{arm}-" in case), None)
 
 
 def reference_store(tmp_path_factory):
@@ -105,6 +115,8 @@ def killed_run_resumes_exactly(tmp_path, tiny_dir, references, case):
     config = config_file(tmp_path, tiny_dir, stage, rows, bad_rows=bad, parquet=parquet)
     common = [f"train.deepspeed={ZERO[zero]}"] if zero else []
     common += (PACKED if packed else []) + (LORA if "lora" in case else [])
+    arm = scale_arm(case)
+    common += [f"model.norm_alignment={arm}", f"model.scale_value={SCALE_ARMS[arm]}"] if arm else []
     ref_out, reference = references((stage, zero, world, bad, parquet, *common), lambda o: launches_of(
         "torchrun" if shape == "two-nodes" else shape, config, [f"train.output_dir={o}", *common], stage))
     out = tmp_path / "killed"
@@ -125,6 +137,10 @@ def killed_run_resumes_exactly(tmp_path, tiny_dir, references, case):
     weights = "model/adapter_model.safetensors" if "lora" in case else "model/model.safetensors"
     final, expected = load_file(str(out / weights)), load_file(str(ref_out / weights))
     assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in final)
+    if arm:
+        assert final[SCALE_KEY].shape == (1,)
+        assert (final[SCALE_KEY] != SCALE_ARMS[arm]).all() if arm == "scale_learned" else \
+            torch.equal(final[SCALE_KEY], torch.full((1,), SCALE_ARMS[arm]))
 
     skipped = (out / "skipped.jsonl").read_text()
     assert skipped == (ref_out / "skipped.jsonl").read_text()  # the same rows skipped, as often, across kills

@@ -5,7 +5,9 @@ Two training steps leave the tiny models' scores close; tests/test_ablation.py c
 statistics on models that differ.
 """
 
+import contextlib
 import csv
+import io
 import json
 import os
 import re
@@ -20,6 +22,7 @@ from launch import REPO, env
 from safetensors.torch import load_file
 from tinydata import write_dataset
 
+from llava_norm.cli import main
 from llava_norm.provenance import read_record
 from llava_norm.stats import mean_over_seeds
 from llava_norm.sweep import parse_seeds
@@ -31,9 +34,19 @@ BENCHMARKS = "pope,ai2d,mmlu"  # mmlu: scored by log-likelihood, so untrained mo
 NAMES = ["none@seed0", "none@seed1", "scale_to_t@seed0", "scale_to_t@seed1"]
 
 
-def _cli(*args: str, extra_env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llava_norm.cli", *args], cwd=REPO, env={**env(), **(extra_env or {})},
-                          capture_output=True, text=True, timeout=600)
+def _cli(*args: str) -> SimpleNamespace:
+    """``llava-norm ARGS`` run in this process from the checkout, with its exit code and what it
+    printed. Why not a process of its own: these commands launch nothing (they write files or
+    refuse), so a new process would add only the start-up of the libraries this one has loaded."""
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+        except SystemExit as stop:  # as the interpreter does: a message goes to stderr with status 1
+            if isinstance(stop.code, str):
+                print(stop.code, file=sys.stderr)
+            code = 1 if isinstance(stop.code, str) else stop.code or 0
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 @pytest.fixture(scope="module")
