@@ -154,11 +154,6 @@ def kill_at_checkpoint(launches: list[tuple[list[str], dict]], out: Path, step: 
     return json.loads((out / f"checkpoint-{step}" / "data_state.json").read_text())
 
 
-def kill_after_checkpoint(config: Path, overrides: list[str], step: int, timeout: int = 240) -> dict:
-    """A 2-process torchrun run killed right after checkpoint-<step> (see kill_at_checkpoint)."""
-    return kill_at_checkpoint([(torchrun_command(config, overrides), env())], output_dir(overrides), step, timeout)
-
-
 STOPPER = Path(__file__).resolve().parent / "stopper"  # sitecustomize.py: stops a launch inside a checkpoint write
 
 

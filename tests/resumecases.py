@@ -59,7 +59,7 @@ def per_step(summary: dict) -> dict[int, dict]:
 
 # (launch shape, stage, ZeRO stage or None for plain DDP, kill steps); with 3 steps per epoch,
 # step 2 is inside epoch 0, step 3 the boundary, steps 4, 5 and 7 inside epochs 1 and 2.
-# LoRA stage 2 is killed in epoch 1 in test_lora.py. The arm is ln_textnorm_gwc unless the case
+# The LoRA case keeps lora.dropout's default (0.05): its masks' generator is resumed too. The arm is ln_textnorm_gwc unless the case
 # names a scaling arm (SCALE_ARMS).
 CASES = {
     "zero2-stage2-epoch0-then-epoch1": ("torchrun", 2, 2, [2, 5]),

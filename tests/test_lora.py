@@ -8,7 +8,7 @@ from PIL import Image
 from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText
 
-from launch import REPO, kill_after_checkpoint, run_train, step_losses
+from launch import REPO, run_train, step_losses
 from tinydata import write_dataset
 
 from llava_norm.cli import main as cli_main
@@ -21,8 +21,7 @@ from llava_norm.config import LoraSettings
 ZERO2 = REPO / "configs/deepspeed/zero2.json"
 ZERO3 = REPO / "configs/deepspeed/zero3.json"
 RATES = dict(lr=2.0e-3, lr_vision_tower=1.0e-4, lr_projector=3.0e-3, lr_norm=4.0e-3, lr_lora=5.0e-3)
-# Dropout on, so the resume test also covers the adapters' RNG stream.
-COMMON = ["train.max_steps=8", "train.save_steps=2", "train.save_total_limit=10", f"train.deepspeed={ZERO2}"]
+COMMON = ["train.max_steps=8", f"train.deepspeed={ZERO2}"]
 
 
 def _config(root: Path, tiny_dir: Path) -> Path:
@@ -102,19 +101,6 @@ def test_merged_model_matches_unmerged(lora_run, tmp_path):
     torch.testing.assert_close(merged(**inputs).logits, lora_logits, rtol=1e-4, atol=1e-5)
     merged_by_loader = load_bundle(out / "model").model.eval()  # load_bundle merges by default
     torch.testing.assert_close(merged_by_loader(**inputs).logits, lora_logits, rtol=1e-4, atol=1e-5)
-
-
-def test_killed_lora_run_resumes_with_identical_losses(lora_run, tmp_path):
-    config, ref, summary = lora_run
-    overrides = [f"train.output_dir={tmp_path / 'killed'}", *COMMON]
-    position = kill_after_checkpoint(config, overrides, step=6)
-    assert (position["epoch"], position["batches_consumed"]) == (1, 4)  # 4 steps per epoch: inside epoch 1
-    resumed = run_train(config, overrides)
-    assert resumed["resumed_from"].endswith("checkpoint-6") and resumed["steps_this_launch"] == 2
-    assert step_losses(resumed) == step_losses(summary)  # exact, per step, fp32 on CPU
-    final = load_file(str(tmp_path / "killed" / "model" / ADAPTER_WEIGHTS))
-    expected = load_file(str(ref / "model" / ADAPTER_WEIGHTS))
-    assert all(torch.equal(final[k], expected[k]) for k in expected)
 
 
 def test_zero3_with_vision_lora_saves_and_loads(lora_run, tmp_path, tiny_dir):
