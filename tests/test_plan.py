@@ -167,6 +167,31 @@ def test_lora_flops_skip_the_frozen_llms_weight_gradients(tmp_path, tiny_dir):
     assert lora.step_flops.vision == full.step_flops.vision  # adapters in the tower: its backward runs
 
 
+def test_lora_adapters_made_on_meta_are_the_ones_peft_moves_there(tmp_path, tiny_dir):
+    """The plan makes LoRA's adapters on the meta device (no random numbers for a 7B model's
+    adapters): they must come out as peft's own path leaves them, built on the CPU and moved to
+    each base layer's device and dtype (bf16 here): the same parameters and the same trace."""
+    from llava_norm.config import lora_vision_mode
+    from llava_norm.plan.backbones import meta_model
+    from llava_norm.plan.estimate import _freeze
+    from llava_norm.train.params import freeze_for_lora
+
+    config = _config(tmp_path, tiny_dir, ", stage: 2")
+    config.lora.enabled, config.lora.rank, config.lora.vision_tower = True, 4, "lora"
+    planned, tokens_per_image, _ = meta_model(config.model, attn_implementation="llava_norm_plan")
+    _freeze(planned, config)
+    stock, _, _ = meta_model(config.model, attn_implementation="llava_norm_plan")
+    freeze_for_lora(stock, config.lora, lora_vision_mode(config))
+
+    def described(model):
+        return [(n, p.shape, p.dtype, p.device.type, p.requires_grad) for n, p in model.named_parameters()]
+
+    assert described(planned) == described(stock)
+    assert any("lora_A" in n and dtype == torch.bfloat16 for n, _, dtype, _, _ in described(planned))
+    assert trace_activations(planned, 2, 160, 2, tokens_per_image) == trace_activations(stock, 2, 160, 2,
+                                                                                         tokens_per_image)
+
+
 def test_overrides_may_follow_the_options(capsys):
     from llava_norm.cli import main
 

@@ -120,12 +120,28 @@ def _sequence(config: RunConfig, tokens_per_image: int, seq_len: int | None, ima
 
 
 def _freeze(model, config: RunConfig) -> None:
-    """Training's own freezing, with its per-module log lines held back (training prints them)."""
+    """Training's own freezing, with its per-module log lines held back (training prints them).
+
+    LoRA's adapters are made on the meta device, as the model is: peft builds each adapter's
+    layers on the default device, initialises them and only then moves them to the base layer's
+    device, which for a 7-8B model was about 2 CPU-s of random numbers that the plan never reads.
+    peft skips adapters already on the meta device when it moves them, and with that their cast to
+    the base layer's dtype, so that cast is done here.
+    """
+    import torch  # lazy: the plan's callers import this module before they need torch
+
     level = params.log.level
     params.log.setLevel(logging.WARNING)
     try:
         if config.lora.enabled:
-            params.freeze_for_lora(model, config.lora, lora_vision_mode(config))
+            with torch.device("meta"):
+                params.freeze_for_lora(model, config.lora, lora_vision_mode(config))
+            for module in model.modules():  # peft's own list of a layer's adapter parts
+                if hasattr(module, "adapter_layer_names") and hasattr(module, "get_base_layer"):
+                    dtype = module.get_base_layer().weight.dtype
+                    for name in module.adapter_layer_names:
+                        if isinstance(getattr(module, name, None), torch.nn.Module):
+                            getattr(module, name).to(dtype)
         else:
             params.freeze_backbones(model, config.train.stage, config.train.train_vision_tower)
     finally:
