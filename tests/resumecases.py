@@ -81,11 +81,28 @@ DDP_OR_ONE_PROCESS = [case for case, (shape, _, zero, _) in CASES.items() if sha
 # (asserted from each checkpoint's own record of micro-batches per epoch).
 PACKED = ["data.packing=true", "data.pack_max_tokens=320", "train.loss=fused"]
 LORA = ["lora.enabled=true", "lora.rank=4", "lora.alpha=8", "lora.vision_tower=frozen"]
-# The scaling arms' one number (shape (1,): DeepSpeed's start-up broadcast views every parameter
-# and buffer as bytes, which a 0-dim tensor cannot be), under ZeRO-3 through a kill and resume:
-# learned, it is a partitioned parameter and must move; fixed, a buffer that must keep its value.
+# The scaling arms' one number under ZeRO-3, through a kill and resume: learned, a partitioned
+# parameter of shape (1,) (DeepSpeed's start-up broadcast views every parameter as bytes, which a
+# 0-dim tensor cannot be), starting from model.scale_value, that must move; fixed, a buffer that
+# stage 2 takes from stage 1's projector file (the config's own value would be 1) and must keep.
 SCALE_ARMS = {"scale_learned": 1.0, "scale_fixed": 2.5}
 SCALE_KEY = "model.multi_modal_projector.norm.scale"
+
+
+def stage1_projector(config: Path, overrides: list[str], value: float) -> Path:
+    """The projector file stage 1 of the arm ``overrides`` name writes (llava_norm.train.final),
+    its scale at ``value``: built here from the same backbones, with its origin recorded."""
+    from llava_norm.config import load_config
+    from llava_norm.layout import PROJECTOR_PREFIX
+    from llava_norm.model.builder import ModelSpec, build_model
+    from llava_norm.train.final import projector_origin, save_with_sorted_metadata
+
+    m = load_config(config, [*overrides, f"train.output_dir={config.parent}"], check_paths=False).model
+    model = build_model(ModelSpec(m.vision_tower, m.llm, norm_alignment=m.norm_alignment, scale_value=value)).model
+    path = config.parent / "stage1-projector.safetensors"
+    save_with_sorted_metadata({k: v for k, v in model.state_dict().items() if k.startswith(PROJECTOR_PREFIX)}, path,
+                              projector_origin(m, model.config.text_norm))
+    return path
 
 
 def scale_arm(case: str) -> str | None:
@@ -117,7 +134,11 @@ def killed_run_resumes_exactly(tmp_path, tiny_dir, references, case):
     common = [f"train.deepspeed={ZERO[zero]}"] if zero else []
     common += (PACKED if packed else []) + (LORA if "lora" in case else [])
     arm = scale_arm(case)
-    common += [f"model.norm_alignment={arm}", f"model.scale_value={SCALE_ARMS[arm]}"] if arm else []
+    if arm == "scale_learned":
+        common += [f"model.norm_alignment={arm}", f"model.scale_value={SCALE_ARMS[arm]}"]
+    elif arm == "scale_fixed":
+        common += [f"model.norm_alignment={arm}"]
+        common += [f"model.pretrained_projector={stage1_projector(config, common, SCALE_ARMS[arm])}"]
     ref_out, reference = references((stage, zero, world, bad, parquet, *common), lambda o: launches_of(
         "torchrun" if shape == "two-nodes" else shape, config, [f"train.output_dir={o}", *common], stage))
     out = tmp_path / "killed"
@@ -135,9 +156,11 @@ def killed_run_resumes_exactly(tmp_path, tiny_dir, references, case):
     assert resumed["resumed_from"] == str(out / f"checkpoint-{kills[-1]}")
     assert resumed["steps_this_launch"] == MAX_STEPS - kills[-1] > 0
     assert per_step(resumed) == per_step(reference)  # losses and every group's lr, bit-exact on CPU
-    weights = "model/adapter_model.safetensors" if "lora" in case else "model/model.safetensors"
-    final, expected = load_file(str(out / weights)), load_file(str(ref_out / weights))
-    assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in final)
+    # with LoRA, the adapters and the model file beside them (the projector and norm train in full)
+    for weights in ["model/model.safetensors"] + (["model/adapter_model.safetensors"] if "lora" in case else []):
+        final, expected = load_file(str(out / weights)), load_file(str(ref_out / weights))
+        assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in final), weights
+    final = load_file(str(out / "model/model.safetensors"))
     if arm:
         assert final[SCALE_KEY].shape == (1,)
         assert (final[SCALE_KEY] != SCALE_ARMS[arm]).all() if arm == "scale_learned" else \

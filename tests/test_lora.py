@@ -1,4 +1,5 @@
-"""LoRA stage 2 (peft): what trains, the saved layout, merging, ZeRO-2/3 and exact resume."""
+"""LoRA stage 2 (peft): what trains, the saved layout, merging, ZeRO-2/3 (exact resume: the
+packed-fused-lora case of tests/resumecases.py)."""
 
 from pathlib import Path
 

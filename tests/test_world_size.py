@@ -5,6 +5,7 @@ Losses are compared within 1e-4 relative, not bit for bit: with another world si
 reductions run in another order."""
 
 import hashlib
+import re
 import subprocess
 
 import pytest
@@ -21,9 +22,12 @@ LORA = ["lora.enabled=true", "lora.rank=4", "lora.alpha=8", "lora.vision_tower=f
 # (stage, ZeRO stage, processes before the kill, after it, extra overrides). 24 rows at a global
 # batch of 8: 3 steps an epoch; the kill after step 2 leaves step 3 in epoch 0 and step 4 in epoch 1.
 # The first case logs every 3 steps: the kill cuts a log window, which the relaunch's one process
-# must close with the mean and tokens of both saved processes' halves.
+# must close with the mean and tokens of both saved processes' halves. It trains the scale_learned
+# arm with model.scale_value auto: c is calibrated at the start of the launched stage 1, and the
+# relaunch on one process continues from the checkpoint's value.
+SCALE = ["model.norm_alignment=scale_learned", "model.scale_value=auto"]
 CASES = {
-    "stage1-zero2-2to1": (1, 2, 2, 1, ["train.logging_steps=3"]),
+    "stage1-zero2-scale_learned-2to1": (1, 2, 2, 1, ["train.logging_steps=3", *SCALE]),
     "stage2-zero3-1to2": (2, 3, 1, 2, []),
     "lora-stage2-zero2-2to1": (2, 2, 2, 1, LORA),
 }
@@ -60,8 +64,9 @@ def test_a_run_killed_on_one_number_of_processes_continues_on_another(tmp_path, 
     config = _config(tmp_path, tiny_dir, stage, bad_image=extra == LORA)
     common = [f"train.deepspeed={ZERO[zero]}", *extra]
     ref_out, out = tmp_path / "uninterrupted", tmp_path / "killed"
-    reference = run_launches([(torchrun_command(config, [f"train.output_dir={ref_out}", *common], before), env())],
-                             ref_out)
+    printed = run_launches([(torchrun_command(config, [f"train.output_dir={ref_out}", *common], before), env())],
+                           ref_out, return_output=True)
+    reference = _summary(ref_out)
     position = kill_at_checkpoint([(torchrun_command(config, [f"train.output_dir={out}", *common], before), env())],
                                   out, 2)
     assert (position["world_size"], position["global_batch"], position["batches_consumed"]) == \
@@ -99,6 +104,10 @@ def test_a_run_killed_on_one_number_of_processes_continues_on_another(tmp_path, 
     assert final.keys() == uninterrupted.keys()
     for name in final:  # each parameter group trained at its own rate after the resume
         torch.testing.assert_close(final[name], uninterrupted[name], rtol=1e-4, atol=1e-6, msg=name)
+    if SCALE[0] in extra:  # calibrated once, in the first launch; four steps move it by far less than c - 1
+        c = float(re.search(r"model\.scale_value auto: c = .* = ([-+.\de]+) \(stored", printed).group(1))
+        scale = float(final["model.multi_modal_projector.norm.scale"])
+        assert abs(c - 1.0) > 0.1 and abs(scale - c) < 0.05 and abs(scale - c) > 1e-4 * abs(c), (c, scale)
 
 
 class _Payload:

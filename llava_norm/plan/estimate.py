@@ -137,11 +137,14 @@ def _freeze(model, config: RunConfig) -> None:
             with torch.device("meta"):
                 params.freeze_for_lora(model, config.lora, lora_vision_mode(config))
             for module in model.modules():  # peft's own list of a layer's adapter parts
-                if hasattr(module, "adapter_layer_names") and hasattr(module, "get_base_layer"):
-                    dtype = module.get_base_layer().weight.dtype
-                    for name in module.adapter_layer_names:
-                        if isinstance(getattr(module, name, None), torch.nn.Module):
-                            getattr(module, name).to(dtype)
+                if not (hasattr(module, "adapter_layer_names") and hasattr(module, "get_base_layer")):
+                    continue
+                weight = getattr(module.get_base_layer(), "weight", None)
+                if weight is None or not weight.dtype.is_floating_point:  # peft casts to float dtypes only
+                    continue
+                for name in module.adapter_layer_names:
+                    if isinstance(getattr(module, name, None), torch.nn.Module):
+                        getattr(module, name).to(weight.dtype)
         else:
             params.freeze_backbones(model, config.train.stage, config.train.train_vision_tower)
     finally:

@@ -56,10 +56,15 @@ def save_final(trainer, bundle: Bundle, config: RunConfig) -> Path:
         bundle.tokenizer.save_pretrained(model_dir)
         bundle.image_processor.save_pretrained(model_dir)
         state = load_file(str(model_dir / SAFE_WEIGHTS_NAME))
-        m = config.model
-        origin = {"norm_alignment": m.norm_alignment, "projector_type": m.projector_type,
-                  "vision_tower": backbone_name(m.vision_tower), "llm": backbone_name(m.llm),
-                  "text_norm": repr(float(bundle.model.config.text_norm))}
         save_with_sorted_metadata({k: v for k, v in state.items() if k.startswith(PROJECTOR_PREFIX)},
-                                  out / PROJECTOR_FILE, {key: origin[key] for key in PROJECTOR_ORIGIN})
+                                  out / PROJECTOR_FILE, projector_origin(config.model, bundle.model.config.text_norm))
     return model_dir
+
+
+def projector_origin(m, text_norm: float) -> dict[str, str]:
+    """What a projector file records of the run that wrote it (``model`` config ``m``; the LLM's
+    T), which stage 2's check compares with its own config."""
+    origin = {"norm_alignment": m.norm_alignment, "projector_type": m.projector_type,
+              "vision_tower": backbone_name(m.vision_tower), "llm": backbone_name(m.llm),
+              "text_norm": repr(float(text_norm))}
+    return {key: origin[key] for key in PROJECTOR_ORIGIN}
