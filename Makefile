@@ -31,13 +31,8 @@ endif
 $(STAMP): requirements.txt requirements-plugin-test.txt pyproject.toml
 	test -x $(PY) || "$(VENV_PYTHON)" -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
-	# torch first and pinned: a looser pin pulls gigabytes of CUDA wheels. Its bytecode is compiled
-	# after, on every core (pip compiles file by file on one, and uv compiles only what it installs);
-	# a file that does not compile under this Python (torch ships a few for newer ones) is left, as
-	# pip leaves it, to the interpreter; torch's own __init__ must have compiled.
-	$(PY) -m pip install -q --no-compile "$(TORCH)"
-	dir="$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')/torch"; \
-	    $(PY) -m compileall -q -j 0 "$$dir" > /dev/null; ls "$$dir"/__pycache__/__init__.*.pyc > /dev/null
+	# torch first and pinned: a looser pin pulls gigabytes of CUDA wheels.
+	$(PY) -m pip install -q "$(TORCH)"
 	# Then torch is named again beside the requirements: installed, it holds, and a requirement
 	# wanting another fails here instead of pulling a CUDA build.
 ifeq ($(INSTALLER),uv)
