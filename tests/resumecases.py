@@ -156,11 +156,11 @@ def killed_run_resumes_exactly(tmp_path, tiny_dir, references, case):
     assert resumed["resumed_from"] == str(out / f"checkpoint-{kills[-1]}")
     assert resumed["steps_this_launch"] == MAX_STEPS - kills[-1] > 0
     assert per_step(resumed) == per_step(reference)  # losses and every group's lr, bit-exact on CPU
-    # with LoRA, the adapters and the model file beside them (the projector and norm train in full)
-    for weights in ["model/model.safetensors"] + (["model/adapter_model.safetensors"] if "lora" in case else []):
+    # with LoRA, the adapters and the model file beside them (the projector and norm train in full);
+    # the model file last: ``final`` is its weights below
+    for weights in (["model/adapter_model.safetensors"] if "lora" in case else []) + ["model/model.safetensors"]:
         final, expected = load_file(str(out / weights)), load_file(str(ref_out / weights))
         assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in final), weights
-    final = load_file(str(out / "model/model.safetensors"))
     if arm:
         assert final[SCALE_KEY].shape == (1,)
         assert (final[SCALE_KEY] != SCALE_ARMS[arm]).all() if arm == "scale_learned" else \

@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import torch
+
 from llava_norm.config_schema import ConfigError, RunConfig, effective_grad_accum, lora_vision_mode
 from llava_norm.plan import flops as flops_model
 from llava_norm.plan.backbones import meta_model
@@ -128,8 +130,6 @@ def _freeze(model, config: RunConfig) -> None:
     peft skips adapters already on the meta device when it moves them, and with that their cast to
     the base layer's dtype, so that cast is done here.
     """
-    import torch  # lazy: the plan's callers import this module before they need torch
-
     level = params.log.level
     params.log.setLevel(logging.WARNING)
     try:
