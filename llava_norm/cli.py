@@ -12,7 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from llava_norm.worker import die_with_launcher, exit_launched_worker, frozen_imports, quiet_transformers
+from llava_norm.worker import (die_with_launcher, exit_launched_worker, frozen_imports, one_scan_of_transformers_models,
+                               quiet_transformers)
 
 
 def _train(args) -> None:
@@ -413,6 +414,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     die_with_launcher()
+    one_scan_of_transformers_models()
     with frozen_imports():  # the subcommands' parsers
         args = _parse(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

@@ -1,5 +1,6 @@
-"""A ``llava-norm`` process's life: it starts without the collector walking its imports, dies
-with its launcher and leaves without interpreter finalisation.
+"""A ``llava-norm`` process's life: it starts without the collector walking its imports or
+transformers scanning its model folders twice, dies with its launcher and leaves without
+interpreter finalisation.
 
 Owns the process-level rules; the command line applies them around each subcommand.
 """
@@ -7,6 +8,7 @@ Owns the process-level rules; the command line applies them around each subcomma
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -34,6 +36,51 @@ def frozen_imports():
         gc.freeze()
         if enabled:
             gc.enable()
+
+
+# The module whose scan of transformers/models is cached, and the cached function in it.
+SCAN_MODULE, SCAN_FUNCTION = "transformers.utils.import_utils", "create_import_structure_from_path"
+
+
+class _WholeScanCache:
+    """An import finder (``sys.meta_path``; not importlib.abc's class, whose import costs more than
+    it does): loads SCAN_MODULE as any import would, then gives SCAN_FUNCTION an unbounded cache; once."""
+
+    def find_spec(self, name, path, target=None):
+        if name != SCAN_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = next((s for f in sys.meta_path if hasattr(f, "find_spec") and (s := f.find_spec(name, path, target))),
+                    None)
+        if spec is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            scan = getattr(module, SCAN_FUNCTION, None)
+            if callable(getattr(scan, "__wrapped__", None)) and getattr(scan, "cache_parameters", dict)().get("maxsize"):
+                setattr(module, SCAN_FUNCTION, functools.lru_cache(maxsize=None)(scan.__wrapped__))
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def one_scan_of_transformers_models() -> None:
+    """Have transformers read its model folders once in this process, not twice.
+
+    Why: ``import transformers`` builds its lazy import table by reading every file under
+    transformers/models (about 550 folders: a quarter of a CPU-second), and importing
+    ``transformers.models``, as any model's code does, builds the folders' table again. The
+    per-folder results are kept in a 128-entry LRU cache, which 550 folders overflow, so the
+    second build misses every folder. With the same function given an unbounded cache, the
+    second build finds each folder's result from the first: same function, same arguments,
+    same result (within one process, as transformers' own cache assumes). Installed before
+    transformers loads; where it already has, or the function is not there (another
+    version), transformers loads as it would.
+    """
+    if SCAN_MODULE not in sys.modules and not any(isinstance(f, _WholeScanCache) for f in sys.meta_path):
+        sys.meta_path.insert(0, _WholeScanCache())
 
 
 def die_with_launcher() -> None:

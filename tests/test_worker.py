@@ -1,8 +1,12 @@
-"""A process's start-up rule (``llava_norm.worker.frozen_imports``); how a launched worker leaves
-is tested in test_training.py."""
+"""A process's start-up rules (``llava_norm.worker``: frozen imports, one scan of transformers'
+model folders); how a launched worker leaves is tested in test_training.py."""
 
 import gc
+import os
 import weakref
+from pathlib import Path
+
+from test_layers import printed_by_fresh_interpreter
 
 from llava_norm.worker import frozen_imports
 
@@ -44,3 +48,41 @@ def test_the_collector_stays_off_if_it_was_off():
         gc.enable()
         if not frozen_before:
             gc.unfreeze()
+
+
+# A fresh interpreter's view of transformers' lazy import tables after loading transformers.models,
+# and how many times the folder scan ran its body. {start} is what the process does first.
+SCAN_PROBE = """
+import contextlib, io, json, os, sys
+{start}
+import transformers.models
+from transformers.utils import import_utils
+
+def table(module):
+    return {{name: sorted(repr(sorted(v) if isinstance(v, list) else v) if not isinstance(getattr(module, name), dict)
+                         else repr((k, sorted(v) if isinstance(v, list) else v)) for k, v in
+                         (getattr(module, name).items() if isinstance(getattr(module, name), dict)
+                          else ((x, None) for x in getattr(module, name))))
+             for name in ("_modules", "_class_to_module", "_object_missing_backend", "__all__")}}
+
+print(import_utils.create_import_structure_from_path.cache_info().misses)
+print(json.dumps([table(sys.modules["transformers"]), table(sys.modules["transformers.models"])]))
+"""
+
+
+def test_the_command_line_has_transformers_scan_its_model_folders_once_with_the_same_tables():
+    """``llava-norm`` (cli.main) installs ``one_scan_of_transformers_models`` before anything
+    loads: transformers' scan then runs once per folder under transformers/models, not twice (the
+    top folder runs under each of the two keys it is given: the folder, then its __init__.py), and
+    transformers' lazy tables are exactly those of a process without it."""
+    import transformers
+
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    plain = printed_by_fresh_interpreter(SCAN_PROBE.format(start=""), env)
+    ours = printed_by_fresh_interpreter(SCAN_PROBE.format(
+        start="from llava_norm.cli import main\nwith contextlib.redirect_stdout(io.StringIO()):\n"
+              "    try:\n        main(['--help'])\n    except SystemExit:\n        pass"), env)
+    models = Path(transformers.__file__).parent / "models"
+    folders = sum(1 for _, dirs, _ in os.walk(models) for d in dirs if d != "__pycache__")
+    assert int(ours[0]) == folders + 2, (ours[0], plain[0], folders)
+    assert ours[1] == plain[1]
