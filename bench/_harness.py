@@ -1,8 +1,7 @@
 """Shared plumbing for the ``bench/`` scripts: import path, interleaved timing, random models.
 
-Owns three things every benchmark needs and none should spell twice:
-- putting this checkout's root first on ``sys.path`` (``python bench/x.py`` would otherwise
-  import whichever ``llava_norm`` the venv was installed from);
+Owns what the measuring benchmarks need and none should spell twice (the checkout on
+``sys.path`` is ``_repo``'s):
 - ``interleaved``: alternate the contenders round by round and report medians, so a burst of
   load from another process on the shared machine hits every contender alike, and
   ``paired_ratio``: the median of the per-round ratios, which also cancels slow load drifts;
@@ -13,15 +12,11 @@ Owns three things every benchmark needs and none should spell twice:
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from _repo import REPO_ROOT  # noqa: F401  (puts this checkout on sys.path)
 
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, SiglipVisionConfig  # noqa: E402

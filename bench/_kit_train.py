@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from _harness import REPO_ROOT
+from _repo import REPO_ROOT
 
 STEPS = 20
 PROFILED_STEPS = 3  # the runs' last steps, under train.profile_steps: left out of their tokens/s

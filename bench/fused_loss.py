@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from _harness import REPO_ROOT
+from _repo import REPO_ROOT
 
 MEMORY_TARGET, TIME_TARGET = 4.0, 1.10
 KINDS = ("torch", "liger", "cce")  # the fused loss's kernels (llava_norm/model/loss.py: GPU_KERNELS, torch)

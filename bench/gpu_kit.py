@@ -39,7 +39,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from _harness import REPO_ROOT
+from _repo import REPO_ROOT
 from _kit_train import TRAIN_RUNS, train_figures, train_setup
 
 BENCH = Path(__file__).resolve().parent

@@ -16,7 +16,7 @@ import statistics
 import subprocess
 import sys
 
-from _harness import REPO_ROOT
+from _repo import REPO_ROOT
 
 # What `llava-norm train` imports before its work, then what a DeepSpeed launch adds, then the
 # collection accelerate runs as training starts. Each prints its own CPU seconds.
