@@ -1,4 +1,5 @@
-"""CPU time of a training process's start-up: its imports with and without ``frozen_imports``,
+"""CPU time of a training process's start-up: its imports with and without ``frozen_imports``
+(and with it, with and without ``one_scan_of_transformers_models``, as ``llava-norm`` starts),
 and DeepSpeed's Muon import with and without ``defer_muon_compile``.
 
 Owns the measurement behind the start-up rules of ``llava_norm.worker`` and
@@ -27,8 +28,10 @@ def cpu():
     return r.ru_utime + r.ru_stime
 variant = sys.argv[1]
 start = cpu()
-from llava_norm.worker import frozen_imports
-if variant == "frozen":
+from llava_norm.worker import frozen_imports, one_scan_of_transformers_models
+if variant == "one-scan":
+    one_scan_of_transformers_models()
+if variant in ("frozen", "one-scan"):
     with frozen_imports():
         import torch.distributed, llava_norm.train.run, deepspeed
 else:
@@ -56,14 +59,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    runs = {"plain": [], "frozen": [], "deferred": []}
+    runs = {"plain": [], "frozen": [], "one-scan": [], "deferred": []}
     for _ in range(args.repeats):
         for variant in runs:
             runs[variant].append(measure(variant))
     med = {v: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for v, rs in runs.items()}
-    plain, frozen, deferred = med["plain"], med["frozen"], med["deferred"]
+    plain, frozen, one_scan, deferred = med["plain"], med["frozen"], med["one-scan"], med["deferred"]
     print(f"imports (torch, transformers, DeepSpeed, llava_norm.train.run): {plain['imports']:.2f} CPU-s; "
-          f"under frozen_imports {frozen['imports']:.2f} ({frozen['imports'] / plain['imports']:.2f}x)")
+          f"under frozen_imports {frozen['imports']:.2f} ({frozen['imports'] / plain['imports']:.2f}x); "
+          f"and with transformers' model folders scanned once {one_scan['imports']:.2f} "
+          f"({one_scan['imports'] - frozen['imports']:+.2f} CPU-s)")
     print(f"gc.collect() after them (accelerate's, as training starts): {plain['collect']:.3f} CPU-s; "
           f"frozen {frozen['collect']:.3f}")
     print(f"DeepSpeed's Muon import (ZeRO's optimizer check): {plain['muon']:.2f} CPU-s; "
