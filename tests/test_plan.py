@@ -13,7 +13,7 @@ from llava_norm.config import load_config
 from llava_norm.model.builder import ModelSpec, build_model
 from llava_norm.plan import make_plan
 from llava_norm.plan.backbones import SHIPPED_BACKBONES, backbone_config
-from llava_norm.plan.memory import Activations, count_parameters, trace_activations
+from llava_norm.plan.memory import Activations, count_parameters, trace_activations, trace_loss_kinds
 from llava_norm.train.params import freeze_backbones
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,6 +59,18 @@ def test_model_states_are_deepspeeds_estimators(tmp_path, tiny_dir):
     # the built model's embedding may be up to 64 rows larger than the config's
     assert plan.states["zero3"].total == pytest.approx(zero3 + 2 * frozen // 8, rel=0.02)
     assert plan.layout == "zero3"
+
+
+@pytest.mark.parametrize("softmax", ["auto", "eager"])
+def test_one_tower_trace_for_both_loss_kinds_gives_each_kinds_own_trace(tmp_path, tiny_dir, softmax):
+    """A plain-loss plan traces the vision tower once for its plain and fused figures: each equals
+    the trace of that loss kind alone."""
+    from llava_norm.plan.backbones import meta_model
+
+    meta, tokens_per_image, _ = meta_model(_config(tmp_path, tiny_dir).model, attn_implementation="llava_norm_plan")
+    alone = [trace_activations(meta, 2, 160, 2, tokens_per_image, kind, softmax) for kind in ("plain", "fused")]
+    assert alone[0] != alone[1]
+    assert trace_loss_kinds(meta, 2, 160, 2, tokens_per_image, ("plain", "fused"), softmax) == alone
 
 
 def test_meta_trace_equals_the_trace_of_real_tensors(tmp_path, tiny_dir):

@@ -55,11 +55,14 @@ def sweep(tmp_path_factory, tiny_dir):
     world = root / "world"
     build_world(world, seed=5, n_pretrain=10, n_instruct=10, n_text=20, n_bench=4, bench_sizes={"pope": 2})
     data, images = write_dataset(root / "data", n=8, text_only_every=4)
-    # The recipe's LLM family (Qwen2.5) and its data slicing (take), at tiny scale.
+    # The recipe's LLM family (Qwen2.5) and its data slicing (take), at tiny scale. No TensorBoard
+    # (the recipe's report_to): its check, before each task's first launch, imports transformers'
+    # Trainer stack into the task's driver, seconds per task (tested in test_pipeline.py; the
+    # logging itself in test_training_single.py).
     common = [f"model.vision_tower={tiny_dir}/siglip", f"model.llm={tiny_dir}/qwen2",
               f"data.mixture=[{{path: {data}, image_folder: {images}, take: 'first:6'}}]", "train.max_steps=2",
               "train.deepspeed=null", "train.per_device_batch_size=2", "train.save_steps=2",
-              "train.global_batch_size=null"]
+              "train.global_batch_size=null", "train.report_to=[]"]
     runs, slurm = root / "runs", root / "slurm"
     args = [str(REPO / "configs/recipe-1gpu"), "--arms", ARMS, "--seeds", ",".join(map(str, SEEDS)), "--runs", str(runs),
             "--data-root", str(world / "benchmarks"), "--benchmarks", BENCHMARKS,

@@ -30,7 +30,8 @@ from llava_norm.config_schema import ConfigError, RunConfig, effective_grad_accu
 from llava_norm.plan import flops as flops_model
 from llava_norm.plan.backbones import meta_model
 from llava_norm.plan.memory import (PLAN_ATTENTION, Activations, Component, States, count_parameters,
-                                    largest_layer_params, model_states, peak_bytes, trace_activations)
+                                    largest_layer_params, model_states, peak_bytes, trace_activations,
+                                    trace_loss_kinds)
 from llava_norm.train import params
 
 FIT_FRACTION = 0.90
@@ -167,7 +168,10 @@ def make_plan(config: RunConfig, gpus: int = 1, nodes: int = 1, gpu_memory_gib: 
     states = {name: model_states(trained, frozen, largest, name, gpus, nodes) for name in {"zero2", "zero3", layout}}
     seq, n_images_row = _sequence(config, tokens_per_image, seq_len, images)
     batch = t.per_device_batch_size
-    acts = trace_activations(model, batch, seq, batch * n_images_row, tokens_per_image, t.loss, t.fused_loss_softmax)
+    # a plain-loss plan also gives the fused loss's figure (an alternative when it does not fit)
+    kinds = (t.loss, "fused") if t.loss == "plain" else (t.loss,)
+    traced = trace_loss_kinds(model, batch, seq, batch * n_images_row, tokens_per_image, kinds, t.fused_loss_softmax)
+    acts = traced[0]
     accum = effective_grad_accum(t, world)
     c = model.config
     # a LoRA run's LLM is frozen apart from its adapters (negligible FLOPs): no weight gradients;
@@ -180,8 +184,7 @@ def make_plan(config: RunConfig, gpus: int = 1, nodes: int = 1, gpu_memory_gib: 
     plan = Plan(config, gpus, nodes, gpu_memory_gib, gpu_name, sources, components, tokens_per_image, batch, seq,
                 n_images_row, accum, layout, states, acts, step_flops=step)
     if t.loss == "plain":
-        plan.fused_activations = trace_activations(model, batch, seq, batch * n_images_row, tokens_per_image, "fused",
-                                                   t.fused_loss_softmax)
+        plan.fused_activations = traced[1]
     if alternatives and plan.fits(plan.peak()) is False:
         plan.alternatives = _alternatives(plan, model, largest)
     return plan

@@ -7,7 +7,8 @@ Owns three estimates, each from the meta-device model (no weights, no data):
   trained parameters' figure is DeepSpeed's own estimator; frozen weights add their bf16 copy
   (replicated under ZeRO-2, partitioned under ZeRO-3);
 - ``trace_activations``: one forward of a batch of the configured shape, recording every tensor
-  autograd saves for the backward (torch's saved-tensor hooks), less the parameters themselves.
+  autograd saves for the backward (torch's saved-tensor hooks), less the parameters themselves
+  (``trace_loss_kinds``: one per loss kind, sharing the vision tower's trace).
   Attention is recorded as a fused kernel keeps it (q, k, v, output and the fp32 row
   log-sum-exp; no score matrix), which is what sdpa and flash-attention run on a GPU.
   Checkpointed layers keep only their input, and one layer's activations are rebuilt at a time.
@@ -156,6 +157,14 @@ def trace_activations(model, batch: int, seq: int, images: int, tokens_per_image
     """Run one training forward of ``model`` (on the meta device for a plan; any device works) over ``batch`` rows of ``seq``
     tokens holding ``images`` images in all; every position is a label (the most loss memory).
     ``softmax``: train.fused_loss_softmax, as a GPU runs it (eager: the fp32 blocks counted too)."""
+    return trace_loss_kinds(model, batch, seq, images, tokens_per_image, (loss_kind,), softmax)[0]
+
+
+def trace_loss_kinds(model, batch: int, seq: int, images: int, tokens_per_image: int, loss_kinds: tuple[str, ...],
+                     softmax: str = "auto") -> list[Activations]:
+    """``trace_activations`` once per loss kind, the vision tower traced once for all of them: its
+    forward is the same whatever loss follows (the plan's plain run and its fused alternative).
+    Each kind's forward starts from what the tower's left recorded, as if traced alone."""
     vision, device = model.config.vision_config, model.device
     pixels = torch.zeros(images, vision.num_channels, vision.image_size, vision.image_size,
                          dtype=model.dtype, device=device)
@@ -191,6 +200,7 @@ def trace_activations(model, batch: int, seq: int, images: int, tokens_per_image
             owner[key] = stack[-1] if stack else None
         return tensor
 
+    traced = []
     was_training = model.training
     model.train()
     try:
@@ -198,24 +208,36 @@ def trace_activations(model, batch: int, seq: int, images: int, tokens_per_image
             features = model.model.get_image_features(pixel_values=pixels)
             features = features.pooler_output if hasattr(features, "pooler_output") else features
             features = torch.cat([f.reshape(-1, hidden) for f in features])
-            embeds = model.get_input_embeddings()(torch.zeros(batch, seq, dtype=torch.long, device=device))
-            # the image features replace the first image_slots positions (values never matter here)
-            flat = embeds.reshape(-1, hidden)
-            embeds = torch.cat([features.to(embeds.dtype), flat[image_slots:]]).reshape(batch, seq, hidden)
-            labels = torch.zeros(batch, seq, dtype=torch.long, device=device)
-            # every position a label: the fused loss keeps all rows (meta cannot count them). Set and
-            # restored by hand: torch's config.patch() makes a new ContextVar per call, and those pile
-            # up in the process's context (one per plan, for the life of a test session).
-            assume_nonzero = fx_config.meta_nonzero_assume_all_nonzero
-            fx_config.meta_nonzero_assume_all_nonzero = True
-            try:
-                model(inputs_embeds=embeds, labels=labels, use_cache=False, loss_kind=loss_kind)
-            finally:
-                fx_config.meta_nonzero_assume_all_nonzero = assume_nonzero
+            after_tower = dict(saved), dict(owner), dict(inputs)
+            for loss_kind in loss_kinds:
+                for record, at_tower in zip((saved, owner, inputs), after_tower):
+                    record.clear()
+                    record.update(at_tower)
+                embeds = model.get_input_embeddings()(torch.zeros(batch, seq, dtype=torch.long, device=device))
+                # the image features replace the first image_slots positions (values never matter here)
+                flat = embeds.reshape(-1, hidden)
+                embeds = torch.cat([features.to(embeds.dtype), flat[image_slots:]]).reshape(batch, seq, hidden)
+                labels = torch.zeros(batch, seq, dtype=torch.long, device=device)
+                # every position a label: the fused loss keeps all rows (meta cannot count them). Set and
+                # restored by hand: torch's config.patch() makes a new ContextVar per call, and those pile
+                # up in the process's context (one per plan, for the life of a test session).
+                assume_nonzero = fx_config.meta_nonzero_assume_all_nonzero
+                fx_config.meta_nonzero_assume_all_nonzero = True
+                try:
+                    model(inputs_embeds=embeds, labels=labels, use_cache=False, loss_kind=loss_kind)
+                finally:
+                    fx_config.meta_nonzero_assume_all_nonzero = assume_nonzero
+                traced.append(_activations(model, saved, owner, inputs, batch * seq, hidden, loss_kind, softmax))
     finally:
         for hook in hooks:
             hook.remove()
         model.train(was_training)
+    return traced
+
+
+def _activations(model, saved: dict[int, int], owner: dict[int, int | None], inputs: dict[int, int], tokens: int,
+                 hidden: int, loss_kind: str, softmax: str) -> Activations:
+    """One traced forward's record, summed per checkpointed layer."""
     per_layer = Counter()
     outside = 0
     for key, size in saved.items():
@@ -225,7 +247,7 @@ def trace_activations(model, batch: int, seq: int, images: int, tokens_per_image
             per_layer[owner[key]] += size
     if loss_kind == "fused":
         head = model.lm_head.weight
-        outside += fused_held_bytes(batch * seq, hidden, head.shape[0], head.element_size(), head.requires_grad,
+        outside += fused_held_bytes(tokens, hidden, head.shape[0], head.element_size(), head.requires_grad,
                                     compiled=softmax != "eager")
     layers = tuple((per_layer[layer], inputs[layer]) for layer in inputs)
     return Activations(outside, layers, max(saved.values(), default=0))
