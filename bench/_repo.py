@@ -1,7 +1,8 @@
 """This checkout's root, first on ``sys.path``: ``python bench/x.py`` would otherwise import
-whichever ``llava_norm`` the venv was installed from. Kept apart from ``_harness`` so that a
-script that only launches others (the GPU kit, the loss benchmark's parent) starts without
-torch and transformers."""
+whichever ``llava_norm`` the venv was installed from. Kept apart from ``_harness`` (which loads
+torch, transformers and the model code) for the scripts that measure nothing in their own
+process: the GPU kit's launcher, the loss benchmark's parent on a CPU, the start-up probe's
+driver. The scripts that measure keep ``_harness``: their figures were taken with it loaded."""
 
 import sys
 from pathlib import Path

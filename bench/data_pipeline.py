@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import torch
-from _repo import REPO_ROOT  # noqa: F401  (puts this checkout on sys.path)
+from _harness import REPO_ROOT  # noqa: F401  (puts this checkout on sys.path)
 from gpu_step import LLMS, TARGET_MFU, shipped, siglip_so400m_384
 from torch.utils.data import DataLoader
 from transformers import SiglipImageProcessorPil

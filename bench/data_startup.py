@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _repo import REPO_ROOT
+from _harness import REPO_ROOT
 
 TARGET_WARM_S = 10.0
 WORDS = ("the a image shows red green blue small large object left right top bottom near far person car "

@@ -43,6 +43,8 @@ def measure(kind: str, vocab: int, tokens: int, hidden: int, dtype: str, device:
     """One loss step's peak memory rise and median time, in this process; ``chunk_mib``: the torch
     path's logits per chunk in the compute dtype (default ``CHUNK_BYTES``); ``compiled``: its
     softmax as one compiled kernel (compiled in a step before the measured ones)."""
+    # the measuring process holds torch, transformers and the model code, as it did for the recorded figures
+    import _harness  # noqa: F401
     import torch
     from transformers.loss.loss_utils import ForCausalLMLoss
 

@@ -17,7 +17,7 @@ import argparse
 import time
 
 import numpy as np
-from _repo import REPO_ROOT  # noqa: F401  (puts this checkout on sys.path)
+from _harness import REPO_ROOT  # noqa: F401  (puts this checkout on sys.path)
 from padding import LengthModel, padding_share, sample_lengths
 
 from llava_norm.data.packing import PackSampler, plan_packs

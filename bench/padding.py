@@ -20,7 +20,7 @@ import argparse
 from dataclasses import dataclass
 
 import numpy as np
-from _repo import REPO_ROOT  # noqa: F401  (puts this checkout on sys.path)
+from _harness import REPO_ROOT  # noqa: F401  (puts this checkout on sys.path)
 
 from llava_norm.data.sampler import DEFAULT_LOOKAHEAD, grouped_order
 

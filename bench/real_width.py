@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from _repo import REPO_ROOT  # noqa: F401  (puts this checkout on sys.path)
+from _harness import REPO_ROOT  # noqa: F401  (puts this checkout on sys.path)
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from llava_norm.plan.backbones import SHIPPED_BACKBONES, vision_part

@@ -44,26 +44,48 @@ SCAN_MODULE, SCAN_FUNCTION = "transformers.utils.import_utils", "create_import_s
 
 class _WholeScanCache:
     """An import finder (``sys.meta_path``; not importlib.abc's class, whose import costs more than
-    it does): loads SCAN_MODULE as any import would, then gives SCAN_FUNCTION an unbounded cache; once."""
+    it does) that finds SCAN_MODULE as importlib would without it, and loads it through a loader
+    that then gives SCAN_FUNCTION an unbounded cache. Asked again once that is done, it finds nothing."""
+
+    def __init__(self):
+        self.done = False
+        self.looking = False
 
     def find_spec(self, name, path, target=None):
-        if name != SCAN_MODULE:
+        if name != SCAN_MODULE or self.done or self.looking:
             return None
-        sys.meta_path.remove(self)
-        spec = next((s for f in sys.meta_path if hasattr(f, "find_spec") and (s := f.find_spec(name, path, target))),
-                    None)
-        if spec is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        load = spec.loader.exec_module
+        import importlib.util
 
-        def exec_module(module):
-            load(module)
-            scan = getattr(module, SCAN_FUNCTION, None)
-            if callable(getattr(scan, "__wrapped__", None)) and getattr(scan, "cache_parameters", dict)().get("maxsize"):
-                setattr(module, SCAN_FUNCTION, functools.lru_cache(maxsize=None)(scan.__wrapped__))
-
-        spec.loader.exec_module = exec_module
+        self.looking = True  # the lookup below asks every finder on sys.meta_path, this one included
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self.looking = False
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _WideningLoader(spec.loader, self)
         return spec
+
+
+class _WideningLoader:
+    """Loads as ``loader`` does, then widens SCAN_FUNCTION's cache and hands the module back to
+    ``loader`` (its ``__loader__`` and spec name the real one afterwards)."""
+
+    def __init__(self, loader, finder: _WholeScanCache):
+        self.loader, self.finder = loader, finder
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        self.finder.done = True
+        scan = getattr(module, SCAN_FUNCTION, None)
+        if callable(getattr(scan, "__wrapped__", None)) and getattr(scan, "cache_parameters", dict)().get("maxsize"):
+            setattr(module, SCAN_FUNCTION, functools.lru_cache(maxsize=None)(scan.__wrapped__))
 
 
 def one_scan_of_transformers_models() -> None:

@@ -2,6 +2,7 @@
 model folders); how a launched worker leaves is tested in test_training.py."""
 
 import gc
+import json
 import os
 import weakref
 from pathlib import Path
@@ -50,23 +51,27 @@ def test_the_collector_stays_off_if_it_was_off():
             gc.unfreeze()
 
 
-# A fresh interpreter's view of transformers' lazy import tables after loading transformers.models,
-# and how many times the folder scan ran its body. {start} is what the process does first.
+# A fresh interpreter's view of transformers' lazy import tables after loading transformers.models
+# (each table in a canonical order: sets and dicts sorted, recursively), and how many times the
+# folder scan ran its body. {start} is what the process does first.
 SCAN_PROBE = """
-import contextlib, io, json, os, sys
+import contextlib, io, json, sys
 {start}
 import transformers.models
 from transformers.utils import import_utils
 
-def table(module):
-    return {{name: sorted(repr(sorted(v) if isinstance(v, list) else v) if not isinstance(getattr(module, name), dict)
-                         else repr((k, sorted(v) if isinstance(v, list) else v)) for k, v in
-                         (getattr(module, name).items() if isinstance(getattr(module, name), dict)
-                          else ((x, None) for x in getattr(module, name))))
-             for name in ("_modules", "_class_to_module", "_object_missing_backend", "__all__")}}
+def canonical(value):
+    if isinstance(value, dict):
+        return sorted(([canonical(k), canonical(v)] for k, v in value.items()), key=json.dumps)
+    if isinstance(value, (set, frozenset, list, tuple)):
+        return sorted((canonical(v) for v in value), key=json.dumps)
+    return repr(value)
 
+tables = {{module: {{name: canonical(getattr(sys.modules[module], name)) for name in
+                    ("_modules", "_class_to_module", "_object_missing_backend", "__all__")}}
+          for module in ("transformers", "transformers.models")}}
 print(import_utils.create_import_structure_from_path.cache_info().misses)
-print(json.dumps([table(sys.modules["transformers"]), table(sys.modules["transformers.models"])]))
+print(json.dumps(tables))
 """
 
 
@@ -84,5 +89,7 @@ def test_the_command_line_has_transformers_scan_its_model_folders_once_with_the_
               "    try:\n        main(['--help'])\n    except SystemExit:\n        pass"), env)
     models = Path(transformers.__file__).parent / "models"
     folders = sum(1 for _, dirs, _ in os.walk(models) for d in dirs if d != "__pycache__")
-    assert int(ours[0]) == folders + 2, (ours[0], plain[0], folders)
+    tables = json.loads(ours[1])
+    assert len(tables["transformers.models"]["_modules"]) > folders and "LlamaForCausalLM" in ours[1]  # read in full
     assert ours[1] == plain[1]
+    assert int(ours[0]) == folders + 2, (ours[0], plain[0], folders)
