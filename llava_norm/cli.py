@@ -161,8 +161,13 @@ def _eval(args) -> None:
         summary = run_evaluation(config)
     except SettingsMismatchError as error:  # every rank meets it alike: one says it
         sys.exit(f"eval: {error}" if os.environ.get("RANK", "0") == "0" else 1)
-    if summary is not None:
-        print(f"results in {config.out_dir}: " + ", ".join(summary["benchmarks"]))
+    if summary is not None:  # each benchmark's headline, as the results table heads its column
+        from llava_norm.evaluation.table import headline
+
+        print(f"results in {config.out_dir}:")
+        for name, result in summary["benchmarks"].items():
+            mark = headline(name)
+            print(f"  {mark.label(result['settings'])}: {mark.value(result['metrics']):.1f} ({mark.metric}, percent)")
 
 
 def _table(args) -> None:

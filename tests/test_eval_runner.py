@@ -197,6 +197,24 @@ def test_finished_benchmarks_are_not_recomputed_and_changed_settings_are_refused
     assert said.startswith("eval: ") and "limit=2" in said and "--replace-stale" in said, said
 
 
+def test_the_command_prints_each_benchmarks_headline_as_the_table_heads_it(setup, whole, capsys):
+    from llava_norm.cli import main
+    from llava_norm.evaluation.table import headline
+
+    """``llava-norm eval`` ends with every benchmark's headline in its output folder, each under
+    the results table's label, from that benchmark's result file."""
+    main(_eval_command(setup, whole, nproc=1, extra=["--benchmarks", "pope"])[3:])  # reused: nothing reruns
+    printed = capsys.readouterr().out.splitlines()
+    names = list(json.loads((whole / "summary.json").read_text())["benchmarks"])
+    assert printed[0] == f"results in {whole}:" and len(names) > 1 and "pope" in names
+    expected = []
+    for name in names:
+        result, mark = json.loads((whole / f"{name}.json").read_text()), headline(name)
+        expected.append(f"  {mark.label(result['settings'])}: {mark.value(result['metrics']):.1f} "
+                        f"({mark.metric}, percent)")
+    assert printed[1:] == expected, printed
+
+
 def test_loglikelihood_flags_exactly_the_greedy_continuation(tiny_dir):
     import torch
 
