@@ -152,6 +152,7 @@ def _eval(args) -> None:
         from llava_norm.evaluation.arguments import eval_config_from_args
         from llava_norm.evaluation.predictions import SettingsMismatchError
         from llava_norm.evaluation.runner import run_evaluation
+        from llava_norm.evaluation.table import headline
 
     try:
         config = eval_config_from_args(args)
@@ -162,8 +163,6 @@ def _eval(args) -> None:
     except SettingsMismatchError as error:  # every rank meets it alike: one says it
         sys.exit(f"eval: {error}" if os.environ.get("RANK", "0") == "0" else 1)
     if summary is not None:  # each benchmark's headline, as the results table heads its column
-        from llava_norm.evaluation.table import headline
-
         print(f"results in {config.out_dir}:")
         for name, result in summary["benchmarks"].items():
             mark = headline(name)
