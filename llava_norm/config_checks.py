@@ -210,14 +210,24 @@ def _check_projector(config: RunConfig) -> None:
     if not all(name in recorded for name in PROJECTOR_ORIGIN[:4]):
         raise ConfigError(f"key '{key}': {path} does not record the arm and backbones it was trained with (not "
                           "written by a llava-norm stage 1); set model.allow_projector_mismatch=true to use it anyway")
-    ours = {"norm_alignment": m.norm_alignment, "projector_type": m.projector_type,
-            "vision_tower": backbone_name(m.vision_tower), "llm": backbone_name(m.llm)}
+    ours = projector_origin(m)
     differ = [f"{name} {recorded[name]!r} (projector) vs {ours[name]!r} (this config)" for name in PROJECTOR_ORIGIN[:4]
               if recorded[name] != ours[name]]
     if differ:
         raise ConfigError(f"key '{key}': {path} was trained for another run: " + "; ".join(differ) +
                           ". Point it at the stage-1 run of this arm and backbones, or set "
                           "model.allow_projector_mismatch=true to use it anyway")
+
+
+def projector_origin(m, text_norm: float | None = None) -> dict[str, str]:
+    """What a projector file records of the run that wrote it (``model`` config ``m``; the LLM's
+    T once the model is built: ``llava_norm.train.final``), and what stage 2's check above
+    compares with its own config (all but T)."""
+    origin = {"norm_alignment": m.norm_alignment, "projector_type": m.projector_type,
+              "vision_tower": backbone_name(m.vision_tower), "llm": backbone_name(m.llm)}
+    if text_norm is not None:
+        origin["text_norm"] = repr(float(text_norm))
+    return {key: origin[key] for key in PROJECTOR_ORIGIN if key in origin}
 
 
 def backbone_name(value: str) -> str:

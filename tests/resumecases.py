@@ -95,7 +95,8 @@ def stage1_projector(config: Path, overrides: list[str], value: float) -> Path:
     from llava_norm.config import load_config
     from llava_norm.layout import PROJECTOR_PREFIX
     from llava_norm.model.builder import ModelSpec, build_model
-    from llava_norm.train.final import projector_origin, save_with_sorted_metadata
+    from llava_norm.config_checks import projector_origin
+    from llava_norm.train.final import save_with_sorted_metadata
 
     m = load_config(config, [*overrides, f"train.output_dir={config.parent}"], check_paths=False).model
     model = build_model(ModelSpec(m.vision_tower, m.llm, norm_alignment=m.norm_alignment, scale_value=value)).model

@@ -198,11 +198,11 @@ def test_finished_benchmarks_are_not_recomputed_and_changed_settings_are_refused
 
 
 def test_the_command_prints_each_benchmarks_headline_as_the_table_heads_it(setup, whole, capsys):
+    """``llava-norm eval`` ends with every benchmark's headline in its output folder, each under
+    the results table's label, from that benchmark's result file."""
     from llava_norm.cli import main
     from llava_norm.evaluation.table import headline
 
-    """``llava-norm eval`` ends with every benchmark's headline in its output folder, each under
-    the results table's label, from that benchmark's result file."""
     main(_eval_command(setup, whole, nproc=1, extra=["--benchmarks", "pope"])[3:])  # reused: nothing reruns
     printed = capsys.readouterr().out.splitlines()
     names = list(json.loads((whole / "summary.json").read_text())["benchmarks"])

@@ -19,8 +19,8 @@ from safetensors.torch import load_file, save
 from transformers.utils import SAFE_WEIGHTS_NAME
 
 from llava_norm.config import RunConfig
-from llava_norm.config_checks import backbone_name
-from llava_norm.layout import PROJECTOR_FILE, PROJECTOR_ORIGIN, PROJECTOR_PREFIX
+from llava_norm.config_checks import projector_origin
+from llava_norm.layout import PROJECTOR_FILE, PROJECTOR_PREFIX
 from llava_norm.model.builder import Bundle
 from llava_norm.model.lora import split_saved_model
 
@@ -59,12 +59,3 @@ def save_final(trainer, bundle: Bundle, config: RunConfig) -> Path:
         save_with_sorted_metadata({k: v for k, v in state.items() if k.startswith(PROJECTOR_PREFIX)},
                                   out / PROJECTOR_FILE, projector_origin(config.model, bundle.model.config.text_norm))
     return model_dir
-
-
-def projector_origin(m, text_norm: float) -> dict[str, str]:
-    """What a projector file records of the run that wrote it (``model`` config ``m``; the LLM's
-    T), which stage 2's check compares with its own config."""
-    origin = {"norm_alignment": m.norm_alignment, "projector_type": m.projector_type,
-              "vision_tower": backbone_name(m.vision_tower), "llm": backbone_name(m.llm),
-              "text_norm": repr(float(text_norm))}
-    return {key: origin[key] for key in PROJECTOR_ORIGIN}
