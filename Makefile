@@ -13,7 +13,6 @@ VENV_PYTHON ?= $(shell sys='$(SYSTEM_PYTHON)'; v='import sys; print(sys.version_
              if [ -x "$$sys" ] && "$$sys" -c 'import ensurepip, venv' >/dev/null 2>&1 && \
                 [ "$$("$$sys" -c "$$v")" = "$$(python3 -c "$$v" 2>/dev/null)" ]; then echo "$$sys"; \
              else echo python3; fi)
-STAMP   := .venv/.installed
 # TORCH: one requirement (it is quoted below), e.g. TORCH=torch==2.9.1
 TORCH   ?= torch==2.13.0
 # uv installs the pinned requirements (wheels unpacked and compiled to bytecode in parallel);
@@ -25,6 +24,9 @@ UV      := .venv/bin/uv pip install -q --python $(PY)
 ifneq ($(INSTALLER),$(filter uv pip,$(firstword $(INSTALLER))))
 $(error INSTALLER=$(INSTALLER): expected uv or pip)
 endif
+# The stamp names the install's settings: `make install TORCH=...` on an installed .venv installs
+# again, and so does switching back (the install removes the other settings' stamps).
+STAMP   := .venv/.installed-$(shell printf '%s' '$(TORCH) $(INSTALLER)' | cksum | cut -d' ' -f1)
 
 .PHONY: install install-gpu bytecode test check-breaks demo ablation bench-gpu clean
 
@@ -46,6 +48,7 @@ else
 	$(PY) -m pip install -q --no-deps -r requirements-plugin-test.txt
 	$(PY) -m pip install -q --no-deps -e .
 endif
+	rm -f .venv/.installed*
 	touch $(STAMP)
 
 install: $(STAMP)

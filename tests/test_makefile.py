@@ -50,3 +50,27 @@ def test_without_a_system_python3_it_is_the_one_on_path(tmp_path):
     assert _chosen(tmp_path, tmp_path / "absent", "(3, 11)") == "python3"
     spaced = _fake(tmp_path / "a dir" / "python3", "(3, 11)")  # a path with a space is one path
     assert _chosen(tmp_path, spaced, "(3, 11)") == str(spaced)
+
+
+def test_install_runs_again_when_its_torch_or_installer_changes_and_back(tmp_path):
+    """`make install` on an installed .venv: nothing with the same settings, an install with
+    another TORCH or INSTALLER, and again on switching back (the other settings' stamp is gone)."""
+    for name in ("Makefile", "requirements.txt", "requirements-plugin-test.txt", "pyproject.toml"):
+        (tmp_path / name).write_bytes((REPO / name).read_bytes())
+    log = tmp_path / "installs.log"
+    for tool in ("python", "uv"):  # stand-ins for .venv's own: they record what they were asked to install
+        _fake(tmp_path / ".venv" / "bin" / tool, "(3, 11)").write_text(f'#!/bin/sh\necho "{tool} $*" >> "{log}"\n')
+    inherited = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+
+    def install(*settings: str) -> str:
+        before = log.read_text() if log.exists() else ""
+        done = subprocess.run(["make", "-s", "--no-print-directory", "install", *settings], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60, env=inherited)
+        assert done.returncode == 0, done.stderr
+        return (log.read_text() if log.exists() else "")[len(before):]
+
+    assert 'torch==2.13.0' in install() and install() == ""
+    assert 'torch==2.9.1' in install("TORCH=torch==2.9.1") and install("TORCH=torch==2.9.1") == ""
+    assert 'torch==2.13.0' in install()  # back to the default: installed again
+    assert "uv " not in install("INSTALLER=pip") and install("INSTALLER=pip") == ""
+    assert len(list((tmp_path / ".venv").glob(".installed*"))) == 1
