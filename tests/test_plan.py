@@ -101,7 +101,7 @@ def test_meta_trace_equals_the_trace_of_real_tensors(tmp_path, tiny_dir):
     fused_cpu = trace_activations(real, 2, 160, 2, tokens_per_image, "fused")
     assert fused_meta.layers == fused_cpu.layers == on_meta.layers
     hidden, rows = meta.config.text_config.hidden_size, 2 * 160
-    held = {m: fused_held_bytes(rows, hidden, m.lm_head.weight.shape[0], 4, True) for m in (meta, real)}
+    held = {m: fused_held_bytes(rows, hidden, m.lm_head.weight.shape[0], 4, True, compiled=True) for m in (meta, real)}
     assert fused_cpu.outside_layers - fused_meta.outside_layers == held[real] - held[meta] > 0
 
 
@@ -229,5 +229,5 @@ def test_the_fused_terms_blocks_are_counted_only_for_the_eager_softmax(tmp_path,
     llm = AutoConfig.from_pretrained(f"{tiny_dir}/llama")
     rows = plans["auto"].batch * plans["auto"].seq
     blocks = (fused_held_bytes(rows, llm.hidden_size, llm.vocab_size, 2, True, compiled=False)
-              - fused_held_bytes(rows, llm.hidden_size, llm.vocab_size, 2, True))
+              - fused_held_bytes(rows, llm.hidden_size, llm.vocab_size, 2, True, compiled=True))
     assert plans["eager"].activations.outside_layers - plans["auto"].activations.outside_layers == blocks > 0

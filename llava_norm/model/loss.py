@@ -243,8 +243,8 @@ def gpu_kernel(name: str):
     return lambda rows, weight, targets: fn(rows, weight, targets, **kwargs)
 
 
-def fused_held_bytes(rows: int, hidden: int, vocab: int, element_size: int, weight_trained: bool,
-                     compiled: bool = True) -> int:
+def fused_held_bytes(rows: int, hidden: int, vocab: int, element_size: int, weight_trained: bool, *,
+                     compiled: bool) -> int:
     """Bytes the fused loss adds at its peak that autograd's saved-tensor hooks do not see: the
     gradient of the hidden states and, when the output layer trains, of its weight (held on
     ``ctx``; Liger's kernel holds the same two), the supervised rows' copy and one chunk's logits;
