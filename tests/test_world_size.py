@@ -99,13 +99,21 @@ def test_a_run_killed_on_one_number_of_processes_continues_on_another(tmp_path, 
     assert sorted(skipped[0]) == sorted(skipped[1]) and (extra != LORA or skipped[0])
     assert not list(out.glob("*.universal*"))  # the converted copy is gone once the run saved its own
     assert (out / "checkpoint-4" / COMPLETE_MARKER).is_file()
-    weights = "model/adapter_model.safetensors" if extra == LORA else "model/model.safetensors"
-    final, uninterrupted = load_file(str(out / weights)), load_file(str(ref_out / weights))
-    assert final.keys() == uninterrupted.keys()
-    for name in final:  # each parameter group trained at its own rate after the resume
-        torch.testing.assert_close(final[name], uninterrupted[name], rtol=1e-4, atol=1e-6, msg=name)
-    if SCALE[0] in extra:  # calibrated once, in the first launch; four steps move it by far less than c - 1
-        c = float(re.search(r"model\.scale_value auto: c = .* = ([-+.\de]+) \(stored", printed).group(1))
+    # under LoRA the adapters, and the projector and norm (trained in full) in the model's own file
+    for weights in (["model/adapter_model.safetensors"] if extra == LORA else []) + ["model/model.safetensors"]:
+        final, uninterrupted = load_file(str(out / weights)), load_file(str(ref_out / weights))
+        assert final.keys() == uninterrupted.keys() and final
+        for name in final:  # each parameter group trained at its own rate after the resume
+            torch.testing.assert_close(final[name], uninterrupted[name], rtol=1e-4, atol=1e-6, msg=name)
+    if SCALE[0] in extra:
+        # Each launch calibrates from the freshly built model and the same first images, so the
+        # relaunch finds the first launch's c (a trained scale then takes the checkpoint's value; a
+        # fixed one is a buffer, which the universal load does not bring back). Four steps move the
+        # trained scale by far less than c - 1.
+        found = [float(v) for launch in (printed, text)
+                 for v in re.findall(r"model\.scale_value auto: c = .* = ([-+.\de]+) \(stored", launch)]
+        assert len(found) == 2 and found[0] == found[1], found
+        c = found[0]
         scale = float(final["model.multi_modal_projector.norm.scale"])
         assert abs(c - 1.0) > 0.1 and abs(scale - c) < 0.05 and abs(scale - c) > 1e-4 * abs(c), (c, scale)
 
