@@ -3,6 +3,7 @@ kill-and-resume without double counting, the per-benchmark JSONs and the results
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -199,20 +200,28 @@ def test_finished_benchmarks_are_not_recomputed_and_changed_settings_are_refused
 
 def test_the_command_prints_each_benchmarks_headline_as_the_table_heads_it(setup, whole, capsys):
     """``llava-norm eval`` ends with every benchmark's headline in its output folder, each under
-    the results table's label, from that benchmark's result file."""
+    the results table's label, read here from that benchmark's result file by the metric path the
+    line names and shown in percent; POPE's line has the README's shape. Nothing is recomputed."""
     from llava_norm.cli import main
     from llava_norm.evaluation.table import headline
 
-    main(_eval_command(setup, whole, nproc=1, extra=["--benchmarks", "pope"])[3:])  # reused: nothing reruns
-    printed = capsys.readouterr().out.splitlines()
     names = list(json.loads((whole / "summary.json").read_text())["benchmarks"])
+    written = {name: (whole / f"{name}.json").stat().st_mtime_ns for name in names}
+    main(_eval_command(setup, whole, nproc=1, extra=["--benchmarks", "pope"])[3:])
+    printed = capsys.readouterr().out.splitlines()
+    assert {name: (whole / f"{name}.json").stat().st_mtime_ns for name in names} == written  # none reran
     assert printed[0] == f"results in {whole}:" and len(names) > 1 and "pope" in names
-    expected = []
-    for name in names:
-        result, mark = json.loads((whole / f"{name}.json").read_text()), headline(name)
-        expected.append(f"  {mark.label(result['settings'])}: {mark.value(result['metrics']):.1f} "
-                        f"({mark.metric}, percent)")
-    assert printed[1:] == expected, printed
+    assert len(printed) == len(names) + 1
+    for name, line in zip(names, printed[1:]):
+        label, value, path = re.fullmatch(r"  (.+): (\d+\.\d) \(([\w.]+), percent\)", line).groups()
+        result = json.loads((whole / f"{name}.json").read_text())
+        node = result["metrics"]
+        for key in path.split("."):
+            node = node[key]
+        assert 0 <= float(node) <= 1 and value == f"{100 * float(node):.1f}", (line, node)
+        assert label == headline(name).label(result["settings"])  # the table's column
+    pope = next(line for name, line in zip(names, printed[1:]) if name == "pope")
+    assert re.fullmatch(r"  POPE: \d+\.\d \(mean_over_splits\.f1, percent\)", pope), pope
 
 
 def test_loglikelihood_flags_exactly_the_greedy_continuation(tiny_dir):
