@@ -179,21 +179,30 @@ def test_lora_flops_skip_the_frozen_llms_weight_gradients(tmp_path, tiny_dir):
     assert lora.step_flops.vision == full.step_flops.vision  # adapters in the tower: its backward runs
 
 
-def test_lora_adapters_made_on_meta_are_the_ones_peft_moves_there(tmp_path, tiny_dir):
+def test_lora_adapters_made_on_meta_are_the_ones_peft_moves_there(tmp_path, tiny_dir, monkeypatch):
     """The plan makes LoRA's adapters on the meta device (no random numbers for a 7B model's
-    adapters): they must come out as peft's own path leaves them, built on the CPU and moved to
-    each base layer's device and dtype (bf16 here): the same parameters and the same trace."""
+    adapters: every initialisation peft and torch run lands on meta): they must come out as
+    peft's own path leaves them, built on the CPU and moved to each base layer's device and dtype
+    (bf16 here): the same parameters and the same trace."""
     from llava_norm.config import lora_vision_mode
     from llava_norm.plan.backbones import meta_model
     from llava_norm.plan.estimate import _freeze
     from llava_norm.train.params import freeze_for_lora
 
+    initialised = []  # the device of each tensor LoRA's layers initialise (A: kaiming; the Linear's own)
+    real_init = torch.nn.init.kaiming_uniform_
+    monkeypatch.setattr(torch.nn.init, "kaiming_uniform_",
+                        lambda tensor, *a, **k: initialised.append(tensor.device.type) or real_init(tensor, *a, **k))
     config = _config(tmp_path, tiny_dir, ", stage: 2")
     config.lora.enabled, config.lora.rank, config.lora.vision_tower = True, 4, "lora"
     planned, tokens_per_image, _ = meta_model(config.model, attn_implementation="llava_norm_plan")
+    initialised.clear()
     _freeze(planned, config)
+    assert initialised and set(initialised) == {"meta"}, initialised
     stock, _, _ = meta_model(config.model, attn_implementation="llava_norm_plan")
+    initialised.clear()
     freeze_for_lora(stock, config.lora, lora_vision_mode(config))
+    assert "cpu" in initialised  # what the plan avoids: peft's own path draws them on the CPU
 
     def described(model):
         return [(n, p.shape, p.dtype, p.device.type, p.requires_grad) for n, p in model.named_parameters()]
