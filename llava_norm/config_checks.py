@@ -15,7 +15,7 @@ from pathlib import Path
 
 from llava_norm.config_schema import (NORM_ARMS, ConfigError, RunConfig, effective_grad_accum, is_glob,
                                       packing_llm_problem, world_size)
-from llava_norm.layout import PROJECTOR_ORIGIN, PROJECTOR_PREFIX
+from llava_norm.layout import PROJECTOR_ORIGIN, PROJECTOR_PREFIX, TRAINER_STATE
 
 
 def check_paths(config: RunConfig) -> None:
@@ -162,8 +162,8 @@ def _resume_and_output(config: RunConfig) -> None:
     t = config.train
     if t.resume not in ("auto", "none"):
         _must_exist(t.resume, "train.resume", kind="dir")
-        if not (Path(t.resume).expanduser() / "trainer_state.json").is_file():
-            raise ConfigError(f"key 'train.resume': {t.resume} is not a checkpoint-N dir (no trainer_state.json); "
+        if not (Path(t.resume).expanduser() / TRAINER_STATE).is_file():
+            raise ConfigError(f"key 'train.resume': {t.resume} is not a checkpoint-N dir (no {TRAINER_STATE}); "
                               "use auto, none or a checkpoint dir")
     if Path(t.output_dir).expanduser().exists() and not Path(t.output_dir).expanduser().is_dir():
         raise ConfigError(f"key 'train.output_dir': {t.output_dir} exists and is not a directory")

@@ -83,8 +83,12 @@ def test_checkpoint_with_another_config_is_refused_unless_allowed(run):
     plan = plan_launch(load_config(path, ["data.max_length=128", "train.allow_config_change=true"]))
     assert (plan.action, plan.checkpoint.name) == ("resume", "checkpoint-3")
     assert plan.differences == ["data.max_length: 256 -> 128"]
-    # Where and how often to write never block a resume, nor a packing budget with packing off.
-    assert plan_launch(load_config(path, ["train.save_steps=7", "data.num_workers=2"])).action == "resume"
+    # Where and how often to write never block a resume, nor a packing budget with packing off:
+    # a moved run, other save and log intervals, other reporters, other loader workers.
+    moved = out.parent / "moved"
+    shutil.copytree(out, moved)
+    assert plan_launch(load_config(path, [f"train.output_dir={moved}", "train.save_steps=7", "train.logging_steps=2",
+                                          "train.report_to=[tensorboard]", "data.num_workers=2"])).action == "resume"
     assert plan_launch(load_config(path, ["data.pack_max_tokens=512"])).action == "resume"
     with pytest.raises(RelaunchError, match=r"data\.packing: False -> True"):
         plan_launch(load_config(path, ["data.packing=true", "data.pack_max_tokens=512"]))
@@ -92,6 +96,12 @@ def test_checkpoint_with_another_config_is_refused_unless_allowed(run):
     assert plan_launch(load_config(path, ["train.fused_loss_kernel=cce"])).action == "resume"
     with pytest.raises(RelaunchError, match=r"train\.loss: 'plain' -> 'fused'"):
         plan_launch(load_config(path, ["train.loss=fused", "train.fused_loss_kernel=cce"], check_paths=False))
+    # a run allowed to end before the checkpoint it would resume from is refused, writing nothing
+    before = snapshot(out)
+    with pytest.raises(RelaunchError, match=r"checkpoint-3: at step 3, past this run's last step 2 \(train\.max_steps"):
+        launch("train.max_steps=2", "train.allow_config_change=true")
+    assert plan_launch(load_config(path)).action == "resume"  # the run's own config still resumes it
+    assert snapshot(out) == before
 
 
 class _Payload:

@@ -29,7 +29,8 @@ import yaml
 from llava_norm.config import RunConfig, to_yaml
 from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE
 from llava_norm.provenance import RECORD, flatten
-from llava_norm.train.rundir import PROFILE_DIR, RUN_CONFIG, SKIPPED, SUMMARY, WANDB_RUN_ID, complete_checkpoints
+from llava_norm.train.rundir import (PROFILE_DIR, RUN_CONFIG, SKIPPED, SUMMARY, WANDB_RUN_ID, checkpoint_step,
+                                     complete_checkpoints)
 
 log = logging.getLogger(__name__)
 # Where and how often to write, and how to treat this launch: none of them changes the trained weights.
@@ -88,6 +89,10 @@ def _checked_resume(checkpoint: Path, config: RunConfig, allowed: frozenset, why
         raise RelaunchError(f"{config.train.output_dir}: {why}, but its config differs: {'; '.join(differences)}. "
                             "Use train.allow_config_change=true to resume anyway, or train.restart=true to "
                             "start over")
+    step, last = checkpoint_step(checkpoint), config.train.max_steps
+    if step is not None and 0 < last < step:  # (a run that ends by epochs: the trainer refuses it at its start)
+        raise RelaunchError(f"{checkpoint}: at step {step}, past this run's last step {last} (train.max_steps "
+                            "lowered?)")
     return LaunchPlan("resume", checkpoint, f"resuming from {checkpoint}", differences)
 
 

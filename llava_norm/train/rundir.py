@@ -14,6 +14,8 @@ import json
 import re
 from pathlib import Path
 
+from llava_norm.layout import TRAINER_STATE
+
 COMPLETE_MARKER = "checkpoint_complete"
 DATA_STATE = "data_state.json"  # in each checkpoint: epoch, micro-batches consumed, order digest
 NO_DATA_STATE = f"no {DATA_STATE}; its position in the data is unknown"  # such a checkpoint is never resumed
@@ -32,6 +34,12 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT.match(p.name)) and p.is_dir()]
     return [p for _, p in sorted(found) if (p / COMPLETE_MARKER).is_file()]
+
+
+def checkpoint_step(checkpoint: str | Path) -> int | None:
+    """The optimizer step a checkpoint was saved at, from the Trainer's state (None: none recorded)."""
+    path = Path(checkpoint) / TRAINER_STATE
+    return json.loads(path.read_text()).get("global_step") if path.is_file() else None
 
 
 def data_state(checkpoint: str | Path) -> dict | None:
