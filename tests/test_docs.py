@@ -61,6 +61,24 @@ def test_the_recipes_memory_is_the_plans_worst_arm(monkeypatch):
         assert figure == round(max(peaks), 1), (stage, peaks)
 
 
+def test_the_readmes_host_memory_and_output_weight_figures_are_the_plans(monkeypatch):
+    """The fp32 model each rank holds at start-up (the plan's host memory over 8 processes), the
+    output weight ZeRO-3 keeps gathered under the fused loss, and the 3B checkpoint's size at 16
+    bytes a trained parameter, from the shipped configs."""
+    monkeypatch.chdir(ROOT)
+    for model, shown in (("llama3.2-3b", "13.6 GiB per\n  rank for the Llama-3.2-3B"),
+                         ("qwen2.5-7b", "and 30.0 GiB for Qwen2.5-7B")):
+        plan = _plan(f"configs/{model}/none/stage2.yaml", 8, "h100-80gb")
+        assert f"{plan.host_memory_gib() / 8:.1f} GiB" in shown and shown in README, (model, plan.host_memory_gib())
+        if model == "llama3.2-3b":
+            trained = plan.trained
+            assert f"each of the {trained / 1e9:.1f}B trained" in README and f"about {16 * trained / 1e9:.0f} GB" in README
+    llm = backbone_config("Qwen/Qwen2.5-7B-Instruct", "model.llm").config
+    shown = f"({llm.vocab_size * llm.hidden_size * 2 / 2**30:.2f} GiB more per GPU at Qwen2.5-7B in bf16: its " \
+            f"{llm.vocab_size:,} x\n{llm.hidden_size:,} output weight"
+    assert shown in README
+
+
 def test_the_recipes_steps_image_tokens_and_t_factor():
     for stage, shown in ((1, 195), (2, 312)):
         config = load_config(ROOT / f"configs/recipe-1gpu/none/stage{stage}.yaml", check_paths=False)
