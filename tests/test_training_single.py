@@ -1,6 +1,7 @@
 """Single-process training: logging backends, activation checkpointing, checkpoint completeness."""
 
 import os
+from pathlib import Path
 
 import torch
 
@@ -174,3 +175,27 @@ def test_ctrl_c_leaves_one_line_naming_the_checkpoint_to_resume_from(tmp_path, m
                                             "(train.restart=true): drop that to resume")
     assert said(["train.resume=none"]) == (f"{last}; relaunch with train.resume=auto to resume from it (this "
                                            "command has train.resume=none)")
+
+
+def test_a_wandb_run_id_you_set_wins_and_is_kept_and_a_restart_makes_a_new_one(tmp_path, monkeypatch):
+    """README: the id made at the first launch is kept in output_dir; one set in WANDB_RUN_ID
+    wins and is kept for the launches after it; train.restart removes the file, so a new id."""
+    from llava_norm.train.relaunch import clear_outputs
+    from llava_norm.train.rundir import WANDB_RUN_ID
+    from llava_norm.train.runlog import keep_wandb_run
+
+    for name in ("WANDB_RUN_ID", "WANDB_RESUME"):
+        monkeypatch.delenv(name, raising=False)
+    made = keep_wandb_run(tmp_path)
+    assert len(made) == 8 and (tmp_path / WANDB_RUN_ID).read_text().strip() == made
+    monkeypatch.delenv("WANDB_RUN_ID")
+    assert keep_wandb_run(tmp_path) == made  # a relaunch logs to the same run
+    monkeypatch.setenv("WANDB_RUN_ID", "mine0001")
+    assert keep_wandb_run(tmp_path) == "mine0001" and os.environ["WANDB_RESUME"] == "allow"
+    monkeypatch.delenv("WANDB_RUN_ID")
+    assert keep_wandb_run(tmp_path) == "mine0001"  # kept after the variable is gone
+    root = Path(__file__).resolve().parents[1]
+    clear_outputs(load_config(root / "configs/tiny/none/stage1.yaml", [f"train.output_dir={tmp_path}"],
+                              check_paths=False))  # what train.restart does first
+    monkeypatch.delenv("WANDB_RUN_ID")
+    assert keep_wandb_run(tmp_path) not in (made, "mine0001")
