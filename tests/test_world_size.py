@@ -5,6 +5,7 @@ Losses are compared within 1e-4 relative, not bit for bit: with another world si
 reductions run in another order."""
 
 import hashlib
+import json
 import re
 import subprocess
 
@@ -158,3 +159,22 @@ def _summary(out):
     import json
 
     return json.loads((out / "train_summary.json").read_text())
+
+
+def test_a_universal_copy_counts_only_while_its_source_files_are_the_ones_it_was_made_from(tmp_path):
+    """The copy's marker records its checkpoint's files (size, modification time): a checkpoint
+    written again at the same step (other files) no longer has a complete copy, so the relaunch
+    converts it again instead of loading the old one."""
+    from llava_norm.train.universal import _identity, universal_checkpoint
+
+    checkpoint = tmp_path / "checkpoint-2"
+    (checkpoint / "global_step2").mkdir(parents=True)
+    (checkpoint / "global_step2" / "optim_states.pt").write_bytes(b"a" * 64)
+    (checkpoint / "latest").write_text("global_step2")
+    copy = tmp_path / "checkpoint-2.universal"
+    copy.mkdir()
+    (copy / COMPLETE_MARKER).write_text(json.dumps(_identity(checkpoint)))
+    assert universal_checkpoint(checkpoint, tmp_path, convert=False) == copy
+    (checkpoint / "global_step2" / "optim_states.pt").write_bytes(b"b" * 65)  # the step saved again
+    with pytest.raises(RuntimeError, match="no complete universal copy"):
+        universal_checkpoint(checkpoint, tmp_path, convert=False)
