@@ -209,6 +209,41 @@ def test_readme_gpu_figures_are_the_kits_recorded_results():
     assert checks["sdpa"]["over_floor"] < 1 and checks["flex_attention"]["over_floor"] < 1
     small = next(r for r in train if r["run"] == "qwen0.5b_zero2")
     assert f"peaked {abs(small['measured_over_plan']):.1%} under the" in readme.replace("\n", " ")
+    # the elementwise ("other") share of GPU time, eager against compiled, at the same rows
+    other = {(r["attn"], r["compiled"]): r["shares"]["other"] for r in steps if r["rows"] == "4x8x1029" and r["shares"]}
+    compiled = sorted(f"{v:.0%}" for (_, c), v in other.items() if c)
+    assert (f"the elementwise kernels from {other['sdpa', False]:.0%} of the GPU time to "
+            f"{compiled[0].rstrip('%')}-{compiled[-1]}") in flat
+    qwen = [json.loads(r) for r in re.findall(r"KIT-RESULT (.*)", (results / "gpu_2026-11-26_qwen_compiled.txt").read_text())]
+    assert f"at Qwen2.5-7B with checkpointing the compiled step reached {max(r['mfu'] for r in qwen):.1%}" in flat
+    liger = re.search(r"sdpa liger 4x8x1029 .* MFU ([\d.]+%)", (results / "gpu_2026-11-26_liger_llama.log").read_text())
+    assert f"Liger's layer kernels gave the eager step {liger.group(1)}" in flat
+
+
+def test_readme_plan_against_the_accumulated_steps_is_this_codes_plan(monkeypatch):
+    """"within 1% of the steps with gradient accumulation": the peaks measured on the H100 (3B
+    eager, 8 rows x 1029 tokens; 7B with checkpointing, 4 rows), against the plan this code makes
+    for those steps with 4 accumulated micro-batches (the JSON's plan column predates that fix)."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import gpu_step  # bench/, on the path for this test only
+
+    results = ROOT / "bench" / "results"
+    steps = json.loads((results / "gpu_kit_2026-11-26_compile.json").read_text())["parts"]["step_llama"]["results"]
+    llama = next(r for r in steps if (r["attn"], r["compiled"], r["rows"]) == ("sdpa", False, "4x8x1029"))
+    qwen = next(r for r in map(json.loads, re.findall(r"KIT-RESULT (.*)", (results / "gpu_2026-11-26_qwen_compiled.txt")
+                                                    .read_text())) if (r["attn"], r["rows"]) == ("sdpa", "4x4x1029"))
+    vision = gpu_step.siglip_so400m_384()
+    tokens = (vision.image_size // vision.patch_size) ** 2
+    offs = []
+    for name, measured, batch, ckpt in (("llama-3.2-3b", llama, 8, False), ("qwen2.5-7b", qwen, 4, True)):
+        assert (measured["accum"], measured["checkpointing"], measured["batch"]) == (4, ckpt, batch)
+        planned = gpu_step.planned_peak(vision, gpu_step.shipped(gpu_step.LLMS[name]), tokens, "ln_textnorm_gwc",
+                                        gpu_step.PAPER_TEXT_NORM[name], batch, 1029 - tokens, ckpt, accum=4) / 2**30
+        offs.append(measured["peak_mem_gib"] / planned - 1)
+    sys.modules.pop("gpu_step", None)
+    assert max(abs(o) for o in offs) <= 0.01, offs
+    assert "and within 1% of the steps with gradient accumulation (3B eager; 7B with checkpointing)" in \
+        " ".join(README.split())
 
 
 def _logged_steps(log: str) -> list[dict]:
@@ -297,6 +332,9 @@ def test_readme_cudnn_attention_figures_are_the_profiled_runs():
     assert (f"{between['D']:,.0f} tokens/s without cuDNN, {between['B']:,.0f} and {between['O']:,.0f} "
             f"with it") in flat
     assert f"per profiled step was {gpu['D']:.2f} s against {gpu['B']:.2f}" in flat
+    # the GPU section's summary repeats two of them
+    assert (f"stalled for {min(stalled):.1f}-{max(stalled):.1f} s ({rate['B']:,.0f} tokens/s; without cuDNN, "
+            f"`train.cudnn_attention: false`, {rate['D']:,.0f};") in flat
 
 
 def test_the_readme_names_what_the_paper_module_compares():
