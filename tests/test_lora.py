@@ -18,6 +18,7 @@ from llava_norm.model.builder import ModelSpec, build_model, load_bundle
 from llava_norm.model.lora import ADAPTER_WEIGHTS, PEFT_PREFIX, is_lora_dir, lora_targets
 from llava_norm.train.params import freeze_for_lora, learning_rates, module_of, unused_vision_parameters
 from llava_norm.config import LoraSettings
+from llava_norm.data.prompts import training_prompt_settings
 
 ZERO2 = REPO / "configs/deepspeed/zero2.json"
 ZERO3 = REPO / "configs/deepspeed/zero3.json"
@@ -30,7 +31,8 @@ def _config(root: Path, tiny_dir: Path) -> Path:
     path = root / "stage2_lora.yaml"
     path.write_text(f"""
 model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama, norm_alignment: ln_textnorm_gwc}}
-data: {{mixture: [{{path: {data}, image_folder: {images}}}], prompt_format: chat, num_workers: 0, max_length: 256}}
+data: {{mixture: [{{path: {data}, image_folder: {images}}}], prompt_format: chat, num_workers: 0, max_length: 256,
+       system_prompt: You name shapes., image_aspect: pad}}
 optim: {{{", ".join(f"{k}: {v}" for k, v in RATES.items())}, warmup_ratio: 0.0, scheduler: constant_with_warmup}}
 train: {{stage: 2, per_device_batch_size: 2, grad_accum: 2, report_to: [], logging_steps: 1}}
 lora: {{enabled: true, rank: 4, alpha: 8, dropout: 0.1, vision_tower: frozen}}
@@ -92,6 +94,10 @@ def test_merged_model_matches_unmerged(lora_run, tmp_path):
     cli_main(["merge-lora", str(out), str(merged_dir)])  # the run dir resolves to its model/
     assert not is_lora_dir(merged_dir) and not any("lora_" in k for k in load_file(
         str(merged_dir / "model.safetensors")))
+    # evaluated or chatted with on its own, the merged model keeps the run's prompt settings
+    settings = training_prompt_settings(merged_dir)
+    assert settings == training_prompt_settings(out / "model")
+    assert (settings.system_prompt, settings.image_aspect) == ("You name shapes.", "pad")
     unmerged = load_bundle(out / "model", merge_lora_adapter=False)
     inputs = _inputs(unmerged)
     lora_logits = unmerged.model.eval()(**inputs).logits

@@ -57,15 +57,21 @@ class PromptSettings:
                    image_aspect=data.get("image_aspect") or default.image_aspect)
 
 
-def run_config(checkpoint: str | Path):
-    """The training run's config.yaml (beside ``model/`` or a ``checkpoint-N/``, or inside the
-    given directory) as an OmegaConf tree, or None for a model saved outside a run."""
-    from omegaconf import OmegaConf
-
+def run_config_file(checkpoint: str | Path) -> Path | None:
+    """The training run's config.yaml: beside ``model/`` or a ``checkpoint-N/``, or inside the
+    given directory (a merged LoRA model carries its run's); None for a model saved outside a run."""
     for candidate in (Path(checkpoint) / CONFIG_FILE, Path(checkpoint).parent / CONFIG_FILE):
         if candidate.is_file():
-            return OmegaConf.load(candidate)
+            return candidate
     return None
+
+
+def run_config(checkpoint: str | Path):
+    """``run_config_file`` as an OmegaConf tree, or None."""
+    from omegaconf import OmegaConf
+
+    found = run_config_file(checkpoint)
+    return OmegaConf.load(found) if found is not None else None
 
 
 def training_prompt_settings(checkpoint: str | Path) -> PromptSettings:

@@ -9,6 +9,7 @@ defaults, the freshly initialised projector, and saving/loading the whole bundle
 from __future__ import annotations
 
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from transformers import (
 )
 
 from llava_norm.data.conversation import IMAGE_PLACEHOLDER
+from llava_norm.data.prompts import run_config_file
+from llava_norm.layout import CONFIG_FILE
 from llava_norm.model.lora import is_lora_dir, merge_lora
 from llava_norm.model.modeling import LlavaNormConfig, LlavaNormForConditionalGeneration, blank_image
 from llava_norm.model.norm_align import get_arm, text_embedding_norm
@@ -191,7 +194,9 @@ def load_bundle(path: str | Path, dtype: str = "float32", attn_implementation: s
 
 
 def merge_lora_dir(in_dir: str | Path, out_dir: str | Path, dtype: str = "float32") -> Path:
-    """Write a LoRA run's model dir (or its run dir) as one merged model in the normal save format."""
+    """Write a LoRA run's model dir (or its run dir) as one merged model in the normal save format,
+    with the run's config.yaml beside its weights: evaluation and chat read the prompt settings it
+    was trained with (chat template options, system prompt, image aspect) from there."""
     in_dir = Path(in_dir)
     if not is_lora_dir(in_dir) and is_lora_dir(in_dir / "model"):
         in_dir = in_dir / "model"
@@ -200,4 +205,7 @@ def merge_lora_dir(in_dir: str | Path, out_dir: str | Path, dtype: str = "float3
     if Path(out_dir).resolve() == in_dir.resolve():
         raise ValueError(f"{out_dir}: write the merged model to a new directory, not over the LoRA dir")
     load_bundle(in_dir, dtype=dtype).save(out_dir)
+    settings = run_config_file(in_dir)
+    if settings is not None:
+        shutil.copyfile(settings, Path(out_dir) / CONFIG_FILE)
     return Path(out_dir)
