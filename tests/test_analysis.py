@@ -241,3 +241,22 @@ train: {{stage: 1, output_dir: {tmp_path}/run, max_steps: 2, per_device_batch_si
                                  device="cpu"), tmp_path / "suite").read_text()
     for kind in commands:
         assert f"![{kind}]({kind}.png)" in page
+
+
+def test_unlabelled_checkpoints_get_labels_that_tell_them_apart():
+    """Plain paths are labelled by their last two parts, or as many more as keep them apart (two
+    arms' stage2/model); the same label for two models is refused, naming both."""
+    from llava_norm.analysis.common import parse_labeled
+
+    one = parse_labeled(["runs/demo/none/stage2/model"])
+    assert [m.label for m in one] == ["stage2/model"]
+    two = parse_labeled(["runs/demo/none/stage2/model", "runs/demo/ln_textnorm_gwc/stage2/model", "gwc=x/model"])
+    assert [m.label for m in two] == ["none/stage2/model", "ln_textnorm_gwc/stage2/model", "gwc"]
+    assert [str(m.path) for m in two] == ["runs/demo/none/stage2/model", "runs/demo/ln_textnorm_gwc/stage2/model", "x/model"]
+    with pytest.raises(ValueError, match="two models under the label 'a': x and y"):
+        parse_labeled(["a=x", "a=y"])
+    from llava_norm.cli import main
+
+    with pytest.raises(SystemExit) as stop:  # the command says it in one line, naming itself
+        main(["analyze", "gain-stats", "--checkpoint", "a=x", "--checkpoint", "a=y"])
+    assert stop.value.code == "analyze gain-stats: two models under the label 'a': x and y; name them with LABEL=PATH"

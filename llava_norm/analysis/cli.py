@@ -208,3 +208,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="the Markdown file (default: FOLDER/REPORT.md of the first folder)")
     p.add_argument("--title", default="llava-norm diagnostics")
     p.set_defaults(func=_report)
+    for name, p in sub.choices.items():
+        p.set_defaults(func=_said_in_one_line(name, p.get_default("func")))
+
+
+def _said_in_one_line(name: str, handler):
+    """The handler, with bad input (a missing path, two models under one label) ending the command
+    in one line that names it, as the other subcommands do, instead of a traceback."""
+    def run(args) -> None:
+        try:
+            handler(args)
+        except (ValueError, FileNotFoundError) as error:
+            raise SystemExit(f"analyze {name}: {error}") from None
+    return run

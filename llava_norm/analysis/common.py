@@ -44,14 +44,21 @@ class Labeled:
 
 
 def parse_labeled(specs: list[str]) -> list[Labeled]:
-    """``LABEL=PATH`` or plain ``PATH`` (label: the path's last two parts, e.g. ``stage2/model``)."""
-    out = []
-    for spec in specs:
-        label, sep, path = spec.partition("=")
-        if not sep:
-            path = spec
-            label = "/".join(Path(spec).parts[-2:])
-        out.append(Labeled(label, Path(path)))
+    """``LABEL=PATH`` or plain ``PATH``, labelled by the path's last two parts (``stage2/model``),
+    or by as many more as tell the plain paths apart (``none/stage2/model``). Two models under one
+    label are refused: their rows and bars could not be told apart."""
+    given = [(label, Path(path)) if sep else (None, Path(spec))
+             for spec in specs for label, sep, path in [spec.partition("=")]]
+    plain = {path for label, path in given if label is None}
+    parts = 2
+    while parts < max((len(p.parts) for p in plain), default=0) and len({p.parts[-parts:] for p in plain}) < len(plain):
+        parts += 1
+    out = [Labeled("/".join(path.parts[-parts:]) if label is None else label, path) for label, path in given]
+    seen = {}
+    for item in out:
+        if seen.setdefault(item.label, item.path) != item.path:
+            raise ValueError(f"two models under the label {item.label!r}: {seen[item.label]} and {item.path}; "
+                             "name them with LABEL=PATH")
     return out
 
 
