@@ -82,6 +82,10 @@ def test_table_refuses_runs_with_different_settings(tmp_path):
     (c / "pope.json").write_text(json.dumps(settings))
     with pytest.raises(ValueError, match="'max_new_tokens_cap'"):
         build_table([a, c])
+    (tmp_path / "again").mkdir()
+    twin = _result(tmp_path / "again", "a", "pope", {"mean_over_splits": {"f1": 0.7}}, limit=10)
+    with pytest.raises(ValueError, match=f"two evaluation directories have run name 'a': {a} and {twin}; "):
+        build_table([a, twin])  # the error names both folders
 
 
 # ------------------------------------------------------------------ end to end

@@ -77,12 +77,13 @@ def read_run(run_dir: str | Path, benchmarks: list[str] | None = None) -> tuple[
 def build_table(run_dirs: list[str | Path], baseline: str | None = None,
                 benchmarks: list[str] | None = None) -> Table:
     runs: dict[str, dict[str, dict]] = {}
+    where: dict[str, Path] = {}
     for run_dir in run_dirs:
         name, results = read_run(run_dir, benchmarks)
         if name in runs:
-            raise ValueError(f"two evaluation directories have run name {name!r}; evaluate again with distinct "
-                             "`llava-norm eval --name`")
-        runs[name] = results
+            raise ValueError(f"two evaluation directories have run name {name!r}: {where[name]} and {run_dir}; "
+                             "rerun `llava-norm eval` on one of them with another --name")
+        runs[name], where[name] = results, Path(run_dir)
     names = list(runs)
     baseline = baseline or names[0]
     if baseline not in runs:
