@@ -55,6 +55,10 @@ def test_every_problem_is_one_line_naming_its_key_file_or_variable(world, monkey
     empty.mkdir()
     report = preflight(config, ["model.norm_alignment=ln_textnormx"], gpus=1)
     assert len(report.problems) == 1 and "key 'model.norm_alignment'" in report.problems[0]  # nothing else is read
+    # every key the config refuses, not only the first
+    report = preflight(config, ["model.norm_alignment=ln_textnormx", "optim.warmup=0.1", "train.max_step=3"], gpus=1)
+    assert [p.split("key ")[1].split(":")[0] for p in report.problems] == \
+        ["'model.norm_alignment'", "'optim.warmup'", "'train.max_step'"], report.problems
     mixture = f"data.mixture=[{{path: {data}, image_folder: {empty}}}, {{path: {broken}}}]"
     report = preflight(config, [mixture, "model.llm=Org/not-downloaded-7B", "train.deepspeed=/nowhere/zero9.json",
                                 "data.on_bad_sample=error", "train.report_to=[tensorboardx]"], gpus=3)

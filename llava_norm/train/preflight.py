@@ -168,6 +168,21 @@ def backbone_problems(name: str, key: str) -> tuple[list[str], str]:
     return problems, "hub (downloaded at start-up)"
 
 
+def _each_config_error(path: str | Path, overrides: list[str], first: ConfigError) -> list[str]:
+    """Every override the config refuses, not only the first: the file alone, then each override
+    on it alone (an error only their combination makes is the one already raised)."""
+    found = []
+    for tried in ([], *([o] for o in overrides)):
+        try:
+            load_config(path, tried, check_paths=False)
+        except ConfigError as error:
+            if str(error) not in found:
+                found.append(str(error))
+            if not tried:  # the file itself: each override's error would repeat it
+                break
+    return found or [str(first)]
+
+
 def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1, gpu_memory_gib: float | None = None,
               gpu_name: str | None = None, plan: bool = True, sources: dict | None = None) -> Report:
     """The problems a launch of ``path`` with ``overrides`` on ``nodes`` x ``gpus`` processes
@@ -178,7 +193,7 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
         config = load_config(path, overrides, check_paths=False)
         report.problems += unset_variables(Path(path), config)
     except ConfigError as error:
-        report.problems.append(str(error))
+        report.problems += _each_config_error(path, overrides, error)
         return report
     report.config, world, t = config, gpus * nodes, config.train
     try:
