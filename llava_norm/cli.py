@@ -55,7 +55,8 @@ def _train(args) -> None:
         sys.exit(f"data error: {error}")
     except KeyboardInterrupt:  # Ctrl-C: where the run stands and how it goes on, not a traceback per rank
         if os.environ.get("RANK", "0") == "0":
-            print(interrupted(config.train), file=sys.stderr, flush=True)
+            # on a line of its own: a progress bar may hold the current one
+            print("\n" + interrupted(config.train), file=sys.stderr, flush=True)
         sys.exit(130)  # as the shell reports an interrupt: not a failure of the run
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # leave together: no rank tears the group down under one still saving

@@ -163,7 +163,9 @@ def test_ctrl_c_leaves_one_line_naming_the_checkpoint_to_resume_from(tmp_path, m
         with pytest.raises(SystemExit) as left:
             cli._train(args)
         assert left.value.code == 130  # as the shell reports an interrupt, not a failed run
-        return capsys.readouterr().err.strip()
+        err = capsys.readouterr().err
+        assert err.startswith("\ninterrupted: ")  # below whatever a progress bar left on its line
+        return err.strip()
 
     assert said() == "interrupted: no checkpoint was complete yet; the same command starts the run again"
     for step in (2, 4):
