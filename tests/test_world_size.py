@@ -156,8 +156,6 @@ def test_the_conversion_and_the_universal_load_unpickle_no_code(tmp_path, tiny_d
 
 
 def _summary(out):
-    import json
-
     return json.loads((out / "train_summary.json").read_text())
 
 
