@@ -59,6 +59,16 @@ def test_every_problem_is_one_line_naming_its_key_file_or_variable(world, monkey
     report = preflight(config, ["model.norm_alignment=ln_textnormx", "optim.warmup=0.1", "train.max_step=3"], gpus=1)
     assert [p.split("key ")[1].split(":")[0] for p in report.problems] == \
         ["'model.norm_alignment'", "'optim.warmup'", "'train.max_step'"], report.problems
+    # and only those: an override valid beside a later one is none, a clash of two is one problem
+    stage1 = tmp_path / "stage1.yaml"
+    stage1.write_text(config.read_text().replace("stage: 2", "stage: 1").replace(f"output_dir: {root}/out, ", ""))
+    assert "output_dir" not in stage1.read_text()  # set by the last override only
+    report = preflight(stage1, ["lora.enabled=true", "train.stage=2", "optim.warmupx=1",
+                                f"train.output_dir={tmp_path}/out"], gpus=1, plan=False)
+    assert [p.split("key ")[1].split(":")[0] for p in report.problems] == ["'optim.warmupx'"], report.problems
+    report = preflight(config, ["train.restart=true", "train.extend=true", "optim.warmupx=1"], gpus=1, plan=False)
+    assert [p.split("key ")[1].split(":")[0] for p in report.problems] == ["'train.restart'", "'optim.warmupx'"], \
+        report.problems
     mixture = f"data.mixture=[{{path: {data}, image_folder: {empty}}}, {{path: {broken}}}]"
     report = preflight(config, [mixture, "model.llm=Org/not-downloaded-7B", "train.deepspeed=/nowhere/zero9.json",
                                 "data.on_bad_sample=error", "train.report_to=[tensorboardx]"], gpus=3)

@@ -169,17 +169,30 @@ def backbone_problems(name: str, key: str) -> tuple[list[str], str]:
 
 
 def _each_config_error(path: str | Path, overrides: list[str], first: ConfigError) -> list[str]:
-    """Every override the config refuses, not only the first: the file alone, then each override
-    on it alone (an error only their combination makes is the one already raised)."""
-    found = []
-    for tried in ([], *([o] for o in overrides)):
+    """Every override the config refuses, not only the first: overrides are taken on the file one
+    at a time, and the refused ones are tried again on those taken until none more is: one valid
+    only beside another (``lora.enabled=true`` before ``train.stage=2``, or a key the file lacks
+    set after it) is no problem, and a clash between two is reported once, at one of them."""
+    def error_of(tried: list[str]) -> str | None:
         try:
             load_config(path, tried, check_paths=False)
         except ConfigError as error:
-            if str(error) not in found:
-                found.append(str(error))
-            if not tried:  # the file itself: each override's error would repeat it
-                break
+            return str(error)
+        return None
+
+    taken, refused, more = [], list(overrides), True
+    while more:
+        more = False
+        for override in list(refused):
+            if error_of([*taken, override]) is None:
+                taken.append(override)
+                refused.remove(override)
+                more = True
+    found = []
+    for override in refused:
+        error = error_of([*taken, override])
+        if error not in found:
+            found.append(error)
     return found or [str(first)]
 
 
