@@ -72,5 +72,7 @@ def test_install_runs_again_when_its_torch_or_installer_changes_and_back(tmp_pat
     assert 'torch==2.13.0' in install() and install() == ""
     assert 'torch==2.9.1' in install("TORCH=torch==2.9.1") and install("TORCH=torch==2.9.1") == ""
     assert 'torch==2.13.0' in install()  # back to the default: installed again
-    assert "uv " not in install("INSTALLER=pip") and install("INSTALLER=pip") == ""
+    by_pip = install("INSTALLER=pip")  # installed again, each requirement by pip
+    assert "-m pip install -q -r requirements.txt" in by_pip and "uv " not in by_pip, by_pip
+    assert install("INSTALLER=pip") == ""
     assert len(list((tmp_path / ".venv").glob(".installed*"))) == 1
