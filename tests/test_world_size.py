@@ -6,6 +6,7 @@ reductions run in another order."""
 
 import hashlib
 import json
+import os
 import re
 import subprocess
 
@@ -173,6 +174,14 @@ def test_a_universal_copy_counts_only_while_its_source_files_are_the_ones_it_was
     copy.mkdir()
     (copy / COMPLETE_MARKER).write_text(json.dumps(_identity(checkpoint)))
     assert universal_checkpoint(checkpoint, tmp_path, convert=False) == copy
-    (checkpoint / "global_step2" / "optim_states.pt").write_bytes(b"b" * 65)  # the step saved again
+    # the step saved again: the same number of bytes (DeepSpeed's files for one step are), a later time
+    optim = checkpoint / "global_step2" / "optim_states.pt"
+    saved_at = optim.stat().st_mtime_ns
+    optim.write_bytes(b"b" * 64)
+    os.utime(optim, ns=(saved_at + 1, saved_at + 1))
+    with pytest.raises(RuntimeError, match="no complete universal copy"):
+        universal_checkpoint(checkpoint, tmp_path, convert=False)
+    optim.write_bytes(b"b" * 65)  # and another size at the same time
+    os.utime(optim, ns=(saved_at, saved_at))
     with pytest.raises(RuntimeError, match="no complete universal copy"):
         universal_checkpoint(checkpoint, tmp_path, convert=False)
