@@ -21,7 +21,7 @@ from llava_norm.config import load_config
 from llava_norm.train.relaunch import RelaunchError, plan_launch
 from llava_norm.train.deepspeed_setup import safe_deepspeed_loading
 from llava_norm.train.run import run_training
-from llava_norm.train.trainer import LlavaNormTrainer
+from llava_norm.train.trainer import LlavaNormTrainer, ResumeError
 
 
 @pytest.fixture
@@ -102,6 +102,11 @@ def test_checkpoint_with_another_config_is_refused_unless_allowed(run):
         launch("train.max_steps=2", "train.allow_config_change=true")
     assert plan_launch(load_config(path)).action == "resume"  # the run's own config still resumes it
     assert snapshot(out) == before
+    # a run that ends by epochs is refused by the trainer at its start: half an epoch of 4 steps is 2
+    with pytest.raises(ResumeError, match=r"checkpoint-3: at step 3, past this run's last step 2 \(train\.max_steps "
+                                          r"or train\.epochs lowered\?\)"):
+        launch("train.max_steps=-1", "train.epochs=0.5", "train.allow_config_change=true")
+    assert not (out / "checkpoint-4").exists() and not (out / "train_summary.json").exists()
 
 
 class _Payload:
