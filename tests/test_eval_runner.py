@@ -207,7 +207,7 @@ def test_the_command_prints_each_benchmarks_headline_as_the_table_heads_it(setup
     the results table's label, read here from that benchmark's result file by the metric path the
     line names and shown in percent; POPE's line has the README's shape. Nothing is recomputed."""
     from llava_norm.cli import main
-    from llava_norm.evaluation.table import headline
+    from llava_norm.evaluation.table import build_table, headline
 
     names = list(json.loads((whole / "summary.json").read_text())["benchmarks"])
     written = {name: (whole / f"{name}.json").stat().st_mtime_ns for name in names}
@@ -216,6 +216,7 @@ def test_the_command_prints_each_benchmarks_headline_as_the_table_heads_it(setup
     assert {name: (whole / f"{name}.json").stat().st_mtime_ns for name in names} == written  # none reran
     assert printed[0] == f"results in {whole}:" and len(names) > 1 and "pope" in names
     assert len(printed) == len(names) + 1
+    table = build_table([whole])
     for name, line in zip(names, printed[1:]):
         label, value, path = re.fullmatch(r"  (.+): (\d+\.\d) \(([\w.]+), percent\)", line).groups()
         result = json.loads((whole / f"{name}.json").read_text())
@@ -223,7 +224,9 @@ def test_the_command_prints_each_benchmarks_headline_as_the_table_heads_it(setup
         for key in path.split("."):
             node = node[key]
         assert 0 <= float(node) <= 1 and value == f"{100 * float(node):.1f}", (line, node)
-        assert label == headline(name).label(result["settings"])  # the table's column
+        # the table's column: its label, its metric and its number
+        assert label == headline(name).label(result["settings"]) and path == headline(name).metric, line
+        assert value == f"{table.values[table.runs[0]][name]:.1f}", (line, table.values)
     pope = next(line for name, line in zip(names, printed[1:]) if name == "pope")
     assert re.fullmatch(r"  POPE: \d+\.\d \(mean_over_splits\.f1, percent\)", pope), pope
 
