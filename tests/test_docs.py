@@ -39,11 +39,15 @@ def test_the_readmes_plan_output_is_what_the_command_prints(monkeypatch):
     monkeypatch.chdir(ROOT)  # the config names the DeepSpeed file relative to the checkout
     printed = format_plan(_plan(command[2], 8, "h100-80gb")).splitlines()
     shown = blocks[1][1].rstrip("\n").splitlines()
-    # The README abbreviates long lines with "(...)"; every line it shows is the start of a printed one.
-    for line in shown:
-        head = line.split("(...)")[0].rstrip() if "(...)" in line else line.rstrip()
-        assert any(p.rstrip().startswith(head) for p in printed), f"README line not printed:\n{line}\n" + \
-            "\n".join(printed)
+    # The README abbreviates long lines with "(...)"; it shows every printed line, in order, but the
+    # two opening lines and the host memory line it says it leaves out.
+    heads = [line.split("(...)")[0].rstrip() if "(...)" in line else line.rstrip() for line in shown]
+    assert "(its opening lines, naming the config and the backbones, and its host memory line left out)" in \
+        " ".join(section.split())
+    kept = [p for p in printed[2:] if not p.startswith("  host memory per node at start-up: ")]
+    assert printed[0].startswith("plan for ") and printed[1].startswith("  backbones: ") and len(kept) == len(printed) - 3
+    assert len(heads) == len(kept) and all(h and p.rstrip().startswith(h) for h, p in zip(heads, kept)), \
+        "README's lines against the printed ones:\n" + "\n".join(shown) + "\n--\n" + "\n".join(printed)
 
 
 RECIPE_ARMS = ["none", "ln_default", "ln_textnorm", "ln_textnorm_gwc", "rms_textnorm", "rms_textnorm_gwc",
