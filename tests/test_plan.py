@@ -189,20 +189,23 @@ def test_lora_adapters_made_on_meta_are_the_ones_peft_moves_there(tmp_path, tiny
     from llava_norm.plan.estimate import _freeze
     from llava_norm.train.params import freeze_for_lora
 
-    initialised = []  # the device of each tensor LoRA's layers initialise (A: kaiming; the Linear's own)
-    real_init = torch.nn.init.kaiming_uniform_
-    monkeypatch.setattr(torch.nn.init, "kaiming_uniform_",
-                        lambda tensor, *a, **k: initialised.append(tensor.device.type) or real_init(tensor, *a, **k))
+    initialised = []  # (init, device) of each tensor LoRA's layers initialise: A by kaiming (and the Linear's
+    for name in ("kaiming_uniform_", "zeros_"):  # own reset), B by zeros
+        def recorded(tensor, *a, real=getattr(torch.nn.init, name), name=name, **k):
+            initialised.append((name, tensor.device.type))
+            return real(tensor, *a, **k)
+        monkeypatch.setattr(torch.nn.init, name, recorded)
     config = _config(tmp_path, tiny_dir, ", stage: 2")
     config.lora.enabled, config.lora.rank, config.lora.vision_tower = True, 4, "lora"
     planned, tokens_per_image, _ = meta_model(config.model, attn_implementation="llava_norm_plan")
     initialised.clear()
     _freeze(planned, config)
-    assert initialised and set(initialised) == {"meta"}, initialised
+    assert {init for init, _ in initialised} == {"kaiming_uniform_", "zeros_"}, initialised
+    assert {device for _, device in initialised} == {"meta"}, initialised
     stock, _, _ = meta_model(config.model, attn_implementation="llava_norm_plan")
     initialised.clear()
     freeze_for_lora(stock, config.lora, lora_vision_mode(config))
-    assert "cpu" in initialised  # what the plan avoids: peft's own path draws them on the CPU
+    assert ("kaiming_uniform_", "cpu") in initialised  # what the plan avoids: peft's own path draws them on the CPU
 
     def described(model):
         return [(n, p.shape, p.dtype, p.device.type, p.requires_grad) for n, p in model.named_parameters()]
