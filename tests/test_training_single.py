@@ -199,5 +199,6 @@ def test_a_wandb_run_id_you_set_wins_and_is_kept_and_a_restart_makes_a_new_one(t
     root = Path(__file__).resolve().parents[1]
     clear_outputs(load_config(root / "configs/tiny/none/stage1.yaml", [f"train.output_dir={tmp_path}"],
                               check_paths=False))  # what train.restart does first
+    assert not (tmp_path / WANDB_RUN_ID).exists()
     monkeypatch.delenv("WANDB_RUN_ID")
     assert keep_wandb_run(tmp_path) not in (made, "mine0001")
