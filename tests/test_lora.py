@@ -19,6 +19,7 @@ from llava_norm.model.lora import ADAPTER_WEIGHTS, PEFT_PREFIX, is_lora_dir, lor
 from llava_norm.train.params import freeze_for_lora, learning_rates, module_of, unused_vision_parameters
 from llava_norm.config import LoraSettings
 from llava_norm.data.prompts import training_prompt_settings
+from llava_norm.evaluation.settings import default_run_name
 
 ZERO2 = REPO / "configs/deepspeed/zero2.json"
 ZERO3 = REPO / "configs/deepspeed/zero3.json"
@@ -97,6 +98,7 @@ def test_merged_model_matches_unmerged(lora_run, tmp_path):
     # evaluated or chatted with on its own, the merged model keeps the run's prompt settings
     settings = training_prompt_settings(merged_dir)
     assert settings == training_prompt_settings(out / "model")
+    assert default_run_name(merged_dir) == default_run_name(out / "model") == "ln_textnorm_gwc"  # named as the run
     assert (settings.system_prompt, settings.image_aspect) == ("You name shapes.", "pad")
     unmerged = load_bundle(out / "model", merge_lora_adapter=False)
     inputs = _inputs(unmerged)
