@@ -260,3 +260,7 @@ def test_unlabelled_checkpoints_get_labels_that_tell_them_apart():
     with pytest.raises(SystemExit) as stop:  # the command says it in one line, naming itself
         main(["analyze", "gain-stats", "--checkpoint", "a=x", "--checkpoint", "a=y"])
     assert stop.value.code == "analyze gain-stats: two models under the label 'a': x and y; name them with LABEL=PATH"
+    with pytest.raises(SystemExit) as stop:  # and a missing folder, named
+        main(["analyze", "gain-stats", "--checkpoint", "/nowhere/stage2/model"])
+    said = stop.value.code
+    assert isinstance(said, str) and said.startswith("analyze gain-stats: ") and "/nowhere/stage2/model" in said, said
