@@ -144,7 +144,10 @@ def _merge_lora(args) -> None:
     # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.model.builder import merge_lora_dir
 
-    print(f"merged model in {merge_lora_dir(args.in_dir, args.out_dir, args.dtype)}")
+    try:
+        print(f"merged model in {merge_lora_dir(args.in_dir, args.out_dir, args.dtype)}")
+    except (ValueError, FileNotFoundError) as error:
+        sys.exit(f"merge-lora: {error}")
 
 
 def _eval(args) -> None:
@@ -152,17 +155,23 @@ def _eval(args) -> None:
         # lazy: start-up; a subcommand loads only the stages it runs
         from llava_norm.evaluation.arguments import eval_config_from_args
         from llava_norm.evaluation.predictions import SettingsMismatchError
-        from llava_norm.evaluation.runner import run_evaluation
+        from llava_norm.evaluation.runner import BenchmarkDataError, run_evaluation
         from llava_norm.evaluation.table import headline
 
     try:
         config = eval_config_from_args(args)
     except (ValueError, FileNotFoundError) as error:
         sys.exit(f"eval: {error}")
+    main_rank = os.environ.get("RANK", "0") == "0"
     try:
         summary = run_evaluation(config)
-    except SettingsMismatchError as error:  # every rank meets it alike: one says it
-        sys.exit(f"eval: {error}" if os.environ.get("RANK", "0") == "0" else 1)
+    except (SettingsMismatchError, BenchmarkDataError) as error:  # every rank meets it alike: one says it
+        sys.exit(f"eval: {error}" if main_rank else 1)
+    except KeyboardInterrupt:  # Ctrl-C: what is kept and how it goes on, not a traceback per rank
+        if main_rank:  # on a line of its own: a progress bar may hold the current one
+            print(f"\ninterrupted: the predictions so far are kept in {config.out_dir}; the same command continues "
+                  "from them", file=sys.stderr, flush=True)
+        sys.exit(130)
     if summary is not None:  # each benchmark's headline, as the results table heads its column
         print(f"results in {config.out_dir}:")
         for name, result in summary["benchmarks"].items():

@@ -231,6 +231,51 @@ def test_the_command_prints_each_benchmarks_headline_as_the_table_heads_it(setup
     assert re.fullmatch(r"  POPE: \d+\.\d \(mean_over_splits\.f1, percent\)", pope), pope
 
 
+def test_bad_input_and_ctrl_c_end_the_command_in_one_line(setup, tmp_path, monkeypatch, capsys):
+    """A checkpoint that is not there, a benchmark file that is not that benchmark's, and Ctrl-C:
+    each ends ``llava-norm eval`` with one line naming it, not a traceback; and without --out the
+    results go beside the run's model, or beside any other folder under its own name."""
+    import shutil
+
+    from llava_norm import cli
+    from llava_norm.evaluation.arguments import default_out_dir
+
+    assert default_out_dir(str(tmp_path / "run" / "model")) == tmp_path / "run" / "eval"
+    assert default_out_dir(str(tmp_path / "merged")) == tmp_path / "merged-eval"  # not the folder's parent's eval/
+
+    def said(*argv) -> str:
+        with pytest.raises(SystemExit) as stop:
+            cli.main(["eval", *argv])
+        return stop.value.code
+
+    missing = said(str(tmp_path / "runs" / "none" / "model"), "--data-root", str(setup / "world/benchmarks"))
+    assert missing == f"eval: {tmp_path / 'runs' / 'none' / 'model'}: no saved model here (from {os.getcwd()}; " \
+        "give a saved model directory, RUN/model, or a Hugging Face hub id)"
+    data = tmp_path / "benchmarks"
+    shutil.copytree(setup / "world/benchmarks/hellaswag", data / "hellaswag")
+    shard = data / "hellaswag" / "validation-00000-of-00001.parquet"
+    shard.write_bytes(shard.read_bytes()[:99])  # a download cut short
+    common = ["--benchmarks", "hellaswag", "--data-root", str(data), "--out", str(tmp_path / "out")]
+    cut = said(str(setup / "ckpt"), *common)
+    assert cut.startswith(f"eval: hellaswag: {shard}") and "\n" not in cut, cut
+
+    from llava_norm.evaluation import runner
+
+    def interrupt(config):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_evaluation", interrupt)
+    monkeypatch.delenv("RANK", raising=False)
+    capsys.readouterr()
+    try:
+        code = said(str(setup / "ckpt"), *common)
+    except KeyboardInterrupt:  # a failure of this test, not an interrupt of the test run
+        pytest.fail("Ctrl-C ended llava-norm eval in a traceback")
+    assert code == 130  # as the shell reports an interrupt
+    assert capsys.readouterr().err == (f"\ninterrupted: the predictions so far are kept in {tmp_path / 'out'}; the "
+                                       "same command continues from them\n")
+
+
 def test_loglikelihood_flags_exactly_the_greedy_continuation(tiny_dir):
     import torch
 

@@ -93,6 +93,11 @@ def test_merged_model_matches_unmerged(lora_run, tmp_path):
     _, out, _ = lora_run
     merged_dir = tmp_path / "merged"
     cli_main(["merge-lora", str(out), str(merged_dir)])  # the run dir resolves to its model/
+    for wrong in (merged_dir, tmp_path / "nowhere"):  # not a LoRA model: one line naming it
+        with pytest.raises(SystemExit) as stop:
+            cli_main(["merge-lora", str(wrong), str(tmp_path / "again")])
+        assert stop.value.code == f"merge-lora: {wrong}: no adapter_config.json; not a LoRA model dir (nor a run " \
+            "dir with one)"
     assert not is_lora_dir(merged_dir) and not any("lora_" in k for k in load_file(
         str(merged_dir / "model.safetensors")))
     # evaluated or chatted with on its own, the merged model keeps the run's prompt settings

@@ -26,7 +26,8 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--data", action="append", default=[], metavar="NAME=PATH", help="data path of one benchmark")
     p.add_argument("--option", action="append", default=[], metavar="NAME.KEY=VALUE",
                    help="benchmark option, e.g. mmlu.num_fewshot=5, ai2d.variant=no_mask, pope.split=adversarial")
-    p.add_argument("--out", help="output directory (default: <checkpoint>/../eval)")
+    p.add_argument("--out", help="output directory (default: RUN/eval for a run's RUN/model, else "
+                                 "<checkpoint>-eval beside the checkpoint)")
     p.add_argument("--name", help="run name in the results table (default: the training run's train.run_name, "
                                   "else its arm, model.norm_alignment, else the checkpoint folder's name)")
     p.add_argument("--batch-size", type=int, default=8)
@@ -65,11 +66,28 @@ def benchmark_options(pairs: list[str]) -> dict[str, dict]:
     return options
 
 
+def default_out_dir(checkpoint: str) -> Path:
+    """Where an evaluation writes without ``--out``: beside the run's saved model (RUN/model ->
+    RUN/eval), else a folder named after the checkpoint beside it, so that a checkpoint-N or a
+    merged model's results never land in another model's folder (or in this checkout's eval/)."""
+    folder = Path(checkpoint).expanduser().resolve()
+    return folder.parent / ("eval" if folder.name == "model" else f"{folder.name}-eval")
+
+
 def check_saved_model(path: str) -> None:
-    """A training run's folder or one of its checkpoints given where a saved model belongs: said
-    with the folder to evaluate, before anything loads (the model loader's own error names a
-    tokenizer backend or an unknown model type, not the mix-up)."""
+    """A missing folder, a training run's folder or one of its checkpoints given where a saved
+    model belongs: said with the folder to evaluate, before anything loads (the model loader's own
+    error names a hub id's form, a tokenizer backend or an unknown model type, not the mix-up)."""
     folder = Path(path).expanduser()
+    if not folder.exists():
+        # lazy: only for a path that is not here
+        from huggingface_hub.utils import validate_repo_id
+
+        try:
+            validate_repo_id(path)  # a hub id is loaded from the hub (or its cache) instead
+        except ValueError:
+            raise FileNotFoundError(f"{path}: no saved model here (from {Path.cwd()}; give a saved model directory, "
+                                    "RUN/model, or a Hugging Face hub id)") from None
     if not folder.is_dir():
         return
     # a checkpoint holds the model's config and weights, but not the tokenizer a saved model has
@@ -96,7 +114,7 @@ def eval_config_from_args(args: argparse.Namespace):
     if args.system_prompt is not None:
         prompt.system_prompt = args.system_prompt or None
     return EvalConfig(
-        checkpoint=args.checkpoint, out_dir=args.out or str(Path(args.checkpoint).resolve().parent / "eval"),
+        checkpoint=args.checkpoint, out_dir=args.out or str(default_out_dir(args.checkpoint)),
         benchmarks=requests, run_name=args.name or default_run_name(args.checkpoint), prompt=prompt,
         batch_size=args.batch_size, limit=args.limit, dtype=args.dtype, max_new_tokens_cap=args.max_new_tokens_cap,
         overwrite=args.overwrite, replace_stale=args.replace_stale, trust_remote_code=args.trust_remote_code)

@@ -47,6 +47,11 @@ def _predict_batch(predictor, bench_kind: str, batch: list, cap: int | None) -> 
     return records
 
 
+class BenchmarkDataError(ValueError):
+    """A benchmark's files cannot be read as that benchmark: the message names the benchmark and the
+    file (and row, where the loader knows it)."""
+
+
 def _evaluate_one(config: EvalConfig, request: BenchmarkRequest, predictor, ranks: Ranks) -> dict | None:
     bench = get_benchmark(request.name, **request.options)
     out = Path(config.out_dir)
@@ -56,7 +61,11 @@ def _evaluate_one(config: EvalConfig, request: BenchmarkRequest, predictor, rank
         previous = json.loads(result_path.read_text())
         if not settings_differences(previous.get("settings", {}), settings):
             return previous
-    items = bench.load(request.path, config.limit)
+    try:
+        items = bench.load(request.path, config.limit)
+    except (ValueError, OSError) as error:  # pyarrow's ArrowInvalid is a ValueError
+        where = "" if str(request.path) in str(error) else f"{request.path}: "
+        raise BenchmarkDataError(f"{request.name}: {where}{error}") from error
     ids = [item.item_id for item in items]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{request.name}: {request.path} has duplicate item ids; predictions could not be matched")
