@@ -135,6 +135,31 @@ def _load(path: Path, overrides: list[str], check_paths: bool) -> RunConfig:
     return config
 
 
+def file_key_errors(path: str | Path) -> list[str]:
+    """Every key of the config's files that the schema refuses (an unknown key, a value of the
+    wrong type), each as load_config says it, not only the first: a refused key is set aside and
+    the merge tried again. Empty when the files merge (what the overrides or the checks after the
+    merge may still refuse is load_config's to say)."""
+    found, merged = [], OmegaConf.structured(RunConfig)
+    try:
+        for source, node in _read_yaml_chain(Path(path)):
+            _mixture_keys(node, source)
+            while True:
+                try:
+                    merged = OmegaConf.merge(merged, node)
+                    break
+                except OmegaConfBaseException as error:
+                    found.append(f"{source}: {' '.join(_describe(error).splitlines())}")
+                    key = getattr(error, "full_key", None) or ""
+                    parent = OmegaConf.select(node, key.rpartition(".")[0]) if "." in key else node
+                    if not isinstance(parent, DictConfig) or key.rpartition(".")[2] not in parent:
+                        return found  # not a key this file sets: nothing to set aside
+                    del parent[key.rpartition(".")[2]]
+    except ConfigError as error:
+        found.append(f"{error.file or path}: {' '.join(str(error).splitlines())}")
+    return found
+
+
 def _describe(error: OmegaConfBaseException) -> str:
     key = getattr(error, "full_key", None)
     message = str(error).splitlines()[0]

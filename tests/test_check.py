@@ -66,6 +66,12 @@ def test_every_problem_is_one_line_naming_its_key_file_or_variable(world, monkey
     report = preflight(stage1, ["lora.enabled=true", "train.stage=2", "optim.warmupx=1",
                                 f"train.output_dir={tmp_path}/out"], gpus=1, plan=False)
     assert [p.split("key ")[1].split(":")[0] for p in report.problems] == ["'optim.warmupx'"], report.problems
+    typos = tmp_path / "typos.yaml"  # and every key a file refuses, not only the first
+    typos.write_text(f"base: {config}\nmodel: {{norm_aligment: ln_textnorm}}\ntrain: {{max_step: 3, logging_steps: abc}}\n")
+    report = preflight(typos, ["optim.lr=1e-3"], gpus=1, plan=False)
+    assert [p.split("key ")[1].split(":")[0] for p in report.problems] == \
+        ["'model.norm_aligment'", "'train.max_step'", "'train.logging_steps'"], report.problems
+    assert all(p.startswith(f"{typos}: key ") for p in report.problems), report.problems
     report = preflight(config, ["train.restart=true", "train.extend=true", "optim.warmupx=1"], gpus=1, plan=False)
     assert [p.split("key ")[1].split(":")[0] for p in report.problems] == ["'train.restart'", "'optim.warmupx'"], \
         report.problems

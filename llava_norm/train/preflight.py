@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llava_norm.config import _read_yaml_chain, load_config
+from llava_norm.config import _read_yaml_chain, file_key_errors, load_config
 from llava_norm.config_checks import path_problems
 from llava_norm.config_schema import ConfigError, DataSource, RunConfig, effective_grad_accum
 from llava_norm.data.rows import BadSampleError, read_entries
@@ -180,6 +180,9 @@ def _each_config_error(path: str | Path, overrides: list[str], first: ConfigErro
             return str(error)
         return None
 
+    in_the_file = file_key_errors(path)
+    if in_the_file:  # the overrides are checked on a file that merges
+        return in_the_file
     taken, refused, more = [], list(overrides), True
     while more:
         more = False
