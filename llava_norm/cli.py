@@ -288,11 +288,12 @@ def _add_chain_arguments(p: argparse.ArgumentParser, runs: str) -> None:
     p.add_argument("--dry-run", action="store_true", help="say which steps would run and why; run none")
 
 
-def _launch_shape(p: argparse.ArgumentParser, gpus: int) -> argparse.ArgumentParser:
-    """A config, its overrides and the launch it is for: what `plan` and `check` share."""
+def _launch_shape(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """A config, its overrides and the launch it is for: what `plan` and `check` share (one GPU
+    unless told, as `train` launched alone; the two must not judge a config on different shapes)."""
     p.add_argument("config")
     p.add_argument("overrides", nargs="*", help="dotted overrides, as for train")
-    p.add_argument("--gpus", type=int, default=gpus, help=f"GPUs (processes) per node (default {gpus})")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs (processes) per node (default 1)")
     p.add_argument("--nodes", type=int, default=1)
     memory = p.add_mutually_exclusive_group()
     memory.add_argument("--gpu", help="GPU by name, e.g. h100-80gb (an unknown name lists the known ones)")
@@ -316,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _launch_shape(sub.add_parser("check", help="everything that can fail at launch, one line each: config, "
                                                    "environment, world size, DeepSpeed JSON, data, backbones, the "
-                                                   "plan's fit"), gpus=1)
+                                                   "plan's fit"))
     p.add_argument("--json", action="store_true", help="problems and summary as JSON")
     p.set_defaults(func=_check)
 
@@ -332,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_chat)
 
     p = _launch_shape(sub.add_parser("plan", help="memory and compute per GPU of a config before launch (configs "
-                                                  "only, no weights)"), gpus=8)
+                                                  "only, no weights)"))
     p.add_argument("--seq-len", type=int, help="tokens per row (default: data.max_length, or pack_max_tokens)")
     p.add_argument("--images-per-row", type=int, help="default 1; packed rows: one per 1.25 x tokens per image")
     p.add_argument("--json", action="store_true", help="the numbers as JSON")

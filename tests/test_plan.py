@@ -114,9 +114,10 @@ def test_checkpointing_keeps_layer_inputs_and_rebuilds_one_layer():
 def test_fit_verdict_and_the_changes_that_fit(tmp_path, capsys):
     from llava_norm.cli import main
 
-    main(["plan", str(ROOT / "configs/qwen2.5-7b/ln_textnorm_gwc/stage2.yaml"), "--gpus", "1", "--gpu", "h100-80gb",
-          "--json"])
+    # one GPU unless told, as `llava-norm check` and a lone `train` launch
+    main(["plan", str(ROOT / "configs/qwen2.5-7b/ln_textnorm_gwc/stage2.yaml"), "--gpu", "h100-80gb", "--json"])
     plan = json.loads(capsys.readouterr().out)
+    assert (plan["gpus"], plan["nodes"]) == (1, 1)
     assert plan["fits"] is False and plan["sources"]["llm"].startswith("shipped")
     assert any(a["change"].startswith("ZeRO-3 on") for a in plan["alternatives"])
     main(["plan", str(ROOT / "configs/qwen2.5-7b/ln_textnorm_gwc/stage2.yaml"), "--gpus", "8", "--gpu", "h100-80gb"])
