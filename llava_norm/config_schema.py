@@ -338,6 +338,9 @@ def effective_grad_accum(train: TrainConfig, world_size: int) -> int:
     """The accumulation that gives ``global_batch_size`` on this many processes (or ``grad_accum``)."""
     if train.global_batch_size is None:
         return train.grad_accum
+    if train.global_batch_size % train.per_device_batch_size:  # on no number of processes
+        raise ConfigError(f"key 'train.global_batch_size': {train.global_batch_size} is not a multiple of "
+                          f"per_device_batch_size {train.per_device_batch_size}, so no number of processes splits it")
     per_step = train.per_device_batch_size * world_size
     if train.global_batch_size % per_step:
         raise ConfigError(

@@ -78,6 +78,10 @@ def test_global_batch_derives_accumulation(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "3")  # what torchrun gives each worker: checked at load time too
     with pytest.raises(ConfigError, match=r"stage1.yaml: key 'train.global_batch_size': 256 .* 3 processes"):
         load_config(CONFIGS / "llama3.2-3b/none/stage1.yaml", check_paths=False)
+    # one the per-device batch does not divide is said so, not as a count of processes
+    with pytest.raises(ConfigError, match=r"250 is not a multiple of per_device_batch_size 8, so no number of "):
+        load_config(CONFIGS / "llama3.2-3b/none/stage1.yaml", ["train.global_batch_size=250", "train.per_device_batch_size=8"],
+                    check_paths=False)
 
 
 def test_schedulers_are_transformers_schedulers():
@@ -223,7 +227,7 @@ CASES = [
      "model.pretrained_projector", None),  # trained with another LLM
     (["model.pretrained_projector={d}/unrecorded_projector.safetensors", "model.norm_alignment=ln_textnorm_gwc"],
      "model.pretrained_projector", None),  # records no arm or backbones
-    (["train.global_batch_size=7"], "train.global_batch_size", None),  # not a multiple of 2 x 1
+    (["train.global_batch_size=7"], "train.global_batch_size", None),  # not a multiple of 2: on no world size
     (["data.mixture=[{{path: {data}}}, {{pth: {data}}}]"], "data.mixture\\[1\\].pth", None),  # a typo inside an entry
     ([], "data.mixture\\[0\\].image_foldr", "base: base.yaml\ndata: {mixture: [{path: x.json, image_foldr: y}]}\n"),
     (["train.max_steps=0"], "train.max_steps", None),
