@@ -292,7 +292,8 @@ def _launch_shape(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """A config, its overrides and the launch it is for: what `plan` and `check` share (one GPU
     unless told, as `train` launched alone; the two must not judge a config on different shapes)."""
     p.add_argument("config")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, as for train")
+    # default=[]: without one, argparse names a '*' positional among the required ones
+    p.add_argument("overrides", nargs="*", default=[], help="dotted overrides, as for train")
     p.add_argument("--gpus", type=int, default=1, help="GPUs (processes) per node (default 1)")
     p.add_argument("--nodes", type=int, default=1)
     memory = p.add_mutually_exclusive_group()
@@ -301,8 +302,12 @@ def _launch_shape(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+DESCRIPTION = ("Train, check, plan, evaluate and analyse LLaVA-style models with norm alignment (llava-norm). "
+               "Each subcommand takes --help; the README has the whole workflow.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llava-norm", description=__doc__)
+    parser = argparse.ArgumentParser(prog="llava-norm", description=DESCRIPTION)
     parser.add_argument("-v", "--verbose", action="store_true", help="show library warnings and info logs")
     # The `deepspeed` launcher passes --local_rank; the rank itself is read from the environment.
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -312,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stage", type=int, choices=(1, 2), help="the stage this launch is for (scripts/pretrain.sh and "
                    "finetune.sh give it): a config whose train.stage differs is refused")
     p.add_argument("config")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=2e-5 train.max_steps=10")
+    p.add_argument("overrides", nargs="*", default=[], help="dotted overrides, e.g. optim.lr=2e-5 train.max_steps=10")
     p.set_defaults(func=_train)
 
     p = _launch_shape(sub.add_parser("check", help="everything that can fail at launch, one line each: config, "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from llava_norm.config_checks import check_paths as _check_paths
 from llava_norm.config_schema import (CHOICES, LORA_VISION_MODES, RANGES, SCHEDULERS, ConfigError, DataConfig,
@@ -163,6 +163,11 @@ def file_key_errors(path: str | Path) -> list[str]:
 def _describe(error: OmegaConfBaseException) -> str:
     key = getattr(error, "full_key", None)
     message = str(error).splitlines()[0]
+    if isinstance(error, ConfigKeyError) and key:  # a key put in the wrong section: say where it lives
+        section, _, name = key.partition(".")
+        homes = [f"'{f.name}.{name}'" for f in dataclasses.fields(RunConfig) if f.name != section and
+                 name in {g.name for g in dataclasses.fields(f.default_factory)}]
+        message += f"; the key is {' or '.join(homes)}" if homes else ""
     return f"key '{key}': {message}" if key else message
 
 

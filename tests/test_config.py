@@ -333,3 +333,26 @@ def test_a_stage_script_refuses_the_other_stages_config(tmp_path, script, config
     assert result.stderr.strip() == (
         f"config error: {REPO / 'configs/tiny/none' / config}: key 'train.stage': the config trains stage {other}, "
         f"not stage {this} (scripts/{script} runs stage {this}): use the other script, or give train.stage={this}")
+
+
+@pytest.mark.parametrize("command", ["train", "check", "plan"])
+def test_a_command_without_its_config_names_only_the_config_as_missing(command, capsys):
+    """The overrides are optional: argparse names a '*' positional without a default as required."""
+    from llava_norm.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main([command])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith("error: the following arguments are required: config")
+
+
+def test_a_key_in_the_wrong_section_is_told_where_it_lives():
+    config = CONFIGS / "llama3.2-3b/none/stage1.yaml"
+    with pytest.raises(ConfigError, match=r"key 'train.lr': Key 'lr' not in 'TrainConfig'; the key is 'optim.lr' "):
+        load_config(config, ["train.lr=1e-3"], check_paths=False)
+    with pytest.raises(ConfigError, match=r"key 'optim.vision_tower': .*; the key is 'model.vision_tower' or "
+                                          r"'lora.vision_tower'"):
+        load_config(config, ["optim.vision_tower=x"], check_paths=False)
+    with pytest.raises(ConfigError) as said:  # a key of no section: OmegaConf's own words alone
+        load_config(config, ["train.max_stepz=3"], check_paths=False)
+    assert "the key is" not in str(said.value)
