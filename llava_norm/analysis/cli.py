@@ -191,7 +191,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--arms", nargs="+", default=["none", "ln_default", "ln_textnorm", "ln_textnorm_gwc"])
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--data", required=True, help="a LLaVA .json/.jsonl; its first --batch-size rows are the batch")
-    p.add_argument("--image-folder", default=None)
+    p.add_argument("--image-folder", default=None, help="the folder the rows' image paths are under (default: the "
+                                                         "JSON's own folder)")
     p.set_defaults(func=_gradients, batch_size=4)
 
     p = sub.add_parser("attention", help="App. G: text-to-image attention of a phrase, checkpoints side by side")

@@ -72,6 +72,15 @@ def prompt_settings(path: str | Path | None, prompt_format: str | None = None) -
     return settings
 
 
+def saved_model_config(path: str | Path) -> dict:
+    """The ``config.json`` of a saved model dir or a ``checkpoint-N`` dir; FileNotFoundError naming
+    the folder where there is none."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: no config.json; expected a saved model dir or a checkpoint-N dir")
+    return json.loads((path / "config.json").read_text())
+
+
 def _has_tokenizer(path: Path) -> bool:
     return (path / "tokenizer_config.json").is_file()
 
@@ -84,8 +93,7 @@ def load_analysis_bundle(path: str | Path, device: torch.device | None = None, a
     path = Path(path)
     device = device or analysis_device()
     dtype = analysis_dtype(device)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path}: no config.json; expected a saved model dir or a checkpoint-N dir")
+    saved_model_config(path)
     if _has_tokenizer(path):
         bundle = load_bundle(path, dtype=dtype, attn_implementation=attn_implementation)
     else:

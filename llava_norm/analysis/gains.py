@@ -14,7 +14,7 @@ from pathlib import Path
 from safetensors import safe_open
 from transformers.utils import SAFE_WEIGHTS_NAME
 
-from llava_norm.analysis.common import Labeled, labeled_inputs, write_result
+from llava_norm.analysis.common import Labeled, labeled_inputs, saved_model_config, write_result
 from llava_norm.analysis.plots import gains_figure
 from llava_norm.layout import NORM_PREFIX
 from llava_norm.model.norm_align import GlobalWeightCompensatedLayerNorm, get_arm
@@ -36,7 +36,7 @@ def _tensor_files(path: Path) -> dict[str, Path]:
 def read_norm_layer(path: str | Path) -> GlobalWeightCompensatedLayerNorm | None:
     """The checkpoint's norm layer (None for an arm without one: ``none`` and the scaling arms)."""
     path = Path(path)
-    config = json.loads((path / "config.json").read_text())
+    config = saved_model_config(path)
     arm = get_arm(config.get("norm_alignment", "none"))
     if not arm.normalises:  # no gain: nothing for Table 5
         return None
@@ -54,7 +54,7 @@ def read_norm_layer(path: str | Path) -> GlobalWeightCompensatedLayerNorm | None
 
 
 def checkpoint_gain_stats(path: str | Path, label: str) -> dict:
-    config = json.loads((Path(path) / "config.json").read_text())
+    config = saved_model_config(path)
     d = config["text_config"]["hidden_size"]
     T = config.get("text_norm")
     layer = read_norm_layer(path)
