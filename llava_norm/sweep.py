@@ -92,7 +92,7 @@ def check_grid(config: PipelineConfig, gpus: int) -> tuple[list[str], float | No
     from llava_norm.evaluation.settings import resolve_benchmarks
     from llava_norm.train.preflight import preflight
 
-    problems, host, sources = [], None, {}
+    problems, host, sources, found = [], None, {}, {}  # found: problem -> {arm: [stages]}
     try:
         resolve_benchmarks(config.benchmarks.split(","), config.data_root, {}, {})
     except (ValueError, FileNotFoundError) as error:
@@ -104,13 +104,25 @@ def check_grid(config: PipelineConfig, gpus: int) -> tuple[list[str], float | No
             overrides = [*config.stage1_overrides] if stage == 1 else [*config.stage2_overrides,
                                                                      "model.pretrained_projector=null"]
             report = preflight(Path(arm) / f"stage{stage}.yaml", overrides, gpus, plan=i == 0, sources=sources)
-            problems += [f"{Path(arm).name} stage {stage}: {p}" for p in report.problems]
             mismatch = report.config and stage_problem(Path(arm) / f"stage{stage}.yaml", report.config, stage)
-            if mismatch:  # its script would refuse it when the stage starts
-                problems.append(f"{Path(arm).name} stage {stage}: {mismatch}")
+            for problem in [*report.problems, *([mismatch] if mismatch else [])]:  # a stage its script refuses
+                found.setdefault(problem, {}).setdefault(Path(arm).name, []).append(stage)
             if report.plan is not None:
                 host = max(host or 0.0, report.plan.host_memory_gib())
-    return problems, host
+    return problems + [f"{_where(places, len(config.arms))}: {problem}" for problem, places in found.items()], host
+
+
+def _where(places: dict[str, list[int]], arms: int) -> str:
+    """Where one problem was found, e.g. "none stage 1", "every arm, stages 1 and 2": a cause the
+    configs share (an unset data variable, a backbone not downloaded) is said once."""
+    def stages(numbers: list[int]) -> str:
+        return "stages 1 and 2" if numbers == [1, 2] else f"stage {numbers[0]}"
+
+    by_stages = {}
+    for arm, numbers in places.items():
+        by_stages.setdefault(tuple(numbers), []).append(arm)
+    return "; ".join(f"{'every arm,' if len(names) == arms > 1 else ' '.join(names)} {stages(list(numbers))}"
+                     for numbers, names in by_stages.items())
 
 
 def launch_dir() -> Path:
