@@ -170,10 +170,10 @@ def backbone_problems(name: str, key: str) -> tuple[list[str], str]:
 
 def _each_config_error(path: str | Path, overrides: list[str], first: ConfigError) -> list[str]:
     """Every key the config's files refuse; once they merge, every override the config refuses,
-    not only the first: overrides are taken on the file one
-    at a time, and the refused ones are tried again on those taken until none more is: one valid
-    only beside another (``lora.enabled=true`` before ``train.stage=2``, or a key the file lacks
-    set after it) is no problem, and a clash between two is reported once, at one of them."""
+    not only the first: overrides are taken on the file one at a time, and the refused ones are
+    tried again on those taken until none more is: one valid only beside another
+    (``lora.enabled=true`` before ``train.stage=2``, or a key the file lacks set after it) is no
+    problem, and a clash between two is reported once, at one of them."""
     def error_of(tried: list[str]) -> str | None:
         try:
             load_config(path, tried, check_paths=False)
