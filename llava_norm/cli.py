@@ -165,7 +165,7 @@ def _eval(args) -> None:
     main_rank = os.environ.get("RANK", "0") == "0"
     try:
         summary = run_evaluation(config)
-    except (SettingsMismatchError, BenchmarkDataError) as error:  # every rank meets it alike: one says it
+    except (SettingsMismatchError, BenchmarkDataError, FileNotFoundError) as error:  # every rank alike: one says it
         sys.exit(f"eval: {error}" if main_rank else 1)
     except KeyboardInterrupt:  # Ctrl-C: what is kept and how it goes on, not a traceback per rank
         if main_rank:  # on a line of its own: a progress bar may hold the current one

@@ -138,8 +138,9 @@ def _load(path: Path, overrides: list[str], check_paths: bool) -> RunConfig:
 def file_key_errors(path: str | Path) -> list[str]:
     """Every key of the config's files that the schema refuses (an unknown key, a value of the
     wrong type), each as load_config says it, not only the first: a refused key is set aside and
-    the merge tried again. Empty when the files merge (what the overrides or the checks after the
-    merge may still refuse is load_config's to say)."""
+    the merge tried again (a key shared through a base file is said once; a bad key inside a
+    ``data.mixture`` entry ends the list). Empty when the files merge (what the overrides or the
+    checks after the merge may still refuse is load_config's to say)."""
     found, merged = [], OmegaConf.structured(RunConfig)
     try:
         for source, node in _read_yaml_chain(Path(path)):
@@ -149,7 +150,8 @@ def file_key_errors(path: str | Path) -> list[str]:
                     merged = OmegaConf.merge(merged, node)
                     break
                 except OmegaConfBaseException as error:
-                    found.append(f"{source}: {' '.join(_describe(error).splitlines())}")
+                    said = f"{source}: {' '.join(_describe(error).splitlines())}"
+                    found += [said] if said not in found else []
                     key = getattr(error, "full_key", None) or ""
                     parent = OmegaConf.select(node, key.rpartition(".")[0]) if "." in key else node
                     if not isinstance(parent, DictConfig) or key.rpartition(".")[2] not in parent:

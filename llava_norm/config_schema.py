@@ -49,6 +49,12 @@ def is_glob(path: str) -> bool:
     return any(ch in str(path) for ch in "*?[") and not Path(path).expanduser().exists()
 
 
+def is_hub_id(name: str) -> bool:
+    """Whether a model or data name is read as a Hugging Face hub id (``organisation/name``) rather
+    than a local path: one slash, and no leading ``.``, ``/`` or ``~``."""
+    return str(name).count("/") == 1 and not str(name).startswith((".", "/", "~"))
+
+
 @dataclass
 class DataSource:
     """One mixture entry (data.sources): ``path`` or ``hub``, never both."""

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from llava_norm.config_schema import is_glob
+from llava_norm.config_schema import is_glob, is_hub_id
 
 RECORD = "provenance.json"
 MEMO_NAME = "llava_norm_file_fingerprints.json"
@@ -117,7 +117,7 @@ def fingerprint(path: str | Path) -> str:
         matches = sorted(Path(m) for m in glob.glob(str(path), recursive=True) if Path(m).is_file())
         if matches:
             return hashlib.sha256("".join(f"{m.name}:{file_fingerprint(m)};" for m in matches).encode()).hexdigest()[:20]
-    if not str(path).startswith((".", "/")) and str(path).count("/") == 1:
+    if is_hub_id(str(path)):
         return _hub_fingerprint(str(path))
     raise FileNotFoundError(f"cannot fingerprint {path}: no such file or folder")
 

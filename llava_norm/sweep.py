@@ -113,15 +113,13 @@ def check_grid(config: PipelineConfig, gpus: int) -> tuple[list[str], float | No
 
 
 def _where(places: dict[str, list[int]], arms: int) -> str:
-    """Where one problem was found, e.g. "none stage 1", "every arm, stages 1 and 2": a cause the
+    """Where one problem was found, e.g. "none, stage 1", "every arm, stages 1 and 2": a cause the
     configs share (an unset data variable, a backbone not downloaded) is said once."""
-    def stages(numbers: list[int]) -> str:
-        return "stages 1 and 2" if numbers == [1, 2] else f"stage {numbers[0]}"
-
     by_stages = {}
     for arm, numbers in places.items():
-        by_stages.setdefault(tuple(numbers), []).append(arm)
-    return "; ".join(f"{'every arm,' if len(names) == arms > 1 else ' '.join(names)} {stages(list(numbers))}"
+        by_stages.setdefault(tuple(sorted(set(numbers))), []).append(arm)
+    return "; ".join(f"{'every arm' if len(names) == arms > 1 else ', '.join(names)}, "
+                     f"{'stages 1 and 2' if numbers == (1, 2) else f'stage {numbers[0]}'}"
                      for numbers, names in by_stages.items())
 
 

@@ -72,6 +72,8 @@ def test_every_problem_is_one_line_naming_its_key_file_or_variable(world, monkey
     assert [p.split("key ")[1].split(":")[0] for p in report.problems] == \
         ["'model.norm_aligment'", "'train.max_step'", "'train.logging_steps'"], report.problems
     assert all(p.startswith(f"{typos}: key ") for p in report.problems), report.problems
+    report = preflight(config, ["optim.lr=abc", "optim.lr=1e-3", "train.foo=1"], gpus=1, plan=False)  # the last wins
+    assert [p.split("key ")[1].split(":")[0] for p in report.problems] == ["'train.foo'"], report.problems
     report = preflight(config, ["train.restart=true", "train.extend=true", "optim.warmupx=1"], gpus=1, plan=False)
     assert [p.split("key ")[1].split(":")[0] for p in report.problems] == ["'train.restart'", "'optim.warmupx'"], \
         report.problems
@@ -149,15 +151,15 @@ def test_a_sweep_is_checked_before_its_slurm_files_are_written(tmp_path):
     assert done.returncode == 1 and "nothing written" in done.stderr, done.stdout + done.stderr
     problems = [line for line in done.stdout.splitlines() if line.startswith("problem: ")]
     text = "\n".join(problems)
-    assert "ln_textnorm stage 1: " in text and "key 'model.norm_alignment'" in text and "nnone" in text
-    assert "none stage 2: " in text and "cannot be split over 1 node(s) x 6 GPUs" in text
+    assert "ln_textnorm, stage 1: " in text and "key 'model.norm_alignment'" in text and "nnone" in text
+    assert "none, stage 2: " in text and "cannot be split over 1 node(s) x 6 GPUs" in text
     # a cause several configs share is said once, with where it was found (ln_textnorm's stage 1
     # config is refused before its data and backbones are read)
     assert [line.split(": ")[1] for line in problems if "environment variable LLAVA_DATA is unset" in line] == \
-        ["none stage 1", "every arm, stage 2"], text
+        ["none, stage 1", "every arm, stage 2"], text
     assert "evaluation: " in text and "(EVAL_DATA is unset)" in text
     assert [line.split(": ")[1] for line in problems if "meta-llama/Llama-3.2-3B-Instruct is not in the Hugging Face "
-            "cache" in line] == ["none stages 1 and 2; ln_textnorm stage 2"], text
+            "cache" in line] == ["none, stages 1 and 2; ln_textnorm, stage 2"], text
     assert not out.exists()
 
 

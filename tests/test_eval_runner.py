@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -238,19 +239,34 @@ def test_bad_input_and_ctrl_c_end_the_command_in_one_line(setup, tmp_path, monke
     import shutil
 
     from llava_norm import cli
-    from llava_norm.evaluation.arguments import default_out_dir
+    from llava_norm.evaluation import runner
+    from llava_norm.evaluation.arguments import check_saved_model, default_out_dir, parse_eval_args
 
     assert default_out_dir(str(tmp_path / "run" / "model")) == tmp_path / "run" / "eval"
-    assert default_out_dir(str(tmp_path / "merged")) == tmp_path / "merged-eval"  # not the folder's parent's eval/
+    assert default_out_dir(str(tmp_path / "merged")) == tmp_path / "eval-merged"  # not the folder's parent's eval/
+    assert default_out_dir("Org/some-model") == Path.cwd() / "eval-some-model"  # a hub id: here
+    bench = ["--benchmarks", "pope", "--data-root", str(setup / "world/benchmarks")]
+    assert parse_eval_args([str(setup / "ckpt"), *bench]).out_dir == str(setup / "eval-ckpt")  # what eval takes
+    check_saved_model("Org/some-model")  # a hub id goes on to the loader
 
     def said(*argv) -> str:
         with pytest.raises(SystemExit) as stop:
             cli.main(["eval", *argv])
         return stop.value.code
 
-    missing = said(str(tmp_path / "runs" / "none" / "model"), "--data-root", str(setup / "world/benchmarks"))
-    assert missing == f"eval: {tmp_path / 'runs' / 'none' / 'model'}: no saved model here (from {os.getcwd()}; " \
-        "give a saved model directory, RUN/model, or a Hugging Face hub id)"
+    for name in (str(tmp_path / "runs" / "none" / "model"), "mergd"):
+        assert said(name, *bench) == f"eval: {name}: no saved model here (from {os.getcwd()}; give a saved model " \
+            "directory, RUN/model, or a Hugging Face hub id, organisation/name)"
+
+    def nowhere(*args, **kwargs):  # what the loader raises for a hub id it cannot find, offline or not
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files,\nand couldn't find them")
+
+    monkeypatch.setattr(runner, "load_bundle", nowhere)
+    monkeypatch.chdir(tmp_path)
+    assert said("Org/not-a-model", *bench) == "eval: Org/not-a-model: not a folder here, and not a model the hub (or " \
+        "its cache) has: We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them"
+    assert not (tmp_path / "eval-not-a-model").exists()  # nothing left behind
+    monkeypatch.undo()
     data = tmp_path / "benchmarks"
     shutil.copytree(setup / "world/benchmarks/hellaswag", data / "hellaswag")
     shard = data / "hellaswag" / "validation-00000-of-00001.parquet"
@@ -258,8 +274,6 @@ def test_bad_input_and_ctrl_c_end_the_command_in_one_line(setup, tmp_path, monke
     common = ["--benchmarks", "hellaswag", "--data-root", str(data), "--out", str(tmp_path / "out")]
     cut = said(str(setup / "ckpt"), *common)
     assert cut.startswith(f"eval: hellaswag: {shard}") and "\n" not in cut, cut
-
-    from llava_norm.evaluation import runner
 
     def interrupt(config):
         raise KeyboardInterrupt

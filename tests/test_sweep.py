@@ -245,5 +245,5 @@ def test_an_arm_whose_stage_file_trains_the_other_stage_is_refused_before_the_gr
     build_world(world, seed=5, n_pretrain=4, n_instruct=4, n_text=4, n_bench=2)
     problems, _ = check_grid(PipelineConfig(arms=[str(arm)], data_root=str(world / "benchmarks"), benchmarks="pope",
                                             stage1_overrides=common, stage2_overrides=common), gpus=1)
-    assert problems == [f"none stage 2: {arm / 'stage2.yaml'}: key 'train.stage': the config trains stage 1, not "
+    assert problems == [f"none, stage 2: {arm / 'stage2.yaml'}: key 'train.stage': the config trains stage 1, not "
                         "stage 2"], problems

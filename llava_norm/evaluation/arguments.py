@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from llava_norm.config_schema import PROMPT_FORMATS
+from llava_norm.config_schema import PROMPT_FORMATS, is_hub_id
 from llava_norm.train.rundir import COMPLETE_MARKER
 
 
@@ -26,8 +26,8 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--data", action="append", default=[], metavar="NAME=PATH", help="data path of one benchmark")
     p.add_argument("--option", action="append", default=[], metavar="NAME.KEY=VALUE",
                    help="benchmark option, e.g. mmlu.num_fewshot=5, ai2d.variant=no_mask, pope.split=adversarial")
-    p.add_argument("--out", help="output directory (default: RUN/eval for a run's RUN/model, else "
-                                 "<checkpoint>-eval beside the checkpoint)")
+    p.add_argument("--out", help="output directory (default: RUN/eval for a run's RUN/model, else eval-NAME "
+                                 "beside the folder NAME)")
     p.add_argument("--name", help="run name in the results table (default: the training run's train.run_name, "
                                   "else its arm, model.norm_alignment, else the checkpoint folder's name)")
     p.add_argument("--batch-size", type=int, default=8)
@@ -68,10 +68,14 @@ def benchmark_options(pairs: list[str]) -> dict[str, dict]:
 
 def default_out_dir(checkpoint: str) -> Path:
     """Where an evaluation writes without ``--out``: beside the run's saved model (RUN/model ->
-    RUN/eval), else a folder named after the checkpoint beside it, so that a checkpoint-N or a
-    merged model's results never land in another model's folder (or in this checkout's eval/)."""
-    folder = Path(checkpoint).expanduser().resolve()
-    return folder.parent / ("eval" if folder.name == "model" else f"{folder.name}-eval")
+    RUN/eval), else ``eval-NAME`` beside any other folder NAME (a hub model's in the working
+    directory), so that a merged model's results never land in another model's folder or in this
+    checkout's eval/, and no ``checkpoint-*`` folder a restart clears holds them."""
+    folder = Path(checkpoint).expanduser()
+    if not folder.exists() and is_hub_id(checkpoint):
+        return Path.cwd() / f"eval-{folder.name}"
+    folder = folder.resolve()
+    return folder.parent / ("eval" if folder.name == "model" else f"eval-{folder.name}")
 
 
 def check_saved_model(path: str) -> None:
@@ -79,15 +83,9 @@ def check_saved_model(path: str) -> None:
     model belongs: said with the folder to evaluate, before anything loads (the model loader's own
     error names a hub id's form, a tokenizer backend or an unknown model type, not the mix-up)."""
     folder = Path(path).expanduser()
-    if not folder.exists():
-        # lazy: only for a path that is not here
-        from huggingface_hub.utils import validate_repo_id
-
-        try:
-            validate_repo_id(path)  # a hub id is loaded from the hub (or its cache) instead
-        except ValueError:
-            raise FileNotFoundError(f"{path}: no saved model here (from {Path.cwd()}; give a saved model directory, "
-                                    "RUN/model, or a Hugging Face hub id)") from None
+    if not folder.exists() and not is_hub_id(path):  # a hub id is loaded from the hub (or its cache)
+        raise FileNotFoundError(f"{path}: no saved model here (from {Path.cwd()}; give a saved model directory, "
+                                "RUN/model, or a Hugging Face hub id, organisation/name)")
     if not folder.is_dir():
         return
     # a checkpoint holds the model's config and weights, but not the tokenizer a saved model has

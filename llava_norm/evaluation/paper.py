@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from llava_norm.config_schema import is_hub_id
+
 SOURCE = '"The Unseen Bias" (arXiv 2512.08374), Table 4'
 SIGLIP = "google/siglip-so400m-patch14-384"
 
@@ -94,8 +96,7 @@ def same_backbone(value: str, hub_id: str) -> bool:
     never put beside the paper on a guess."""
     if value == hub_id:
         return True
-    is_hub_id = value.count("/") == 1 and not value.startswith(("/", ".", "~"))
-    return not is_hub_id and Path(value.rstrip("/")).name == hub_id.split("/")[-1]
+    return not is_hub_id(value) and Path(value.rstrip("/")).name == hub_id.split("/")[-1]
 
 
 def paper_row(llm: str, vision_tower: str, arm: str) -> PaperRow | None:

@@ -126,9 +126,15 @@ def run_evaluation(config: EvalConfig) -> dict | None:
     """Evaluate; returns the summary on rank 0 (None on other ranks)."""
     ranks = Ranks.setup()
     try:
+        try:  # before the output folder is made: a model that is nowhere leaves nothing behind
+            bundle = load_bundle(config.checkpoint, dtype=resolve_dtype(config.dtype, ranks.device),
+                                 trust_remote_code=config.trust_remote_code)
+        except OSError as error:
+            if Path(config.checkpoint).expanduser().exists():
+                raise
+            raise FileNotFoundError(f"{config.checkpoint}: not a folder here, and not a model the hub (or its cache) "
+                                    f"has: {' '.join(str(error).split())}") from None
         Path(config.out_dir).mkdir(parents=True, exist_ok=True)
-        bundle = load_bundle(config.checkpoint, dtype=resolve_dtype(config.dtype, ranks.device),
-                             trust_remote_code=config.trust_remote_code)
         bundle.model.to(ranks.device)
         predictor = Predictor(bundle, config.prompt.prompt_format, config.prompt.template_kwargs,
                               config.prompt.image_aspect, device=ranks.device,

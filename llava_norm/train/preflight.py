@@ -184,7 +184,9 @@ def _each_config_error(path: str | Path, overrides: list[str], first: ConfigErro
     in_the_file = file_key_errors(path)
     if in_the_file:  # the overrides are checked on a file that merges
         return in_the_file
-    taken, refused, more = [], list(overrides), True
+    # a key given twice is set by its last value, as load_config sets it: the earlier ones are not tried
+    keys = [o.partition("=")[0] for o in overrides]
+    taken, refused, more = [], [o for i, o in enumerate(overrides) if keys[i] not in keys[i + 1:]], True
     while more:
         more = False
         for override in list(refused):
