@@ -75,14 +75,18 @@ def stage_problem(path: str | Path, config: RunConfig, stage: int) -> str | None
     return f"{path}: key 'train.stage': the config trains stage {config.train.stage}, not stage {stage}"
 
 
+def _named(error: ConfigError, path: str | Path) -> str:
+    """The error in one line naming the file (its own, else ``path``), whatever a library put in its message."""
+    return f"{error.file or path}: {' '.join(str(error).splitlines())}"
+
+
 @contextlib.contextmanager
 def naming_the_file(path: str | Path):
-    """A ConfigError raised in the block comes out as one line naming the file (its own, else ``path``)."""
+    """A ConfigError raised in the block comes out as one line naming the file (``_named``)."""
     try:
         yield
     except ConfigError as error:
-        message = " ".join(str(error).splitlines())  # one line, whatever a library put in its message
-        raise ConfigError(f"{error.file or path}: {message}") from None
+        raise ConfigError(_named(error, path)) from None
 
 
 def _mixture_keys(node, file: Path | None = None) -> None:
@@ -101,14 +105,30 @@ def _mixture_keys(node, file: Path | None = None) -> None:
                               f"{', '.join(sorted(known))}){hint}", file=file)
 
 
-def _load(path: Path, overrides: list[str], check_paths: bool) -> RunConfig:
+def _merge_files(path: Path, refused: list[ConfigError] | None = None) -> DictConfig:
+    """The config's files merged onto the schema; the first key the schema refuses raises. With
+    ``refused``, each refused key the file sets is recorded there instead, set aside, and the merge
+    tried again."""
     merged = OmegaConf.structured(RunConfig)
     for source, node in _read_yaml_chain(path):
         _mixture_keys(node, source)
-        try:
-            merged = OmegaConf.merge(merged, node)
-        except OmegaConfBaseException as error:
-            raise ConfigError(_describe(error), file=source) from None
+        while True:
+            try:
+                merged = OmegaConf.merge(merged, node)
+                break
+            except OmegaConfBaseException as error:
+                problem = ConfigError(_describe(error), file=source)
+                key = getattr(error, "full_key", None) or ""
+                parent = OmegaConf.select(node, key.rpartition(".")[0]) if "." in key else node
+                if refused is None or not isinstance(parent, DictConfig) or key.rpartition(".")[2] not in parent:
+                    raise problem from None  # (with refused: not a key this file sets, nothing to set aside)
+                refused.append(problem)
+                del parent[key.rpartition(".")[2]]
+    return merged
+
+
+def _load(path: Path, overrides: list[str], check_paths: bool) -> RunConfig:
+    merged = _merge_files(path)
     for override in overrides:
         if not override.partition("=")[0] or "=" not in override:
             raise ConfigError(f"key '{override}': a command-line override must be KEY=VALUE")
@@ -141,25 +161,12 @@ def file_key_errors(path: str | Path) -> list[str]:
     the merge tried again (a key shared through a base file is said once; a bad key inside a
     ``data.mixture`` entry ends the list). Empty when the files merge (what the overrides or the
     checks after the merge may still refuse is load_config's to say)."""
-    found, merged = [], OmegaConf.structured(RunConfig)
+    refused = []
     try:
-        for source, node in _read_yaml_chain(Path(path)):
-            _mixture_keys(node, source)
-            while True:
-                try:
-                    merged = OmegaConf.merge(merged, node)
-                    break
-                except OmegaConfBaseException as error:
-                    said = f"{source}: {' '.join(_describe(error).splitlines())}"
-                    found += [said] if said not in found else []
-                    key = getattr(error, "full_key", None) or ""
-                    parent = OmegaConf.select(node, key.rpartition(".")[0]) if "." in key else node
-                    if not isinstance(parent, DictConfig) or key.rpartition(".")[2] not in parent:
-                        return found  # not a key this file sets: nothing to set aside
-                    del parent[key.rpartition(".")[2]]
+        _merge_files(Path(path), refused)
     except ConfigError as error:
-        found.append(f"{error.file or path}: {' '.join(str(error).splitlines())}")
-    return found
+        refused.append(error)
+    return list(dict.fromkeys(_named(error, path) for error in refused))
 
 
 def _describe(error: OmegaConfBaseException) -> str:

@@ -13,7 +13,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from llava_norm.config_schema import (NORM_ARMS, ConfigError, RunConfig, effective_grad_accum, is_glob,
+from llava_norm.config_schema import (NORM_ARMS, ConfigError, RunConfig, effective_grad_accum, is_glob, is_hub_id,
                                       packing_llm_problem, world_size)
 from llava_norm.layout import PROJECTOR_ORIGIN, PROJECTOR_PREFIX, TRAINER_STATE
 
@@ -300,8 +300,8 @@ def lora_target_problem(target_modules: list[str] | None, lm_head: bool, tied: b
 
 
 def _looks_local(value: str) -> bool:
-    # A hub id is "org/name"; anything absolute, relative with ./, or existing locally is a path.
-    return value.startswith(("/", ".", "~")) or Path(value).exists() or value.count("/") != 1
+    # anything existing locally, or not shaped as a hub id ("org/name"), is a path
+    return Path(value).exists() or not is_hub_id(value)
 
 
 def _must_exist(path: str, key: str, kind: str = "") -> None:
