@@ -134,14 +134,31 @@ def _plan(config: Path, seq_len: int | None):
     return make_plan(load_config(config, check_paths=False), 1, 1, memory, seq_len=seq_len, alternatives=False)
 
 
+def figures_after(run: TrainRun, config: Path, code: int) -> dict:
+    """The run's figures, or why there are none. A run stopped at its limit (124) after writing its
+    complete summary (the limit came while the process shut down, as on the H200 in
+    bench/RESULTS.md) keeps them: ``restart: true`` cleared its folder at launch, so the summary is
+    this run's own."""
+    if code == 124 and _summary(config).get("complete") is True:
+        return {**train_figures(run, config), "note": "stopped at its limit after writing its complete summary"}
+    return train_figures(run, config) if code == 0 else {"error": f"exit {code}"}
+
+
+def _summary(config: Path) -> dict:
+    from llava_norm.config import load_config
+
+    try:
+        return json.loads((Path(load_config(config, check_paths=False).train.output_dir) / "train_summary.json")
+                          .read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def train_figures(run: TrainRun, config: Path) -> dict:
     """Tokens/s and peak memory from the run's own log, against the plan at its widest micro-batch."""
     import torch
 
-    from llava_norm.config import load_config
-
-    run_dir = Path(load_config(config, check_paths=False).train.output_dir)
-    history = json.loads((run_dir / "train_summary.json").read_text())["log_history"]
+    history = _summary(config)["log_history"]
     steps = [h for h in history if "tokens_per_second" in h]
     # the first steps carry warm-up (kernel choice, the allocator's growth), the last the profiler
     later = [h for h in steps[3:] if h.get("step", 0) <= STEPS - PROFILED_STEPS] or steps

@@ -40,7 +40,7 @@ from collections import deque
 from pathlib import Path
 
 from _repo import REPO_ROOT
-from _kit_train import TRAIN_RUNS, train_figures, train_setup
+from _kit_train import TRAIN_RUNS, figures_after, train_setup
 
 BENCH = Path(__file__).resolve().parent
 # The cheaper, decisive measurement of each half first: a half cut short keeps it.
@@ -259,11 +259,12 @@ def run_train(report: Report, work: Path, out: Path, limit_s: float, toy: bool, 
         # the run's log comes back with the report: a run cut short says where its time went
         code = run_part(sub, [sys.executable, "-m", "llava_norm.cli", "train", str(config), *overrides], left,
                         report, out / f"{sub}.log")
-        figures = train_figures(run, config) if code == 0 else {"error": f"exit {code}"}
+        figures = figures_after(run, config, code)
         entry["results"].append({"run": run.name, **figures})
         report.data["parts"].pop(sub, None)
         report.write()
-        codes.append(code or (1 if figures.get("error") else 0))
+        finished = code == 0 or "note" in figures
+        codes.append((1 if figures.get("error") else 0) if finished else code)
     report.part("train", status="ok" if not any(codes) else "failed", seconds=round(limit_s - (end - time.monotonic())))
     return max(codes, default=0)
 

@@ -3,7 +3,8 @@
 # optionally fused_loss.py (FUSED_ARGS), then the kit's trainer run once per variant, each with its
 # last steps profiled (GPU-busy share, device and host tables) and the allocator's retries logged.
 #   bash bench/gpu_trainer_ab.sh NAME RUN "ENV..." "OVERRIDES..." [NAME RUN "ENV..." "OVERRIDES..."]...
-# e.g. A llama3b_zero2 "-u PYTORCH_CUDA_ALLOC_CONF" ""  D llama3b_zero2 "" "train.cudnn_attention=false"
+# e.g. A llama3b_zero2 "" "train.cudnn_attention=null"  D llama3b_zero2 "" "" (torch's choice of
+# sdpa kernels against the default, cuDNN's off)
 # (ENV: env(1)'s arguments; OVERRIDES: llava-norm train's). Each result is copied into $OUT as soon
 # as it exists ($OUT/NAME.json, NAME.log); the variants share BUDGET_S. Needs the carried wheels,
 # as gpu_kit.sh does (bench/_kit_site.sh).

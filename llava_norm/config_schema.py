@@ -137,11 +137,11 @@ class TrainConfig:
     # share of an eager stage-2 step on a GPU (bench/RESULTS.md). The first step pays the compile.
     compile: bool = False
     compile_backend: str = "inductor"  # any torch._dynamo backend; aot_eager traces without code generation
-    # sdpa's cuDNN kernels on CUDA, which torch picks on an H100: null (the default) leaves torch's
-    # choice; false keeps sdpa on torch's own flash and memory-efficient kernels. With cuDNN, some
-    # steps of the 3B trainer stalled for seconds; between them the comparison went either way with
-    # the machine (bench/RESULTS.md).
-    cudnn_attention: Optional[bool] = None
+    # sdpa's cuDNN kernels on CUDA, which torch picks on an H100 or H200: false (the default) keeps
+    # sdpa on torch's own flash and memory-efficient kernels, null leaves torch's choice. With cuDNN,
+    # some steps of the 3B trainer stalled for seconds, and run side by side on one machine the
+    # steps between them were slower too (bench/RESULTS.md).
+    cudnn_attention: Optional[bool] = False
     precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     # plain: transformers' loss on the full logits; fused: the same loss without the logits tensor
     # (llava_norm.model.loss), by fused_loss_kernel: torch (chunked, the fastest measured on a GPU),

@@ -205,3 +205,26 @@ def test_each_kit_trainer_run_config_says_what_the_run_names(tmp_path):
         assert (t.deepspeed.endswith(f"zero{run.zero}.json"), t.per_device_batch_size, t.gradient_checkpointing,
                 t.compile, t.loss) == (True, run.batch, run.checkpointing, run.compile, run.loss), run.name
     assert {r.loss for r in _kit_train.TRAIN_RUNS} == {"plain", "fused"}
+
+
+def test_a_kit_run_stopped_after_its_complete_summary_keeps_its_figures(tmp_path):
+    """A trainer run the kit stopped at its limit (exit 124) has figures only if it wrote its
+    complete summary first; without one, or with an incomplete one, it is an error."""
+    import json
+
+    import _kit_train
+
+    run = _kit_train.TRAIN_RUNS[1]  # llama3b_zero2: planned from its shipped backbone configs
+    path = tmp_path / f"{run.name}.yaml"
+    path.write_text(_kit_train._config_text(run, run.vision, run.llm, tmp_path, tmp_path, "stage2.yaml", 20))
+    assert _kit_train.figures_after(run, path, 124) == {"error": "exit 124"}  # no summary
+    summary = tmp_path / "runs" / run.name / "train_summary.json"
+    summary.parent.mkdir(parents=True)
+    steps = [{"step": i, "tokens": 4000, "tokens_per_second": 4000.0, "longest_row": 1000, "peak_memory_gib": 72.0}
+             for i in range(1, 21)]
+    summary.write_text(json.dumps({"complete": False, "log_history": steps}))
+    assert _kit_train.figures_after(run, path, 124) == {"error": "exit 124"}
+    summary.write_text(json.dumps({"complete": True, "log_history": steps}))
+    figures = _kit_train.figures_after(run, path, 124)
+    assert figures["note"] == "stopped at its limit after writing its complete summary"
+    assert figures["measured_peak_gib"] == 72.0 and figures["tokens_per_s"] == 4000.0 and "meets" in figures

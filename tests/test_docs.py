@@ -188,7 +188,7 @@ def test_the_readmes_run_paths_are_where_the_configs_and_the_pipeline_write():
 
 
 def test_readme_gpu_figures_are_the_kits_recorded_results():
-    """The README's H100 figures are those in bench/results/ (the kit's own JSON), not retyped ones."""
+    """The README's H100 and H200 figures are those in bench/results/ (the kit's own JSON and output), not retyped ones."""
     results = Path(__file__).resolve().parents[1] / "bench" / "results"
     train = json.loads((results / "gpu_kit_2026-11-26_train.json").read_text())["parts"]["train"]["results"]
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
@@ -204,6 +204,9 @@ def test_readme_gpu_figures_are_the_kits_recorded_results():
             f"(sdpa {mfu['sdpa', False]:.1%})") in flat
     assert (f"from {mfu['sdpa', False]:.1%} to {mfu['sdpa', True]:.1%} MFU with sdpa and from "
             f"{mfu['flex_attention', False]:.1%} to {mfu['flex_attention', True]:.1%} with FlexAttention") in flat
+    h200 = {r["attn"]: r["mfu"] for line in (results / "gpu_2026-11-28_step_compiled.txt").read_text().splitlines()
+            if line.startswith("KIT-RESULT ") for r in [json.loads(line[len("KIT-RESULT "):])]}
+    assert f"the same compiled 3B step reached {h200['sdpa']:.1%} with sdpa (FlexAttention {h200['flex_attention']:.1%})" in flat
     checks = {}  # the logit check's printed dicts, by attention implementation
     for line in (results / "gpu_2026-11-26_logit_check.txt").read_text().splitlines():
         if "packed logits vs alone:" in line:
@@ -309,39 +312,36 @@ def test_readme_fused_loss_and_3b_trainer_figures_are_the_recorded_ones(monkeypa
 
 
 def test_readme_cudnn_attention_figures_are_the_profiled_runs():
-    """The 3B trainer runs with cuDNN's attention (2026-11-26, and bench/gpu_trainer_ab.sh's B) and
-    without it (D): tokens/s over steps 4-17 and between the stalls from their logs, the stalled
-    steps' range, and the GPU time per profiled step from the 2026-11-27 profiles' footers."""
+    """The 3B trainer runs on one H200 with cuDNN's attention (bench/gpu_trainer_ab.sh's A), without
+    it (D) and with the fused loss (F): tokens/s over steps 4-17 and between the stalls, the stalled
+    steps' range, the fused run's losses against D's, all from their 2026-11-28 logs; and the two
+    H100 runs with cuDNN stalled at the same four steps."""
     results, flat = ROOT / "bench" / "results", " ".join(README.split())
-    logs = {"D": "gpu_2026-11-27_train_D_expandable_nocudnn.log", "B": "gpu_2026-11-27_train_B_expandable.log",
+    logs = {"A": "gpu_2026-11-28_train_A_cudnn.log", "D": "gpu_2026-11-28_train_D_nocudnn.log",
+            "F": "gpu_2026-11-28_train_F_fused_nocudnn.log", "B": "gpu_2026-11-27_train_B_expandable.log",
             "O": "gpu_2026-11-26_train_llama3b_zero2.log"}
-    stalls = (3, 6, 7, 15)
-    rate, between, stalled, gpu = {}, {}, [], {}
+    stalls, window = (3, 6, 7, 15), range(4, 18)
+    rate, between, seconds, losses = {}, {}, {}, {}
     for run, name in logs.items():
-        log = (results / name).read_text()
-        steps = _logged_steps(log)
-        seconds = {i + 1: int(h["tokens"]) / float(h["tokens_per_second"]) for i, h in enumerate(steps)}
+        steps = _logged_steps((results / name).read_text())
+        seconds[run] = {i + 1: int(h["tokens"]) / float(h["tokens_per_second"]) for i, h in enumerate(steps)}
         tokens = {i + 1: int(h["tokens"]) for i, h in enumerate(steps)}
-        window = range(4, 18)
-        rate[run] = sum(tokens[i] for i in window) / sum(seconds[i] for i in window)
+        losses[run] = [float(h["loss"]) for h in steps]
+        rate[run] = sum(tokens[i] for i in window) / sum(seconds[run][i] for i in window)
         calm = [i for i in window if i not in stalls]
-        between[run] = sum(tokens[i] for i in calm) / sum(seconds[i] for i in calm)
-        if run == "D":
-            assert max(seconds[i] for i in range(2, 20)) < 1.6  # no stall without cuDNN
-        else:
-            stalled += [seconds[i] for i in stalls]
-            assert max(seconds[i] for i in range(2, 20) if i not in stalls) < 1.6
-        if run != "O":
-            gpu[run] = float(re.search(r"Self CUDA time total: ([\d.]+)s", log).group(1)) / 3
-    assert (f"the run without cuDNN made {rate['D']:,.0f} tokens/s over steps 4-17 (2026-11-27) and the runs "
-            f"with it {rate['B']:,.0f} (2026-11-27) and {rate['O']:,.0f} (2026-11-26)") in flat
-    assert f"steps 3, 6, 7 and 15 took {min(stalled):.1f}-{max(stalled):.1f} s" in flat
-    assert (f"{between['D']:,.0f} tokens/s without cuDNN, {between['B']:,.0f} and {between['O']:,.0f} "
-            f"with it") in flat
-    assert f"per profiled step was {gpu['D']:.2f} s against {gpu['B']:.2f}" in flat
-    # the GPU section's summary repeats two of them
-    assert (f"stalled for {min(stalled):.1f}-{max(stalled):.1f} s ({rate['B']:,.0f} tokens/s; without cuDNN, "
-            f"`train.cudnn_attention: false`, {rate['D']:,.0f};") in flat
+        between[run] = sum(tokens[i] for i in calm) / sum(seconds[run][i] for i in calm)
+    for run in "ABO":  # with cuDNN: those four steps stall, on the H200 and on both H100s
+        assert min(seconds[run][i] for i in stalls) > 2 > max(seconds[run][i] for i in range(2, 18) if i not in stalls)
+    stalled, calm = [seconds["A"][i] for i in stalls], [seconds["D"][i] for i in stalls]
+    assert (f"the run without cuDNN made {rate['D']:,.0f} tokens/s over steps 4-17 and the run with it "
+            f"{rate['A']:,.0f}. With cuDNN, steps 3, 6, 7 and 15 took {min(stalled):.1f}-{max(stalled):.1f} s "
+            f"against {min(calm):.1f}-{max(calm):.1f} s without it") in flat
+    assert f"{between['D']:,.0f} tokens/s against {between['A']:,.0f}" in flat
+    assert (f"stalled for {min(stalled):.1f}-{max(stalled):.1f} s (one H200, 2026-11-28: {rate['A']:,.0f} "
+            f"tokens/s; without cuDNN, `train.cudnn_attention: false`, now the default, {rate['D']:,.0f};") in flat
+    largest = max(abs(f - d) for f, d in zip(losses["F"], losses["D"], strict=True))
+    assert (f"(largest difference {largest:.3f} over {len(losses['F'])} steps) at "
+            f"{rate['F'] / rate['D']:.2f}x its tokens/s") in flat
 
 
 def test_the_readme_names_what_the_paper_module_compares():

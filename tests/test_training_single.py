@@ -92,12 +92,13 @@ def test_the_named_fused_loss_kernel_reaches_the_loss(tmp_path, tiny_dir, monkey
     assert "train.loss fused: liger runs on CUDA only, not on cpu; using the chunked torch cross-entropy" in caplog.text
 
 
-def test_train_cudnn_attention_false_reaches_torchs_switch(tmp_path, tiny_dir):
-    """train.cudnn_attention: false turns torch's cuDNN attention switch off at launch; set here on
-    a CPU, where sdpa never picks cuDNN anyway, and put back after."""
+def test_train_cudnn_attention_is_off_by_default_at_launch(tmp_path, tiny_dir):
+    """A config that does not name train.cudnn_attention turns torch's cuDNN attention switch off at
+    launch (its default, false); set here on a CPU, where sdpa never picks cuDNN anyway, and put
+    back after."""
     torch.backends.cuda.enable_cudnn_sdp(True)
     try:
-        run_training(_tiny_stage2(tmp_path, tiny_dir, "max_steps: 1, cudnn_attention: false"))
+        run_training(_tiny_stage2(tmp_path, tiny_dir, "max_steps: 1"))
         assert not torch.backends.cuda.cudnn_sdp_enabled()
     finally:
         torch.backends.cuda.enable_cudnn_sdp(True)
