@@ -42,16 +42,17 @@ def _loss_rows(results: list[dict]) -> list[str]:
 
 def _train_rows(results: list[dict]) -> list[str]:
     rows = ["| run | rows x longest | tokens/s | plan peak GiB | measured GiB | measured vs plan | plan: states | "
-            "plan: activations | note |", "|" + " --- |" * 9]
+            "plan: activations | layout | note |", "|" + " --- |" * 10]
     for r in results:
         note = r.get("skipped") or r.get("error") or r.get("why", "")
         if "planned_peak_gib" not in r:
-            rows.append(f"| {r['run']} |" + " |" * 7 + f" {note} |")
+            rows.append(f"| {r['run']} |" + " |" * 8 + f" {note} |")
             continue
         rows.append(f"| {r['run']} | {r['rows']} x {r['longest_row']} | {r['tokens_per_s']:,.0f} | "
                     f"{r['planned_peak_gib']:.2f} | {_f(r['measured_peak_gib'], '{:.2f}', 'not measured')} | "
                     f"{_f(r.get('measured_over_plan'), '{:+.1%}')} | {r['planned_states_gib']:.2f} | "
-                    f"{r['planned_activations_gib']:.2f} | {note} |")
+                    f"{r['planned_activations_gib']:.2f} | {r.get('planned_layout', '')} | "
+                    f"{'; '.join(filter(None, (note, r.get('note'))))} |")
     return rows
 
 

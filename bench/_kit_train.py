@@ -96,8 +96,9 @@ def _config_text(run: TrainRun, vision: Path, llm: Path, world: Path, work: Path
             f"deepspeed: {REPO_ROOT}/configs/deepspeed/zero{run.zero}.json}}\n")
 
 
-def train_setup(run: TrainRun, work: Path, toy: bool) -> tuple[Path, str | None]:
-    """(the run's YAML, why it is skipped or None). A run the plan says cannot fit this GPU is skipped."""
+def train_setup(run: TrainRun, work: Path, toy: bool, overrides: tuple[str, ...] = ()) -> tuple[Path, str | None]:
+    """(the run's YAML, why it is skipped or None). A run the plan says cannot fit this GPU is skipped.
+    ``overrides``: the ones ``llava-norm train`` gets, planned with (``train.deepspeed=null`` plans DDP)."""
     world = _world(work)
     if toy:
         from llava_norm_demo.tiny import make_tiny
@@ -112,7 +113,7 @@ def train_setup(run: TrainRun, work: Path, toy: bool) -> tuple[Path, str | None]
     config.write_text(_config_text(run, vision, llm, world, work, base, steps))
     # the synthetic world's rows are the image's tokens and at most a few hundred more, not
     # data.max_length: the fit is judged there (the comparison after the run uses the longest row seen)
-    plan = _plan(config, _plan(config, None).tokens_per_image + WORLD_TEXT_TOKENS)
+    plan = _plan(config, _plan(config, None, overrides).tokens_per_image + WORLD_TEXT_TOKENS, overrides)
     if plan.fits(plan.peak()) is False:
         return config, (f"the plan's peak {plan.peak() / 2 ** 30:.1f} GiB does not fit this GPU's "
                         f"{plan.gpu_memory_gib:.0f} GiB (llava-norm plan {config.name} --gpus 1)")
@@ -124,49 +125,52 @@ def train_setup(run: TrainRun, work: Path, toy: bool) -> tuple[Path, str | None]
     return config, None
 
 
-def _plan(config: Path, seq_len: int | None):
+def _plan(config: Path, seq_len: int | None, overrides: tuple[str, ...] = ()):
     import torch
 
     from llava_norm.config import load_config
     from llava_norm.plan import make_plan
 
     memory = torch.cuda.get_device_properties(0).total_memory / 2 ** 30 if torch.cuda.is_available() else None
-    return make_plan(load_config(config, check_paths=False), 1, 1, memory, seq_len=seq_len, alternatives=False)
+    return make_plan(load_config(config, list(overrides), check_paths=False), 1, 1, memory, seq_len=seq_len,
+                     alternatives=False)
 
 
-def figures_after(run: TrainRun, config: Path, code: int) -> dict:
+def figures_after(run: TrainRun, config: Path, code: int, overrides: tuple[str, ...] = ()) -> dict:
     """The run's figures, or why there are none. A run stopped at its limit (124) after writing its
     complete summary (the limit came while the process shut down, as on the H200 in
     bench/RESULTS.md) keeps them: ``restart: true`` cleared its folder at launch, so the summary is
     this run's own."""
-    if code == 124 and _summary(config).get("complete") is True:
-        return {**train_figures(run, config), "note": "stopped at its limit after writing its complete summary"}
-    return train_figures(run, config) if code == 0 else {"error": f"exit {code}"}
+    if code == 124 and _summary(config, overrides).get("complete") is True:
+        return {**train_figures(run, config, overrides), "note": "stopped at its limit after writing its complete summary"}
+    return train_figures(run, config, overrides) if code == 0 else {"error": f"exit {code}"}
 
 
-def _summary(config: Path) -> dict:
+def _summary(config: Path, overrides: tuple[str, ...] = ()) -> dict:
     from llava_norm.config import load_config
 
     try:
-        return json.loads((Path(load_config(config, check_paths=False).train.output_dir) / "train_summary.json")
+        return json.loads((Path(load_config(config, list(overrides), check_paths=False).train.output_dir)
+                           / "train_summary.json")
                           .read_text())
     except (OSError, ValueError):
         return {}
 
 
-def train_figures(run: TrainRun, config: Path) -> dict:
+def train_figures(run: TrainRun, config: Path, overrides: tuple[str, ...] = ()) -> dict:
     """Tokens/s and peak memory from the run's own log, against the plan at its widest micro-batch."""
     import torch
 
-    history = _summary(config)["log_history"]
+    history = _summary(config, overrides)["log_history"]
     steps = [h for h in history if "tokens_per_second" in h]
     # the first steps carry warm-up (kernel choice, the allocator's growth), the last the profiler
     later = [h for h in steps[3:] if h.get("step", 0) <= STEPS - PROFILED_STEPS] or steps
     longest = max(h.get("longest_row", 0) for h in steps)  # rows are padded to their batch's longest
-    plan = _plan(config, longest)
+    plan = _plan(config, longest, overrides)
     peaks = [h["peak_memory_gib"] for h in steps if "peak_memory_gib" in h]
     ckpt = plan.checkpointing
     figures = {"why": run.why, "steps_logged": len(steps), "longest_row": longest, "rows": plan.batch,
+               "planned_layout": plan.layout,
                # the window's tokens over its time: a median of per-step rates weighs a 500-token step
                # like a 4,000-token one
                "tokens_per_s": sum(h["tokens"] for h in later) / sum(h["tokens"] / h["tokens_per_second"]

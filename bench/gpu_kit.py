@@ -250,7 +250,7 @@ def run_train(report: Report, work: Path, out: Path, limit_s: float, toy: bool, 
             entry["results"].append({"run": run.name, "error": "not run: the part's limit came first"})
             codes.append(124)
             continue
-        config, skip = train_setup(run, work, toy)
+        config, skip = train_setup(run, work, toy, tuple(overrides))
         if skip:
             entry["results"].append({"run": run.name, "skipped": skip})
             report.write()
@@ -259,7 +259,7 @@ def run_train(report: Report, work: Path, out: Path, limit_s: float, toy: bool, 
         # the run's log comes back with the report: a run cut short says where its time went
         code = run_part(sub, [sys.executable, "-m", "llava_norm.cli", "train", str(config), *overrides], left,
                         report, out / f"{sub}.log")
-        figures = figures_after(run, config, code)
+        figures = figures_after(run, config, code, tuple(overrides))
         entry["results"].append({"run": run.name, **figures})
         report.data["parts"].pop(sub, None)
         report.write()

@@ -209,7 +209,8 @@ def test_each_kit_trainer_run_config_says_what_the_run_names(tmp_path):
 
 def test_a_kit_run_stopped_after_its_complete_summary_keeps_its_figures(tmp_path):
     """A trainer run the kit stopped at its limit (exit 124) has figures only if it wrote its
-    complete summary first; without one, or with an incomplete one, it is an error."""
+    complete summary first; without one, or with an incomplete one, it is an error. The plan beside
+    a run's peak is planned with the overrides the run was given."""
     import json
 
     import _kit_train
@@ -228,3 +229,7 @@ def test_a_kit_run_stopped_after_its_complete_summary_keeps_its_figures(tmp_path
     figures = _kit_train.figures_after(run, path, 124)
     assert figures["note"] == "stopped at its limit after writing its complete summary"
     assert figures["measured_peak_gib"] == 72.0 and figures["tokens_per_s"] == 4000.0 and "meets" in figures
+    # the plan beside it is the plan of what ran: the trainer's overrides too (no DeepSpeed: DDP's layout)
+    assert figures["planned_layout"] == "zero2"
+    plain = _kit_train.figures_after(run, path, 0, ("train.deepspeed=null",))
+    assert plain["planned_layout"] == "ddp" and plain["planned_peak_gib"] != figures["planned_peak_gib"]
