@@ -84,6 +84,19 @@ def test_global_batch_derives_accumulation(monkeypatch):
                     check_paths=False)
 
 
+def test_shipped_zero2_names_its_gradient_bucket_instead_of_hidden_size_squared():
+    """configs/deepspeed/zero2.json sets reduce_bucket_size to 5e7 elements. With `auto`,
+    transformers fills in hidden_size squared, which at Llama-3.2-3B is a bucket every 1.8 of its
+    gradient tensors, each flush host work (bench/zero_overhead.py); the `auto` config is kept
+    beside the script for a GPU comparison."""
+    zero = json.loads((CONFIGS / "deepspeed/zero2.json").read_text())["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 50_000_000
+    auto = json.loads((REPO / "bench/zero2_bucket_auto.json").read_text())
+    assert auto["zero_optimization"]["reduce_bucket_size"] == "auto"
+    assert {**auto, "zero_optimization": {**auto["zero_optimization"], "reduce_bucket_size": 50_000_000}} == \
+        json.loads((CONFIGS / "deepspeed/zero2.json").read_text())  # the bucket is its only difference
+
+
 def test_schedulers_are_transformers_schedulers():
     from transformers import SchedulerType
 

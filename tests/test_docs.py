@@ -305,7 +305,8 @@ def test_readme_fused_loss_and_3b_trainer_figures_are_the_recorded_ones(monkeypa
         peak, longest = max(float(h["peak_memory_gib"]) for h in steps), max(h["longest_row"] for h in steps)
     config = tmp_path / "kit.yaml"  # the kit's YAML with hub ids: the plan reads the shipped backbone configs
     config.write_text(_kit_train._config_text(run, run.vision, run.llm, tmp_path, tmp_path, "stage2.yaml", 20))
-    planned = _kit_train._plan(config, longest).peak() / 2**30
+    # planned as it ran: ZeRO-2's bucket was then `auto`
+    planned = _kit_train._plan(config, longest, (f"train.deepspeed={ROOT}/bench/zero2_bucket_auto.json",)).peak() / 2**30
     assert f"{peak / planned - 1:.1%} over it ({peak:.2f} against {planned:.2f} GiB" in flat
     assert (f"slower than eager ({rates['llama3b_zero2_compiled']:,.0f} against {rates['llama3b_zero2']:,.0f} "
             f"tokens/s over steps 4-20") in flat
@@ -342,6 +343,32 @@ def test_readme_cudnn_attention_figures_are_the_profiled_runs():
     largest = max(abs(f - d) for f, d in zip(losses["F"], losses["D"], strict=True))
     assert (f"(largest difference {largest:.3f} over {len(losses['F'])} steps) at "
             f"{rate['F'] / rate['D']:.2f}x its tokens/s") in flat
+
+
+def test_readme_zero2_bucket_figures_are_the_bench_output_and_the_plan(monkeypatch):
+    """The ZeRO-2 bucket paragraph: the CPU overheads from zero_overhead.py's recorded output; the
+    3B's trained tensors and buckets a step from the plan's meta model; the buckets' memory from the
+    plan's term for the shipped zero2.json."""
+    from llava_norm.plan.backbones import meta_model
+    from llava_norm.plan.estimate import _freeze, gradient_bucket_bytes
+    from llava_norm.plan.memory import PLAN_ATTENTION
+
+    monkeypatch.chdir(ROOT)
+    flat = " ".join(README.split())
+    raw = (ROOT / "bench" / "results" / "cpu_2026-11-28_zero_overhead.txt").read_text()
+    over = dict(re.findall(r"reduce_bucket_size (\S+) .*?\+([\d.]+) ms over no DeepSpeed", raw))
+    assert (f"ZeRO-2 added {over['auto']} ms a step over no DeepSpeed with `auto` and {over['5e4']} ms with the "
+            f"5e7 bucket's equivalent") in flat
+    config = load_config("configs/llama3.2-3b/ln_textnorm_gwc/stage2.yaml", check_paths=False)  # as profiled
+    model = meta_model(config.model, attn_implementation=PLAN_ATTENTION)[0]
+    _freeze(model, config)
+    trained = [p.numel() for p in model.parameters() if p.requires_grad]
+    square = model.config.text_config.hidden_size ** 2
+    assert (f"flushes a bucket every {len(trained) * square / sum(trained):.1f} of the 3B's {len(trained)} trained "
+            f"tensors, {sum(trained) / square:.0f} a step") in flat
+    shipped = json.loads((ROOT / "configs" / "deepspeed" / "zero2.json").read_text())
+    size = gradient_bucket_bytes(shipped, model.config.text_config.hidden_size, "bf16")
+    assert f"The two buckets take {size / 2 ** 30:.2f} GiB of GPU memory in bf16" in flat
 
 
 def test_the_readme_names_what_the_paper_module_compares():

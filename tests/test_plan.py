@@ -45,12 +45,14 @@ def test_parameter_counts_equal_the_built_model(tmp_path, tiny_dir, stage):
 
 
 def test_model_states_are_deepspeeds_estimators(tmp_path, tiny_dir):
+    """DeepSpeed's own estimators, plus for ZeRO-2 the shipped zero2.json's two gradient buckets of
+    5e7 elements in bf16 (overlap_comm), which the estimator leaves out."""
     config = _config(tmp_path, tiny_dir, f", stage: 2, deepspeed: {ROOT}/configs/deepspeed/zero3.json")
     plan = make_plan(config, gpus=4, nodes=2, alternatives=False)
     trained, frozen = plan.trained, plan.total_params - plan.trained
     assert frozen > 0  # the tower's layers past the feature layer
     _, zero2 = estimate_zero2_model_states_mem_needs(trained, 4, 2, cpu_offload=False)
-    assert plan.states["zero2"].total == zero2 + 2 * frozen
+    assert plan.states["zero2"].total == zero2 + 2 * frozen + 2 * 50_000_000 * 2
     largest = max(sum(p.numel() for p in m.parameters(recurse=False))
                   for m in build_model(ModelSpec(vision_tower=f"{tiny_dir}/siglip",
                                                  llm=f"{tiny_dir}/llama")).model.modules())
@@ -244,3 +246,19 @@ def test_the_fused_terms_blocks_are_counted_only_for_the_eager_softmax(tmp_path,
     blocks = (fused_held_bytes(rows, llm.hidden_size, llm.vocab_size, 2, True, compiled=False)
               - fused_held_bytes(rows, llm.hidden_size, llm.vocab_size, 2, True, compiled=True))
     assert plans["eager"].activations.outside_layers - plans["auto"].activations.outside_layers == blocks > 0
+
+
+@pytest.mark.parametrize("zero, buckets", [
+    ({"reduce_bucket_size": "auto", "overlap_comm": True}, 2 * 96 * 96),  # transformers: hidden_size squared
+    ({"reduce_bucket_size": 1000}, 1000),  # DeepSpeed: overlap_comm off unless set, so one bucket
+    ({}, 500_000_000),  # DeepSpeed's own default size
+    ({"reduce_bucket_size": 1000, "overlap_comm": True, "contiguous_gradients": False}, 0),  # no staging buffers
+])
+def test_zero2_gradient_buckets_are_counted_as_deepspeed_allocates_them(zero, buckets):
+    """ZeRO-1/2 stage gradients in ``reduce_bucket_size``-element buffers, two with overlap_comm, in
+    the training precision: bf16 (2 bytes) unless the run is fp32."""
+    from llava_norm.plan.estimate import gradient_bucket_bytes
+
+    settings = {"zero_optimization": {"stage": 2, **zero}}
+    assert gradient_bucket_bytes(settings, 96, "auto") == 2 * buckets
+    assert gradient_bucket_bytes(settings, 96, "fp32") == 4 * buckets

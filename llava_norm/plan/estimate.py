@@ -12,7 +12,8 @@ optimizer step the gradients build up while the activations are released, so the
 With gradient accumulation the gradients of the earlier micro-batches are alive during the
 next forward, so then ``peak = states + activations + backward transient``.
 
-The figure leaves out the CUDA context, communication buffers and allocator fragmentation;
+ZeRO-1/2's gradient buckets are counted with the model states. The figure leaves out the CUDA
+context, other communication buffers and allocator fragmentation;
 ``FIT_FRACTION`` of the GPU's memory is what the plan lets it use.
 """
 
@@ -28,16 +29,27 @@ import torch
 
 from llava_norm.config_schema import ConfigError, RunConfig, effective_grad_accum, lora_vision_mode
 from llava_norm.plan import flops as flops_model
-from llava_norm.plan.backbones import meta_model
+from llava_norm.plan.backbones import SHIPPED_BACKBONES, meta_model
 from llava_norm.plan.memory import (PLAN_ATTENTION, Activations, Component, States, count_parameters,
                                     largest_layer_params, model_states, peak_bytes, trace_activations,
                                     trace_loss_kinds)
 from llava_norm.train import params
 
 FIT_FRACTION = 0.90
+SHIPPED_ZERO2 = SHIPPED_BACKBONES.parent / "deepspeed" / "zero2.json"
 # Packed rows: an image every 1.25 x tokens_per_image tokens, i.e. samples that are mostly image
 # tokens, the heavier case for the vision tower (a plan should not under-count).
 PACKED_TOKENS_PER_IMAGE = 1.25
+
+
+def _deepspeed_settings(config: RunConfig) -> dict:
+    if not config.train.deepspeed:
+        return {}
+    path = Path(config.train.deepspeed).expanduser()
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"key 'train.deepspeed': {path}: cannot read it as JSON ({error})") from None
 
 
 def zero_layout(config: RunConfig) -> str:
@@ -45,15 +57,23 @@ def zero_layout(config: RunConfig) -> str:
     if not config.train.deepspeed:
         return "ddp"
     path = Path(config.train.deepspeed).expanduser()
-    try:
-        settings = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"key 'train.deepspeed': {path}: cannot read it as JSON ({error})") from None
-    stage = settings.get("zero_optimization", {}).get("stage", 0)
+    stage = _deepspeed_settings(config).get("zero_optimization", {}).get("stage", 0)
     if not isinstance(stage, int):
         raise ConfigError(f"key 'train.deepspeed': {path}: zero_optimization.stage is {stage!r}; the plan needs "
                           "a number (0-3)")
     return "zero3" if stage == 3 else "zero2" if stage in (1, 2) else "ddp"
+
+
+def gradient_bucket_bytes(settings: dict, hidden: int, precision: str) -> int:
+    """ZeRO-1/2's gradient buckets on each GPU, which DeepSpeed's estimator leaves out:
+    ``reduce_bucket_size`` elements (``auto``: the LLM's hidden size squared, as transformers fills it
+    in; unset: DeepSpeed's 5e8), two of them with ``overlap_comm``, in the training precision."""
+    zero = settings.get("zero_optimization", {})
+    if not zero.get("contiguous_gradients", True):
+        return 0
+    size = zero.get("reduce_bucket_size", 500_000_000)
+    size = hidden * hidden if size == "auto" else int(size)
+    return size * (2 if zero.get("overlap_comm", False) else 1) * (4 if precision == "fp32" else 2)
 
 
 @dataclass
@@ -166,6 +186,10 @@ def make_plan(config: RunConfig, gpus: int = 1, nodes: int = 1, gpu_memory_gib: 
     world = gpus * nodes
     layout = zero_layout(config)
     states = {name: model_states(trained, frozen, largest, name, gpus, nodes) for name in {"zero2", "zero3", layout}}
+    # the zero2 row of a run configured otherwise is the shipped zero2.json's
+    zero2 = _deepspeed_settings(config) if layout == "zero2" else json.loads(SHIPPED_ZERO2.read_text())
+    buckets = gradient_bucket_bytes(zero2, model.config.text_config.hidden_size, t.precision)
+    states["zero2"] = replace(states["zero2"], total=states["zero2"].total + buckets)
     seq, n_images_row = _sequence(config, tokens_per_image, seq_len, images)
     batch = t.per_device_batch_size
     # a plain-loss plan also gives the fused loss's figure (an alternative when it does not fit)
