@@ -136,23 +136,27 @@ def _plan(config: Path, seq_len: int | None, overrides: tuple[str, ...] = ()):
                      alternatives=False)
 
 
-def figures_after(run: TrainRun, config: Path, code: int, overrides: tuple[str, ...] = ()) -> dict:
+def figures_after(run: TrainRun, config: Path, code: int, overrides: tuple[str, ...] = (),
+                  launched: float = 0.0) -> dict:
     """The run's figures, or why there are none. A run stopped at its limit (124) after writing its
     complete summary (the limit came while the process shut down, as on the H200 in
-    bench/RESULTS.md) keeps them: ``restart: true`` cleared its folder at launch, so the summary is
-    this run's own."""
-    if code == 124 and _summary(config, overrides).get("complete") is True:
+    bench/RESULTS.md) keeps them, when the summary was written after ``launched`` (a time.time()):
+    a run stopped before its launch cleared the folder would find an earlier run's."""
+    if code == 124 and _summary(config, overrides).get("complete") is True and \
+            _summary_path(config, overrides).stat().st_mtime >= launched:
         return {**train_figures(run, config, overrides), "note": "stopped at its limit after writing its complete summary"}
     return train_figures(run, config, overrides) if code == 0 else {"error": f"exit {code}"}
 
 
-def _summary(config: Path, overrides: tuple[str, ...] = ()) -> dict:
+def _summary_path(config: Path, overrides: tuple[str, ...] = ()) -> Path:
     from llava_norm.config import load_config
 
+    return Path(load_config(config, list(overrides), check_paths=False).train.output_dir) / "train_summary.json"
+
+
+def _summary(config: Path, overrides: tuple[str, ...] = ()) -> dict:
     try:
-        return json.loads((Path(load_config(config, list(overrides), check_paths=False).train.output_dir)
-                           / "train_summary.json")
-                          .read_text())
+        return json.loads(_summary_path(config, overrides).read_text())
     except (OSError, ValueError):
         return {}
 

@@ -257,9 +257,10 @@ def run_train(report: Report, work: Path, out: Path, limit_s: float, toy: bool, 
             continue
         sub = f"train_{run.name}"
         # the run's log comes back with the report: a run cut short says where its time went
+        launched = time.time()
         code = run_part(sub, [sys.executable, "-m", "llava_norm.cli", "train", str(config), *overrides], left,
                         report, out / f"{sub}.log")
-        figures = figures_after(run, config, code, tuple(overrides))
+        figures = figures_after(run, config, code, tuple(overrides), launched)
         entry["results"].append({"run": run.name, **figures})
         report.data["parts"].pop(sub, None)
         report.write()

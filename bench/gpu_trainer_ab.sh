@@ -24,9 +24,10 @@ if [ -n "${FUSED_ARGS:-}" ]; then
 fi
 while [ $# -ge 4 ]; do
     name=$1 run=$2 envs=$3 overrides=$4; shift 4
-    # each later variant keeps RESERVE_S; this one may use the rest (the first also writes the
-    # backbones, about 70 s on an H100), and what it leaves unused passes on
-    left=$((END - SECONDS)); share=$((left - ${RESERVE_S:-130} * ($# / 4))); share=$((share > 60 ? share : 60))
+    # each later variant keeps RESERVE_S (a 3B variant took 110-140 s on the H200); this one may use
+    # the rest (the first also writes the backbones, about 60 s), and what it leaves passes on
+    left=$((END - SECONDS)); share=$((left - ${RESERVE_S:-150} * ($# / 4))); share=$((share > 60 ? share : 60))
+    share=$((share < left ? share : left))
     # shellcheck disable=SC2086
     env $envs "$PY" bench/gpu_kit.py --only train --train-runs "$run" --deadline-s "$share" \
         --out "$WORK/$name" --work "$WORK/kit" ${overrides:+--train-overrides $overrides} 2>&1 \

@@ -209,9 +209,10 @@ def test_each_kit_trainer_run_config_says_what_the_run_names(tmp_path):
 
 def test_a_kit_run_stopped_after_its_complete_summary_keeps_its_figures(tmp_path):
     """A trainer run the kit stopped at its limit (exit 124) has figures only if it wrote its
-    complete summary first; without one, or with an incomplete one, it is an error. The plan beside
-    a run's peak is planned with the overrides the run was given."""
+    complete summary first; without one, with an incomplete one, or with one older than its launch,
+    it is an error. The plan beside a run's peak is planned with the overrides the run was given."""
     import json
+    import time
 
     import _kit_train
 
@@ -226,7 +227,9 @@ def test_a_kit_run_stopped_after_its_complete_summary_keeps_its_figures(tmp_path
     summary.write_text(json.dumps({"complete": False, "log_history": steps}))
     assert _kit_train.figures_after(run, path, 124) == {"error": "exit 124"}
     summary.write_text(json.dumps({"complete": True, "log_history": steps}))
-    figures = _kit_train.figures_after(run, path, 124)
+    # an earlier run's summary, left by a launch stopped before it cleared the folder, is not this run's
+    assert _kit_train.figures_after(run, path, 124, launched=time.time() + 60) == {"error": "exit 124"}
+    figures = _kit_train.figures_after(run, path, 124, launched=time.time() - 60)
     assert figures["note"] == "stopped at its limit after writing its complete summary"
     assert figures["measured_peak_gib"] == 72.0 and figures["tokens_per_s"] == 4000.0 and "meets" in figures
     # the plan beside it is the plan of what ran: the trainer's overrides too (no DeepSpeed: DDP's layout)

@@ -254,9 +254,10 @@ def test_the_fused_terms_blocks_are_counted_only_for_the_eager_softmax(tmp_path,
     ({}, 500_000_000),  # DeepSpeed's own default size
     ({"reduce_bucket_size": 1000, "overlap_comm": True, "contiguous_gradients": False}, 0),  # no staging buffers
 ])
-def test_zero2_gradient_buckets_are_counted_as_deepspeed_allocates_them(zero, buckets):
-    """ZeRO-1/2 stage gradients in ``reduce_bucket_size``-element buffers, two with overlap_comm, in
-    the training precision: bf16 (2 bytes) unless the run is fp32."""
+def test_zero2_gradient_bucket_term_for_each_setting(zero, buckets):
+    """The bucket term's arithmetic for each setting (DeepSpeed's own allocation is held against it in
+    test_training_single.py): ``reduce_bucket_size`` elements, two with overlap_comm, in the training
+    precision, bf16 (2 bytes) unless the run is fp32."""
     from llava_norm.plan.estimate import gradient_bucket_bytes
 
     settings = {"zero_optimization": {"stage": 2, **zero}}

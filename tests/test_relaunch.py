@@ -89,6 +89,8 @@ def test_checkpoint_with_another_config_is_refused_unless_allowed(run):
     shutil.copytree(out, moved)
     assert plan_launch(load_config(path, [f"train.output_dir={moved}", "train.save_steps=7", "train.logging_steps=2",
                                           "train.report_to=[tensorboard]", "data.num_workers=2"])).action == "resume"
+    # nor sdpa's kernel choice: a run saved while train.cudnn_attention's default was null resumes
+    assert plan_launch(load_config(path, ["train.cudnn_attention=null"])).action == "resume"
     assert plan_launch(load_config(path, ["data.pack_max_tokens=512"])).action == "resume"
     with pytest.raises(RelaunchError, match=r"data\.packing: False -> True"):
         plan_launch(load_config(path, ["data.packing=true", "data.pack_max_tokens=512"]))

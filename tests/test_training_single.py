@@ -203,3 +203,27 @@ def test_a_wandb_run_id_you_set_wins_and_is_kept_and_a_restart_makes_a_new_one(t
     assert not (tmp_path / WANDB_RUN_ID).exists()
     monkeypatch.delenv("WANDB_RUN_ID")
     assert keep_wandb_run(tmp_path) not in (made, "mine0001")
+
+
+def test_zero2_gradient_buckets_are_the_ones_the_plan_counts(tmp_path, tiny_dir, monkeypatch):
+    """The buffers DeepSpeed's ZeRO-2 stages gradients in, recorded as it makes them in a tiny bf16
+    run with the shipped zero2.json, add up to the plan's term for that JSON (gradient_bucket_bytes):
+    the plan held against DeepSpeed's own allocation, not its own formula."""
+    import json
+
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    from llava_norm.plan.estimate import gradient_bucket_bytes
+
+    made = []
+    original = DeepSpeedZeroOptimizer.setup_buckets
+
+    def recording(self):
+        original(self)
+        made.append(sum(b.numel() * b.element_size() for bucket in self.ipg_buckets.values() for b in bucket.buffer))
+
+    monkeypatch.setattr(DeepSpeedZeroOptimizer, "setup_buckets", recording)
+    zero2 = Path(__file__).resolve().parents[1] / "configs" / "deepspeed" / "zero2.json"
+    run_training(_tiny_stage2(tmp_path, tiny_dir, f"max_steps: 1, precision: bf16, deepspeed: {zero2}"))
+    hidden = json.loads((tiny_dir / "llama" / "config.json").read_text())["hidden_size"]
+    assert made and max(made) == gradient_bucket_bytes(json.loads(zero2.read_text()), hidden, "bf16")

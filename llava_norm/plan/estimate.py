@@ -12,7 +12,8 @@ optimizer step the gradients build up while the activations are released, so the
 With gradient accumulation the gradients of the earlier micro-batches are alive during the
 next forward, so then ``peak = states + activations + backward transient``.
 
-ZeRO-1/2's gradient buckets are counted with the model states. The figure leaves out the CUDA
+ZeRO-1/2's gradient buckets are counted with the model states (DeepSpeed holds them through each
+backward, where the peak is, and frees them before the optimizer step). The figure leaves out the CUDA
 context, other communication buffers and allocator fragmentation;
 ``FIT_FRACTION`` of the GPU's memory is what the plan lets it use.
 """

@@ -38,6 +38,8 @@ OPERATIONAL_KEYS = frozenset({
     "train.output_dir", "train.resume", "train.save_steps", "train.save_total_limit", "train.logging_steps",
     "train.report_to", "train.run_name", "train.norm_stats_steps", "train.restart", "train.extend",
     "train.allow_config_change", "data.num_workers", "model.allow_projector_mismatch", "train.profile_steps",
+    # which kernel computes attention, not what trains: runs saved while its default was null resume
+    "train.cudnn_attention",
 })
 SCHEDULE_KEYS = frozenset({"train.max_steps", "train.epochs"})  # what train.extend may raise
 # What a run writes into output_dir, and so what train.restart removes (nothing else is touched).
