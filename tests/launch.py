@@ -99,11 +99,12 @@ def run_launches(launches: list[tuple[list[str], dict]], out: Path, timeout: int
     return summary
 
 
-def processes_of(out: Path) -> list[int]:
-    """Live processes (not zombies) whose command line names this output dir: the run's launchers and workers."""
+def processes_of(out: Path, among: list[int] | None = None) -> list[int]:
+    """Live processes (not zombies) whose command line names this output dir: the run's launchers and
+    workers; of ``among`` only, when given (no scan of every process)."""
     needle = f"train.output_dir={out}".encode()
     found = []
-    for proc in Path("/proc").iterdir():
+    for proc in (Path("/proc") / str(pid) for pid in among) if among is not None else Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
@@ -131,15 +132,22 @@ def kill_at_checkpoint(launches: list[tuple[list[str], dict]], out: Path, step: 
                               start_new_session=True) for (cmd, e), log in zip(launches, logs)]
     deadline = time.time() + timeout
     marker = out / f"checkpoint-{step}" / "checkpoint_complete"
+    # the run's processes, found while it runs (the check after the kill below would pass vacuously
+    # otherwise) and looked up before the marker: the kill itself scans nothing, so a test process
+    # short of CPU does not give a run one step from its end the time to finish
+    known, looked = [], 0.0
     while not marker.exists():
         if not all(p.poll() is None for p in procs) or time.time() >= deadline:
             tails = "\n".join(log.read_text()[-3000:] for log in logs)
             raise AssertionError(f"run ended before checkpoint-{step} (or {timeout} s passed); its output:\n{tails}")
+        if time.time() - looked > 0.5:
+            known, looked = processes_of(out) or known, time.time()
         time.sleep(0.02)
-    # the run's processes are found while it runs: the check after the kill below would pass vacuously otherwise
-    assert processes_of(out), "no process of the run found by its output dir"
     for p in procs:
         os.killpg(p.pid, signal.SIGKILL)  # the launchers' groups; torchrun's workers sit in sessions of their own
+    for pid in processes_of(out, known):  # the workers, at once rather than by their parent's death
+        os.kill(pid, signal.SIGKILL)
+    assert known, "no process of the run found by its output dir while it ran"
     for p in procs:
         p.wait()
     time.sleep(0.25)  # the parent-death SIGKILL lands at once; a survivor would still be training
