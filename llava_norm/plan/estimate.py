@@ -53,15 +53,15 @@ def _deepspeed_settings(config: RunConfig) -> dict:
         raise ConfigError(f"key 'train.deepspeed': {path}: cannot read it as JSON ({error})") from None
 
 
-def zero_layout(config: RunConfig) -> str:
-    """zero2 | zero3 | ddp: how the configured launch lays out model states."""
+def zero_layout(config: RunConfig, settings: dict) -> str:
+    """zero2 | zero3 | ddp: how the configured launch lays out model states (``settings``: its
+    DeepSpeed JSON, ``_deepspeed_settings``)."""
     if not config.train.deepspeed:
         return "ddp"
-    path = Path(config.train.deepspeed).expanduser()
-    stage = _deepspeed_settings(config).get("zero_optimization", {}).get("stage", 0)
+    stage = settings.get("zero_optimization", {}).get("stage", 0)
     if not isinstance(stage, int):
-        raise ConfigError(f"key 'train.deepspeed': {path}: zero_optimization.stage is {stage!r}; the plan needs "
-                          "a number (0-3)")
+        raise ConfigError(f"key 'train.deepspeed': {Path(config.train.deepspeed).expanduser()}: "
+                          f"zero_optimization.stage is {stage!r}; the plan needs a number (0-3)")
     return "zero3" if stage == 3 else "zero2" if stage in (1, 2) else "ddp"
 
 
@@ -185,10 +185,11 @@ def make_plan(config: RunConfig, gpus: int = 1, nodes: int = 1, gpu_memory_gib: 
     frozen = sum(c.total for c in components) - trained
     largest = largest_layer_params(model)
     world = gpus * nodes
-    layout = zero_layout(config)
+    settings = _deepspeed_settings(config)
+    layout = zero_layout(config, settings)
     states = {name: model_states(trained, frozen, largest, name, gpus, nodes) for name in {"zero2", "zero3", layout}}
     # the zero2 row of a run configured otherwise is the shipped zero2.json's
-    zero2 = _deepspeed_settings(config) if layout == "zero2" else json.loads(SHIPPED_ZERO2.read_text())
+    zero2 = settings if layout == "zero2" else json.loads(SHIPPED_ZERO2.read_text())
     buckets = gradient_bucket_bytes(zero2, model.config.text_config.hidden_size, t.precision)
     states["zero2"] = replace(states["zero2"], total=states["zero2"].total + buckets)
     seq, n_images_row = _sequence(config, tokens_per_image, seq_len, images)
