@@ -142,30 +142,25 @@ def figures_after(run: TrainRun, config: Path, code: int, overrides: tuple[str, 
     complete summary (the limit came while the process shut down, as on the H200 in
     bench/RESULTS.md) keeps them, when the summary was written after ``launched`` (a time.time()):
     a run stopped before its launch cleared the folder would find an earlier run's."""
-    if code == 124 and _summary(config, overrides).get("complete") is True and \
-            _summary_path(config, overrides).stat().st_mtime >= launched:
-        return {**train_figures(run, config, overrides), "note": "stopped at its limit after writing its complete summary"}
-    return train_figures(run, config, overrides) if code == 0 else {"error": f"exit {code}"}
-
-
-def _summary_path(config: Path, overrides: tuple[str, ...] = ()) -> Path:
     from llava_norm.config import load_config
 
-    return Path(load_config(config, list(overrides), check_paths=False).train.output_dir) / "train_summary.json"
-
-
-def _summary(config: Path, overrides: tuple[str, ...] = ()) -> dict:
+    path = Path(load_config(config, list(overrides), check_paths=False).train.output_dir) / "train_summary.json"
     try:
-        return json.loads(_summary_path(config, overrides).read_text())
+        summary, written = json.loads(path.read_text()), path.stat().st_mtime
     except (OSError, ValueError):
-        return {}
+        summary, written = {}, 0.0
+    if code == 124 and summary.get("complete") is True and written >= launched:
+        return {**train_figures(run, config, summary, overrides),
+                "note": "stopped at its limit after writing its complete summary"}
+    return train_figures(run, config, summary, overrides) if code == 0 else {"error": f"exit {code}"}
 
 
-def train_figures(run: TrainRun, config: Path, overrides: tuple[str, ...] = ()) -> dict:
-    """Tokens/s and peak memory from the run's own log, against the plan at its widest micro-batch."""
+def train_figures(run: TrainRun, config: Path, summary: dict, overrides: tuple[str, ...] = ()) -> dict:
+    """Tokens/s and peak memory from the run's own log (``summary``: its train_summary.json), against
+    the plan at its widest micro-batch."""
     import torch
 
-    history = _summary(config, overrides)["log_history"]
+    history = summary["log_history"]
     steps = [h for h in history if "tokens_per_second" in h]
     # the first steps carry warm-up (kernel choice, the allocator's growth), the last the profiler
     later = [h for h in steps[3:] if h.get("step", 0) <= STEPS - PROFILED_STEPS] or steps
