@@ -148,9 +148,10 @@ def test_readme_cudnn_attention_figures_are_the_profiled_runs():
             "F": "gpu_2026-11-28_train_F_fused_nocudnn.log", "B": "gpu_2026-11-27_train_B_expandable.log",
             "O": "gpu_2026-11-26_train_llama3b_zero2.log"}
     stalls, window = (3, 6, 7, 15), range(4, 18)
-    rate, between, seconds, losses = {}, {}, {}, {}
+    rate, between, seconds, losses, texts = {}, {}, {}, {}, {}
     for run, name in logs.items():
-        steps = _logged_steps((results / name).read_text())
+        texts[run] = (results / name).read_text()
+        steps = _logged_steps(texts[run])
         seconds[run] = {i + 1: int(h["tokens"]) / float(h["tokens_per_second"]) for i, h in enumerate(steps)}
         tokens = {i + 1: int(h["tokens"]) for i, h in enumerate(steps)}
         losses[run] = [float(h["loss"]) for h in steps]
@@ -166,7 +167,7 @@ def test_readme_cudnn_attention_figures_are_the_profiled_runs():
     assert f"{between['D']:,.0f} tokens/s against {between['A']:,.0f}" in flat
     assert (f"stalled for {min(stalled):.1f}-{max(stalled):.1f} s (one H200, 2026-11-28: {rate['A']:,.0f} "
             f"tokens/s; without cuDNN, `train.cudnn_attention: false`, now the default, {rate['D']:,.0f};") in flat
-    gpu = {run: float(re.search(r"Self CUDA time total: ([\d.]+)s", (results / logs[run]).read_text()).group(1)) / 3
+    gpu = {run: float(re.search(r"Self CUDA time total: ([\d.]+)s", texts[run]).group(1)) / 3
            for run in "ADB"}  # three profiled steps each
     d27 = float(re.search(r"Self CUDA time total: ([\d.]+)s",
                           (results / "gpu_2026-11-27_train_D_expandable_nocudnn.log").read_text()).group(1)) / 3
