@@ -255,6 +255,11 @@ def run_train(report: Report, work: Path, out: Path, limit_s: float, toy: bool, 
             entry["results"].append({"run": run.name, "skipped": skip})
             report.write()
             continue
+        left = end - time.monotonic()  # once the backbones are written (minutes at the 7B): no more
+        if left < 30:
+            entry["results"].append({"run": run.name, "error": "not run: its backbones took the part's time"})
+            codes.append(124)
+            continue
         sub = f"train_{run.name}"
         # the run's log comes back with the report: a run cut short says where its time went
         launched = time.time()

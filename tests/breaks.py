@@ -404,6 +404,9 @@ BREAKS = [
     Break("stage 2's scale not taken from stage 1's projector", "llava_norm/train/run.py",
           "        load_projector(bundle.model, m.pretrained_projector)", "        pass",
           "tests/test_resume.py::test_killed_run_resumes_exactly[packed-fused-zero3-scale_fixed-stage2-epoch1]"),
+    Break("a kit trainer run given the time its backbones took", "bench/gpu_kit.py",
+          "        left = end - time.monotonic()  # once the backbones are written", "        pass  #",
+          "tests/test_bench.py::test_a_kit_trainer_run_gets_only_the_time_its_backbones_left"),
 ]
 
 

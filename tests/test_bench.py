@@ -158,6 +158,34 @@ def test_a_kit_part_at_its_limit_keeps_its_results_and_leaves_no_process(tmp_pat
     assert not Path(f"/proc/{grandchild}").exists() or "Z" in Path(f"/proc/{grandchild}/stat").read_text().split()[2]
 
 
+
+def test_a_kit_trainer_run_gets_only_the_time_its_backbones_left(tmp_path, monkeypatch):
+    """The train part's time runs from its start: writing a run's backbones (minutes at the 7B)
+    comes out of the run's limit, and a run with under 30 s left after it is not launched."""
+    import gpu_kit
+
+    clock, limits = [1000.0], []
+    monkeypatch.setattr(gpu_kit.time, "monotonic", lambda: clock[0])
+
+    def setup(run, work, toy, overrides):
+        clock[0] += 100  # the backbones of this run
+        return tmp_path / f"{run.name}.yaml", None
+
+    def part(name, command, limit_s, report, log):
+        limits.append(limit_s)
+        return 0
+
+    monkeypatch.setattr(gpu_kit, "train_setup", setup)
+    monkeypatch.setattr(gpu_kit, "run_part", part)
+    monkeypatch.setattr(gpu_kit, "figures_after", lambda *args: {"steps_logged": 20})
+    report = gpu_kit.Report(tmp_path / "out", {"kit": "test", "environment": {"date": "today"}})
+    names = [run.name for run in gpu_kit.TRAIN_RUNS[:2]]
+    assert gpu_kit.run_train(report, tmp_path, tmp_path / "out", 300, False, names, []) == 0
+    assert limits == [200.0, 100.0]  # 300 s less each run's 100 s of backbones (the runs themselves take none here)
+    code = gpu_kit.run_train(report, tmp_path, tmp_path / "out", 120, False, names[:1], [])
+    assert code == 124 and limits == [200.0, 100.0]  # 20 s left after the backbones: not launched
+    assert report.data["parts"]["train"]["results"][-1]["error"] == "not run: its backbones took the part's time"
+
 @pytest.mark.parametrize("llm", ["llama", "qwen2"])
 def test_dry_run_checks_hold_on_tiny_backbones(tiny_dir, llm):
     """bench/dry_run.py's checks (run at full width by hand: minutes) on the tiny backbones."""
