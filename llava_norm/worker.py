@@ -1,6 +1,7 @@
 """A ``llava-norm`` process's life: it starts without the collector walking its imports or
-transformers scanning its model folders twice, dies with its launcher and leaves without
-interpreter finalisation.
+transformers scanning its model folders twice (or at all, where an earlier process stored the
+scans and no file changed since), dies with its launcher and leaves without interpreter
+finalisation.
 
 Owns the process-level rules; the command line applies them around each subcommand.
 """
@@ -10,9 +11,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import hashlib
+import json
 import logging
 import os
 import sys
+from pathlib import Path
 
 
 @contextlib.contextmanager
@@ -85,7 +89,106 @@ class _WideningLoader:
         self.finder.done = True
         scan = getattr(module, SCAN_FUNCTION, None)
         if callable(getattr(scan, "__wrapped__", None)) and getattr(scan, "cache_parameters", dict)().get("maxsize"):
-            setattr(module, SCAN_FUNCTION, functools.lru_cache(maxsize=None)(scan.__wrapped__))
+            setattr(module, SCAN_FUNCTION, StoredScan(functools.lru_cache(maxsize=None)(scan.__wrapped__),
+                                                      module.__file__, scan_store()))
+
+
+def scan_store() -> Path:
+    """Where the scans are kept between processes: the user's cache folder (``XDG_CACHE_HOME``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llava-norm" / "transformers-scan"
+
+
+class StoredScan:
+    """SCAN_FUNCTION with each folder's whole result kept on disk, for the next process.
+
+    A call from outside the scan (a package's table: transformers/models, one model's folder)
+    returns the stored result when the folder's tree is as it was when that result was computed:
+    every file under it with the same size and modification time (what Python trusts for its own
+    bytecode), and the same transformers source of the scan. Anything else (a file changed,
+    added or removed, a store that does not read) computes as transformers does, with ``scan``,
+    and stores the result for the next process. The calls the scan makes for the folders inside
+    one go to ``scan`` directly. Each call returns new objects, as a computation would."""
+
+    def __init__(self, scan, source: str, store: Path):
+        self.scan, self.source, self.store = scan, source, store
+        self.cache_info = scan.cache_info
+        self.inside = False
+        self.known: dict[str, object] = {}  # folder -> its stored form: files do not change under a running process
+
+    def __call__(self, module_path):
+        if self.inside:
+            return self.scan(module_path)
+        folder = os.path.abspath(os.path.dirname(module_path) if os.path.isfile(module_path) else module_path)
+        kept = self.known[folder] if folder in self.known else self._stored(folder)
+        if kept is not None:
+            try:
+                result = _decoded(kept)
+                self.known[folder] = kept
+                return result
+            except (ValueError, TypeError, KeyError, AttributeError):  # a store edited by hand
+                pass
+        self.inside = True
+        try:
+            result = self.scan(module_path)
+        finally:
+            self.inside = False
+        self.known[folder] = self._store(folder, result)
+        return result
+
+    def _file(self, folder: str) -> Path:
+        return self.store / f"{hashlib.sha256(folder.encode()).hexdigest()[:20]}.json"
+
+    def _signature(self, folder: str) -> str:
+        digest = hashlib.sha256()
+        for path in (self.source, folder):
+            stat = os.stat(path)
+            digest.update(f"{path} {stat.st_size} {stat.st_mtime_ns}\n".encode())
+        for top, dirs, files in os.walk(folder, followlinks=True):  # the scan follows links too
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            digest.update(f"{top}/\n".encode())
+            for name in sorted(files):
+                stat = os.stat(os.path.join(top, name))
+                digest.update(f"{name} {stat.st_size} {stat.st_mtime_ns}\n".encode())
+        return digest.hexdigest()
+
+    def _stored(self, folder: str):
+        try:
+            kept = json.loads(self._file(folder).read_text())
+            return kept["result"] if kept["folder"] == folder and kept["signature"] == self._signature(folder) else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _store(self, folder: str, result) -> object | None:
+        try:
+            kept = {"folder": folder, "signature": self._signature(folder), "result": _encoded(result)}
+            self.store.mkdir(parents=True, exist_ok=True)
+            path = self._file(folder)
+            partial = path.with_suffix(f".{os.getpid()}.partial")
+            partial.write_text(json.dumps(kept))
+            os.replace(partial, path)  # whole or absent: processes start side by side
+            return kept["result"]
+        except (OSError, TypeError):  # a store that cannot be written: computed again next time
+            return None
+
+
+def _encoded(value):
+    """A scan result (dicts, sets and frozensets of strings) as JSON can hold it."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return {"dict": [[_encoded(k), _encoded(v)] for k, v in value.items()]}
+    if isinstance(value, (set, frozenset)) and all(isinstance(v, str) for v in value):
+        return {type(value).__name__: sorted(value)}
+    raise TypeError(f"not a scan result: {type(value).__name__}")
+
+
+def _decoded(value):
+    if isinstance(value, str):
+        return value
+    (kind, items), = value.items()
+    if kind == "dict":
+        return {_decoded(k): _decoded(v) for k, v in items}
+    return {"set": set, "frozenset": frozenset}[kind](items)
 
 
 def one_scan_of_transformers_models() -> None:
@@ -97,9 +200,12 @@ def one_scan_of_transformers_models() -> None:
     per-folder results are kept in a 128-entry LRU cache, which 550 folders overflow, so the
     second build misses every folder. With the same function given an unbounded cache, the
     second build finds each folder's result from the first: same function, same arguments,
-    same result (within one process, as transformers' own cache assumes). Installed before
-    transformers loads; where it already has, or the function is not there (another
-    version), transformers loads as it would.
+    same result (within one process, as transformers' own cache assumes). Across processes the
+    results are kept on disk (``StoredScan``, in ``scan_store()``), each used only while every
+    file under its folder has the size and modification time it had: the suite's hundreds of
+    launches, and a cluster job's ranks, read the scan instead of making it (about a quarter of
+    a CPU-second each: bench/startup.py). Installed before transformers loads; where it already
+    has, or the function is not there (another version), transformers loads as it would.
     """
     if SCAN_MODULE not in sys.modules and not any(isinstance(f, _WholeScanCache) for f in sys.meta_path):
         sys.meta_path.insert(0, _WholeScanCache())

@@ -4,6 +4,7 @@ model folders); how a launched worker leaves is tested in test_training.py."""
 import gc
 import json
 import os
+import time
 import weakref
 from pathlib import Path
 
@@ -75,24 +76,94 @@ print(json.dumps(tables))
 """
 
 
-def test_the_command_line_has_transformers_scan_its_model_folders_once_with_the_same_tables():
+def test_the_command_line_has_transformers_scan_its_model_folders_once_with_the_same_tables(tmp_path):
     """``llava-norm`` (cli.main) installs ``one_scan_of_transformers_models`` before anything
     loads: transformers' scan then runs once per folder under transformers/models, not twice (the
-    top folder runs under each of the two keys it is given: the folder, then its __init__.py), and
-    transformers' lazy tables are exactly those of a process without it."""
+    top folder's second key, its __init__.py, takes the first's result), the next process with
+    the same store scans none, and transformers' lazy tables are exactly those of a process
+    without the rule."""
     import transformers
 
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    env = {**os.environ, "PYTHONHASHSEED": "0", "XDG_CACHE_HOME": str(tmp_path / "cache")}
     plain = printed_by_fresh_interpreter(SCAN_PROBE.format(start=""), env)
-    ours = printed_by_fresh_interpreter(SCAN_PROBE.format(
+    ours_start = SCAN_PROBE.format(
         start="from llava_norm.cli import main\nwith contextlib.redirect_stdout(io.StringIO()):\n"
-              "    try:\n        main(['--help'])\n    except SystemExit:\n        pass"), env)
+              "    try:\n        main(['--help'])\n    except SystemExit:\n        pass")
+    ours, again = (printed_by_fresh_interpreter(ours_start, env) for _ in range(2))
     models = Path(transformers.__file__).parent / "models"
     folders = sum(1 for _, dirs, _ in os.walk(models) for d in dirs if d != "__pycache__")
     tables = json.loads(ours[1])
     assert len(tables["transformers.models"]["_modules"]) > folders and "LlamaForCausalLM" in ours[1]  # read in full
-    assert ours[1] == plain[1]
-    assert int(ours[0]) == folders + 2, (ours[0], plain[0], folders)
+    assert ours[1] == again[1] == plain[1]
+    assert (int(ours[0]), int(again[0])) == (folders + 1, 0), (ours[0], again[0], folders)
     # transformers' own behaviour, which the rule exists for: should a release scan once by
     # itself, this fails and the rule can go
     assert int(plain[0]) >= 2 * folders, (plain[0], folders)
+
+
+def _tree(root: Path) -> Path:
+    (root / "pkg" / "inner").mkdir(parents=True)
+    (root / "pkg" / "a.py").write_text("__all__ = ['A']\n")
+    (root / "pkg" / "inner" / "b.py").write_text("__all__ = ['B']\n")
+    return root / "pkg"
+
+
+def _reading_scan(calls: list, module):
+    """A stand-in for transformers' scan: each folder's modules and their __all__, nested; it
+    reaches the folders inside through ``module.scan``, as transformers' through its module's name."""
+    import functools
+
+    @functools.lru_cache(maxsize=None)
+    def scan(path):
+        calls.append(str(path))
+        out = {}
+        for entry in sorted(os.scandir(path), key=lambda e: e.name):
+            if entry.is_dir():
+                out[entry.name] = module.scan(entry.path)
+            else:
+                names = Path(entry.path).read_text().split("'")[1::2]
+                out.setdefault(frozenset({"torch"} if entry.name.startswith("b") else ()), {})[entry.name] = set(names)
+        return out
+
+    return scan
+
+
+def test_a_stored_scan_is_used_only_while_every_file_under_its_folder_is_as_it_was(tmp_path):
+    from types import SimpleNamespace
+
+    from llava_norm.worker import StoredScan
+
+    folder, store, calls = _tree(tmp_path), tmp_path / "store", []
+    source = tmp_path / "import_utils.py"
+    source.write_text("# the scan's own source")
+
+    def process(where=store):  # what a new process builds: its own function, the store on disk
+        module = SimpleNamespace()
+        module.scan = StoredScan(_reading_scan(calls, module), str(source), where)
+        return module.scan
+
+    expected = {frozenset(): {"a.py": {"A"}}, "inner": {frozenset({"torch"}): {"b.py": {"B"}}}}
+    assert process()(folder) == expected and calls == [str(folder), str(folder / "inner")]
+    calls.clear()
+    second = process()
+    assert second(folder) == expected and second(str(folder / "a.py")) == expected and calls == []  # read back
+    assert second(folder) is not second(folder)  # new objects each call, as a computation gives
+    changed = {frozenset({"torch"}): {"b.py": {"B", "C"}}}
+    time.sleep(0.01)
+    (folder / "inner" / "b.py").write_text("__all__ = ['B', 'C']\n")  # a file deep in the tree changed
+    assert process()(folder)["inner"] == changed and calls
+    calls.clear()
+    source.write_text("# another release of the scan")
+    assert process()(folder)["inner"] == changed and calls == [str(folder), str(folder / "inner")]
+    calls.clear()
+    for kept in store.glob("*.json"):  # a store edited by hand, then one that does not parse
+        kept.write_text(kept.read_text().replace('"dict"', '"list"'))
+    assert process()(folder)["inner"] == changed and calls
+    calls.clear()
+    for kept in store.glob("*.json"):
+        kept.write_text("{not json")
+    assert process()(folder)["inner"] == changed and calls
+    calls.clear()
+    blocked = tmp_path / "a-file"  # a store folder that cannot be made: computed every time, no error
+    blocked.write_text("")
+    assert process(blocked / "store")(folder)["inner"] == changed and calls
