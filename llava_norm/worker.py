@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -93,9 +94,23 @@ class _WideningLoader:
                                                       module.__file__, scan_store()))
 
 
-def scan_store() -> Path:
-    """Where the scans are kept between processes: the user's cache folder (``XDG_CACHE_HOME``)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llava-norm" / "transformers-scan"
+# Where the scans are kept: a folder, or empty for none (the suite gives each session its own).
+SCAN_STORE_VARIABLE = "LLAVA_NORM_SCAN_STORE"
+
+
+def scan_store() -> Path | None:
+    """Where the scans are kept between processes: ``$LLAVA_NORM_SCAN_STORE`` if set (empty: kept
+    nowhere), else the user's cache folder (an absolute ``XDG_CACHE_HOME``, else ~/.cache); None
+    where there is no such place (no home folder)."""
+    try:
+        chosen = os.environ.get(SCAN_STORE_VARIABLE)
+        if chosen is not None:
+            return Path(chosen).absolute() if chosen else None
+        xdg = os.environ.get("XDG_CACHE_HOME", "")
+        base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+        return base / "llava-norm" / "transformers-scan"
+    except (RuntimeError, KeyError, OSError):  # Path.home() without HOME or a passwd entry
+        return None
 
 
 class StoredScan:
@@ -104,71 +119,94 @@ class StoredScan:
     A call from outside the scan (a package's table: transformers/models, one model's folder)
     returns the stored result when the folder's tree is as it was when that result was computed:
     every file under it with the same size and modification time (what Python trusts for its own
-    bytecode), and the same transformers source of the scan. Anything else (a file changed,
-    added or removed, a store that does not read) computes as transformers does, with ``scan``,
-    and stores the result for the next process. The calls the scan makes for the folders inside
-    one go to ``scan`` directly. Each call returns new objects, as a computation would."""
+    bytecode), and the same transformers source (the scan's module and the package's
+    ``__init__``). Anything else (a file changed, added or removed, a store that does not read)
+    computes as transformers does, with ``scan``, and stores the result for the next process,
+    unless a file changed while it was read. The calls the scan makes for the folders inside one
+    go to ``scan`` directly. Nothing here can fail an import that transformers alone completes:
+    a store that cannot be read, trusted or written is passed over."""
 
-    def __init__(self, scan, source: str, store: Path):
-        self.scan, self.source, self.store = scan, source, store
+    def __init__(self, scan, source: str, store: Path | None):
+        self.scan, self.store = scan, store
         self.cache_info = scan.cache_info
+        package = os.path.join(os.path.dirname(os.path.dirname(source)), "__init__.py")
+        self.sources = [(path, _stat_line(path)) for path in (source, package) if os.path.exists(path)]
         self.inside = False
         self.known: dict[str, object] = {}  # folder -> its stored form: files do not change under a running process
 
     def __call__(self, module_path):
-        if self.inside:
+        if self.inside or self.store is None:
             return self.scan(module_path)
         folder = os.path.abspath(os.path.dirname(module_path) if os.path.isfile(module_path) else module_path)
-        kept = self.known[folder] if folder in self.known else self._stored(folder)
-        if kept is not None:
-            try:
-                result = _decoded(kept)
+        try:
+            kept = self.known[folder] if folder in self.known else self._stored(folder)
+            if kept is not None:
+                result = _decoded(kept, top=True)
                 self.known[folder] = kept
                 return result
-            except (ValueError, TypeError, KeyError, AttributeError):  # a store edited by hand
-                pass
+        except Exception:  # noqa: BLE001 - a store that does not read: scanned and stored again
+            pass
+        try:
+            before = self._signature(folder)
+        except Exception:  # noqa: BLE001 - a tree that does not walk: scanned, nothing stored
+            before = None
         self.inside = True
         try:
             result = self.scan(module_path)
         finally:
             self.inside = False
-        self.known[folder] = self._store(folder, result)
+        self.known[folder] = self._store(folder, result, before) if before else None
         return result
 
     def _file(self, folder: str) -> Path:
-        return self.store / f"{hashlib.sha256(folder.encode()).hexdigest()[:20]}.json"
+        return self.store / f"{hashlib.sha256(os.fsencode(folder)).hexdigest()[:20]}.json"
 
     def _signature(self, folder: str) -> str:
         digest = hashlib.sha256()
-        for path in (self.source, folder):
-            stat = os.stat(path)
-            digest.update(f"{path} {stat.st_size} {stat.st_mtime_ns}\n".encode())
+        for path, line in self.sources:  # as this process loaded it: an upgrade since is another source
+            digest.update(os.fsencode(f"{path} {line}\n"))
+        digest.update(os.fsencode(f"{folder} {_stat_line(folder)}\n"))
         for top, dirs, files in os.walk(folder, followlinks=True):  # the scan follows links too
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-            digest.update(f"{top}/\n".encode())
+            digest.update(os.fsencode(f"{top}/\n"))
             for name in sorted(files):
-                stat = os.stat(os.path.join(top, name))
-                digest.update(f"{name} {stat.st_size} {stat.st_mtime_ns}\n".encode())
+                digest.update(os.fsencode(f"{name} {_stat_line(os.path.join(top, name))}\n"))
         return digest.hexdigest()
 
     def _stored(self, folder: str):
-        try:
-            kept = json.loads(self._file(folder).read_text())
-            return kept["result"] if kept["folder"] == folder and kept["signature"] == self._signature(folder) else None
-        except (OSError, ValueError, KeyError, TypeError):
+        path = self._file(folder)
+        if not path.is_file() or path.stat().st_uid != os.getuid():  # only this user's own store is trusted
             return None
+        kept = json.loads(path.read_text())
+        return kept["result"] if kept["folder"] == folder and kept["signature"] == self._signature(folder) else None
 
-    def _store(self, folder: str, result) -> object | None:
+    def _store(self, folder: str, result, before: str) -> object | None:
+        partial = None
         try:
-            kept = {"folder": folder, "signature": self._signature(folder), "result": _encoded(result)}
-            self.store.mkdir(parents=True, exist_ok=True)
-            path = self._file(folder)
-            partial = path.with_suffix(f".{os.getpid()}.partial")
-            partial.write_text(json.dumps(kept))
-            os.replace(partial, path)  # whole or absent: processes start side by side
+            if self._signature(folder) != before or any(_stat_line(p) != line for p, line in self.sources):
+                return None  # a file changed while the scan read it: the result may hold either version
+            kept = {"folder": folder, "signature": before, "result": _encoded(result)}
+            self.store.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd, partial = tempfile.mkstemp(dir=self.store, suffix=".partial")
+            with os.fdopen(fd, "w") as out:
+                json.dump(kept, out)
+            os.replace(partial, self._file(folder))  # whole or absent: processes start side by side
+            partial = None
             return kept["result"]
-        except (OSError, TypeError):  # a store that cannot be written: computed again next time
+        except OSError:  # a store that cannot be written: this process stops trying
+            self.store = None
             return None
+        except Exception:  # noqa: BLE001 - a result this store cannot hold: computed again next time
+            return None
+        finally:
+            if partial:
+                with contextlib.suppress(OSError):
+                    os.unlink(partial)
+
+
+def _stat_line(path: str) -> str:
+    stat = os.stat(path)
+    return f"{stat.st_size} {stat.st_mtime_ns}"
 
 
 def _encoded(value):
@@ -182,13 +220,22 @@ def _encoded(value):
     raise TypeError(f"not a scan result: {type(value).__name__}")
 
 
-def _decoded(value):
-    if isinstance(value, str):
+def _decoded(value, top: bool = False):
+    """``_encoded``'s inverse; anything it could not have written raises ValueError."""
+    if isinstance(value, str) and not top:
         return value
+    if not isinstance(value, dict) or len(value) != 1:
+        raise ValueError("not a stored scan")
     (kind, items), = value.items()
+    if not isinstance(items, list) or (top and kind != "dict"):
+        raise ValueError("not a stored scan")
     if kind == "dict":
+        if not all(isinstance(pair, list) and len(pair) == 2 for pair in items):
+            raise ValueError("not a stored scan")
         return {_decoded(k): _decoded(v) for k, v in items}
-    return {"set": set, "frozenset": frozenset}[kind](items)
+    if kind not in ("set", "frozenset") or not all(isinstance(v, str) for v in items):
+        raise ValueError("not a stored scan")
+    return (set if kind == "set" else frozenset)(items)
 
 
 def one_scan_of_transformers_models() -> None:

@@ -22,6 +22,12 @@ os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="llava-norm-datasets-"
 # spin while they wait for each other.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], ignore_errors=True)
+# transformers' stored scans (llava_norm.worker.StoredScan) in a store of the test run's own,
+# made by pytest's first process and inherited by its workers and every launch: no test reads a
+# store an earlier run, or the user's own runs, left.
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    os.environ["LLAVA_NORM_SCAN_STORE"] = tempfile.mkdtemp(prefix="llava-norm-scans-")
+    atexit.register(shutil.rmtree, os.environ["LLAVA_NORM_SCAN_STORE"], ignore_errors=True)
 
 from llava_norm_demo.tiny import make_tiny
 

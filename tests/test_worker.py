@@ -4,9 +4,9 @@ model folders); how a launched worker leaves is tested in test_training.py."""
 import gc
 import json
 import os
-import time
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
 
 from test_layers import printed_by_fresh_interpreter
 
@@ -84,7 +84,7 @@ def test_the_command_line_has_transformers_scan_its_model_folders_once_with_the_
     without the rule."""
     import transformers
 
-    env = {**os.environ, "PYTHONHASHSEED": "0", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {**os.environ, "PYTHONHASHSEED": "0", "LLAVA_NORM_SCAN_STORE": str(tmp_path / "store")}
     plain = printed_by_fresh_interpreter(SCAN_PROBE.format(start=""), env)
     ours_start = SCAN_PROBE.format(
         start="from llava_norm.cli import main\nwith contextlib.redirect_stdout(io.StringIO()):\n"
@@ -129,8 +129,6 @@ def _reading_scan(calls: list, module):
 
 
 def test_a_stored_scan_is_used_only_while_every_file_under_its_folder_is_as_it_was(tmp_path):
-    from types import SimpleNamespace
-
     from llava_norm.worker import StoredScan
 
     folder, store, calls = _tree(tmp_path), tmp_path / "store", []
@@ -144,21 +142,39 @@ def test_a_stored_scan_is_used_only_while_every_file_under_its_folder_is_as_it_w
 
     expected = {frozenset(): {"a.py": {"A"}}, "inner": {frozenset({"torch"}): {"b.py": {"B"}}}}
     assert process()(folder) == expected and calls == [str(folder), str(folder / "inner")]
+    assert len(list(store.glob("*.json"))) == 1  # the folder inside went to the scan itself, not to a store of its own
     calls.clear()
     second = process()
     assert second(folder) == expected and second(str(folder / "a.py")) == expected and calls == []  # read back
     assert second(folder) is not second(folder)  # new objects each call, as a computation gives
-    changed = {frozenset({"torch"}): {"b.py": {"B", "C"}}}
-    time.sleep(0.01)
-    (folder / "inner" / "b.py").write_text("__all__ = ['B', 'C']\n")  # a file deep in the tree changed
-    assert process()(folder)["inner"] == changed and calls
+    (folder / "inner" / "new.py").write_text("__all__ = ['N']\n")  # a file added deep in the tree
+    assert process()(folder)["inner"][frozenset()] == {"new.py": {"N"}} and calls
     calls.clear()
+    # a file deep in the tree changed to one of the same size: only its modification time tells
+    inner = folder / "inner" / "b.py"
+    stat = inner.stat()
+    inner.write_text("__all__ = ['C']\n")
+    os.utime(inner, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert inner.stat().st_size == stat.st_size and process()(folder)["inner"][frozenset({"torch"})] == {"b.py": {"C"}}
+    calls.clear()
+    changed = {frozenset({"torch"}): {"b.py": {"B", "C"}}}
+    inner.write_text("__all__ = ['B', 'C']\n")
+    assert process()(folder)["inner"][frozenset({"torch"})] == changed[frozenset({"torch"})] and calls
+    calls.clear()
+    (folder / "inner" / "new.py").unlink()
     source.write_text("# another release of the scan")
     assert process()(folder)["inner"] == changed and calls == [str(folder), str(folder / "inner")]
     calls.clear()
-    for kept in store.glob("*.json"):  # a store edited by hand, then one that does not parse
-        kept.write_text(kept.read_text().replace('"dict"', '"list"'))
-    assert process()(folder)["inner"] == changed and calls
+    for edit in (lambda text: text.replace('"dict"', '"list"'),  # stores edited by hand, the signature kept
+                 lambda text: text.replace('"frozenset": []', '"set": "ab"'),
+                 lambda text: text.replace('{"set": ["A"]}', '{"set": [1]}'), lambda text: text.replace(
+                     '"result": {"dict"', '"result": "x", "unused": {"dict"')):
+        calls.clear()
+        assert process()(folder)  # stores the scan again
+        for kept in store.glob("*.json"):
+            kept.write_text(edit(kept.read_text()))
+        calls.clear()
+        assert process()(folder)["inner"] == changed and calls, edit
     calls.clear()
     for kept in store.glob("*.json"):
         kept.write_text("{not json")
@@ -167,3 +183,25 @@ def test_a_stored_scan_is_used_only_while_every_file_under_its_folder_is_as_it_w
     blocked = tmp_path / "a-file"  # a store folder that cannot be made: computed every time, no error
     blocked.write_text("")
     assert process(blocked / "store")(folder)["inner"] == changed and calls
+
+
+def test_a_scan_during_which_a_file_changed_is_not_stored(tmp_path):
+    """The result of a scan that read a file while it was being replaced may hold either version:
+    it is returned, not stored, so the next process scans again."""
+    from llava_norm.worker import StoredScan
+
+    folder, store, calls = _tree(tmp_path), tmp_path / "store", []
+    source = tmp_path / "import_utils.py"
+    source.write_text("# the scan's own source")
+    module = SimpleNamespace()
+    reading = _reading_scan(calls, module)
+
+    def scan_then_upgrade(path):
+        result = reading(path)
+        (folder / "inner" / "b.py").write_text("__all__ = ['B', 'D']\n")  # an install mid-scan
+        return result
+
+    scan_then_upgrade.cache_info = reading.cache_info
+    module.scan = StoredScan(scan_then_upgrade, str(source), store)
+    assert module.scan(folder)["inner"] == {frozenset({"torch"}): {"b.py": {"B"}}}
+    assert not list(store.glob("*.json"))
