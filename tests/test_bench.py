@@ -158,7 +158,6 @@ def test_a_kit_part_at_its_limit_keeps_its_results_and_leaves_no_process(tmp_pat
     assert not Path(f"/proc/{grandchild}").exists() or "Z" in Path(f"/proc/{grandchild}/stat").read_text().split()[2]
 
 
-
 def test_a_kit_trainer_run_gets_only_the_time_its_backbones_left(tmp_path, monkeypatch):
     """The train part's time runs from its start: writing a run's backbones (minutes at the 7B)
     comes out of the run's limit, and a run with under 30 s left after it is not launched."""
@@ -185,6 +184,7 @@ def test_a_kit_trainer_run_gets_only_the_time_its_backbones_left(tmp_path, monke
     code = gpu_kit.run_train(report, tmp_path, tmp_path / "out", 120, False, names[:1], [])
     assert code == 124 and limits == [200.0, 100.0]  # 20 s left after the backbones: not launched
     assert report.data["parts"]["train"]["results"][-1]["error"] == "not run: its backbones took the part's time"
+
 
 @pytest.mark.parametrize("llm", ["llama", "qwen2"])
 def test_dry_run_checks_hold_on_tiny_backbones(tiny_dir, llm):
