@@ -53,9 +53,9 @@ print(json.dumps({"imports": imports, "muon": muon, "collect": cpu() - start}))
 
 
 def measure(variant: str, store: str) -> dict:
-    """One fresh process; ``store``: its XDG_CACHE_HOME, where the scans are kept (llava_norm.worker)."""
+    """One fresh process; ``store``: where it keeps transformers' scans (llava_norm.worker.scan_store)."""
     done = subprocess.run([sys.executable, "-c", PROBE, variant], cwd=REPO_ROOT, capture_output=True, text=True,
-                          check=True, env={**os.environ, "XDG_CACHE_HOME": store})
+                          check=True, env={**os.environ, "LLAVA_NORM_SCAN_STORE": store})
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
