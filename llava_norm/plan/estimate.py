@@ -55,9 +55,7 @@ def _deepspeed_settings(config: RunConfig) -> dict:
 
 def zero_layout(config: RunConfig, settings: dict) -> str:
     """zero2 | zero3 | ddp: how the configured launch lays out model states (``settings``: its
-    DeepSpeed JSON, ``_deepspeed_settings``)."""
-    if not config.train.deepspeed:
-        return "ddp"
+    DeepSpeed JSON, ``_deepspeed_settings``: empty without DeepSpeed, so stage 0, DDP)."""
     stage = settings.get("zero_optimization", {}).get("stage", 0)
     if not isinstance(stage, int):
         raise ConfigError(f"key 'train.deepspeed': {Path(config.train.deepspeed).expanduser()}: "
