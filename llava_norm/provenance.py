@@ -37,13 +37,13 @@ import datetime
 import glob
 import hashlib
 import json
-import os
 import subprocess
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
 from llava_norm.config_schema import is_glob, is_hub_id
+from llava_norm.files import write_atomically
 
 RECORD = "provenance.json"
 MEMO_NAME = "llava_norm_file_fingerprints.json"
@@ -160,9 +160,7 @@ class FingerprintMemo:
             return
         merged = {**self._read(), **self.entries}  # keep what other processes recorded meanwhile
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(merged))
-        os.replace(temporary, self.path)
+        write_atomically(self.path, json.dumps(merged))
 
 
 def source_packages() -> list[Path]:
@@ -284,10 +282,7 @@ def differences(recorded: Record, expected: Record) -> list[str]:
 def write_record(directory: str | Path, record: Record, name: str = RECORD) -> Path:
     path = Path(directory) / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(record), indent=2, default=str))
-    os.replace(tmp, path)  # a reader never sees half a record
-    return path
+    return write_atomically(path, json.dumps(asdict(record), indent=2, default=str))  # never half a record
 
 
 def read_record(directory: str | Path, name: str = RECORD) -> Record | None:

@@ -26,7 +26,7 @@ GUEST = ROOT / "llava_norm_demo"
 # Longest prefix wins.
 LAYERS = {
     "llava_norm.config_schema": 0, "llava_norm.config_checks": 0, "llava_norm.config": 0, "llava_norm.provenance": 0,
-    "llava_norm.layout": 0, "llava_norm.stats": 0,
+    "llava_norm.layout": 0, "llava_norm.stats": 0, "llava_norm.files": 0,
     "llava_norm.data": 1,
     "llava_norm.model": 2, "llava_norm.inference": 2, "llava_norm": 2,  # the package root re-exports the model
     "llava_norm.train": 3, "llava_norm.plan": 3,  # the plan runs training's own freezing, and training prints it

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llava_norm.files import write_atomically
+
 
 class SettingsMismatchError(RuntimeError):
     def __init__(self, differing: list[str], message: str):
@@ -64,10 +66,7 @@ class PredictionStore:
 
     def write_settings(self, settings: dict) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        path = self.dir / "settings.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(settings, indent=2, sort_keys=True))
-        os.replace(tmp, path)
+        write_atomically(self.dir / "settings.json", json.dumps(settings, indent=2, sort_keys=True))
 
     def repair(self, rank: int) -> None:
         """Cut a torn final line (no newline) left by a killed writer."""

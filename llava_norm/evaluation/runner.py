@@ -16,7 +16,6 @@ predictions on disk continues from them, so a killed evaluation loses at most on
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from tqdm import tqdm
@@ -27,6 +26,7 @@ from llava_norm.evaluation.distributed import Ranks
 from llava_norm.evaluation.predictions import PredictionStore, SettingsMismatchError
 from llava_norm.evaluation.settings import BenchmarkRequest, EvalConfig, settings_differences, settings_for
 from llava_norm.evaluation.table import EVAL_SUMMARY, read_results
+from llava_norm.files import write_atomically
 from llava_norm.inference import Predictor, Prompt
 from llava_norm.model.builder import load_bundle
 from llava_norm.provenance import environment, now
@@ -112,14 +112,8 @@ def _evaluate_one(config: EvalConfig, request: BenchmarkRequest, predictor, rank
         "predictions": [str(p) for p in store.files()],
         "finished": now(), "environment": environment(),
     }
-    _write_json(result_path, result)
+    write_atomically(result_path, json.dumps(result, indent=2))
     return result
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False))
-    os.replace(tmp, path)
 
 
 def run_evaluation(config: EvalConfig) -> dict | None:
@@ -146,7 +140,7 @@ def run_evaluation(config: EvalConfig) -> dict | None:
         summary = {"run_name": config.run_name, "checkpoint": str(Path(config.checkpoint).resolve()),
                    "benchmarks": {name: {"metrics": r["metrics"], "settings": r["settings"]}
                                   for name, r in read_results(config.out_dir).items()}}
-        _write_json(Path(config.out_dir) / EVAL_SUMMARY, summary)
+        write_atomically(Path(config.out_dir) / EVAL_SUMMARY, json.dumps(summary, indent=2))
         return summary
     finally:
         ranks.close()

@@ -11,7 +11,6 @@ one file for file.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -20,6 +19,7 @@ from transformers.utils import SAFE_WEIGHTS_NAME
 
 from llava_norm.config import RunConfig
 from llava_norm.config_checks import projector_origin
+from llava_norm.files import write_atomically
 from llava_norm.layout import PROJECTOR_FILE, PROJECTOR_PREFIX
 from llava_norm.model.builder import Bundle
 from llava_norm.model.lora import split_saved_model
@@ -39,9 +39,7 @@ def save_with_sorted_metadata(tensors: dict[str, torch.Tensor], path: Path, meta
     header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     text += b" " * (-len(text) % 8)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + length:])
-    os.replace(tmp, path)
+    write_atomically(path, len(text).to_bytes(8, "little") + text + data[8 + length:])
 
 
 def save_final(trainer, bundle: Bundle, config: RunConfig) -> Path:

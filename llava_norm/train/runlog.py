@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
+from llava_norm.files import write_atomically
 from llava_norm.train.rundir import WANDB_RUN_ID
 from llava_norm.worker import restored_environment
 
@@ -151,9 +152,7 @@ def keep_wandb_run(output_dir: Path) -> str:
     if not run_id:  # W&B's own form: 8 lowercase letters and digits
         run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
     if not path.is_file() or path.read_text().strip() != run_id:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(run_id + "\n")
-        os.replace(tmp, path)
+        write_atomically(path, run_id + "\n")
     os.environ["WANDB_RUN_ID"] = run_id
     os.environ.setdefault("WANDB_RESUME", "allow")
     return run_id

@@ -20,7 +20,6 @@ replayed epoch 0's order (accelerate #4071, #4233; transformers #40691).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from transformers import Trainer
 
 from llava_norm.data.packing import PackedDataset, PackSampler
 from llava_norm.data.sampler import EpochSampler, ModalityLengthGroupedSampler, ShuffledSampler
+from llava_norm.files import write_atomically
 from llava_norm.train.params import make_optimizer
 from llava_norm.train.rundir import (COMPLETE_MARKER, DATA_STATE, NO_DATA_STATE, complete_checkpoints, data_state,
                                      global_batch_problem, processes)
@@ -257,9 +257,7 @@ class LlavaNormTrainer(Trainer):
             files = {**self.checkpoint_files, DATA_STATE: json.dumps(self._data_position(), indent=2)}
             for name, text in files.items():
                 (folder / name).write_text(text)
-            tmp = folder / f".{COMPLETE_MARKER}.tmp"
-            tmp.write_text(str(self.state.global_step))
-            os.replace(tmp, folder / COMPLETE_MARKER)
+            write_atomically(folder / COMPLETE_MARKER, str(self.state.global_step))
             complete = complete_checkpoints(self._get_output_dir(trial=trial))
             for old in complete[: max(len(complete) - self.keep_checkpoints, 0)]:
                 shutil.rmtree(old, ignore_errors=True)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
+from llava_norm.files import write_atomically
 from llava_norm_demo.synth import benchmarks as B
 from llava_norm_demo.synth.corpora import instruct_row, pretrain_row, text_corpus, text_instruct_row
 from llava_norm_demo.synth.facts import fact_sentences, hellaswag_split, mmlu_split
@@ -184,7 +184,5 @@ def build_world(out_dir, seed: int = 0, *, image_size: int = IMAGE_SIZE, n_pretr
                  "holdout": f"sha256(scene key or question stem) % 100 < {holdout_pct} -> benchmark"},
         "files": dict(sorted(files.items())),
     }
-    tmp = root / (MANIFEST + ".tmp")
-    tmp.write_bytes(_json(manifest))
-    os.replace(tmp, mpath)
+    write_atomically(mpath, _json(manifest))
     return json.loads(mpath.read_text())
