@@ -70,10 +70,11 @@ install-gpu: $(STAMP)
 	MAX_JOBS=$(MAX_JOBS) $(PY) -m pip install --no-build-isolation -r requirements-flash-attn.txt
 
 # pytest-xdist, one test module per worker at a time (its module-scoped runs built once), the
-# longest modules first (tests/conftest.py; --no-loadscope-reorder keeps that order). Four
+# longest modules first (tests/conftest.py; --no-loadscope-reorder keeps that order). Three
 # workers on two cores: the launch-bound modules wait on process start-up, kills and
-# collectives, and the others fill those waits.
-TEST_JOBS ?= 4
+# collectives, and the others fill those waits; a fourth adds more contention for the cores
+# than it fills (README, "Tests").
+TEST_JOBS ?= 3
 
 test: bytecode
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder tests
