@@ -3,33 +3,50 @@
 import os
 import subprocess
 import sys
+import time
+from collections import Counter
 
 import pytest
 
 from llava_norm.files import write_atomically
 
 SIZE = 200_000
+READS = 50  # of each writer's file
+WRITES = 400  # by each writer at least
 
 
 def test_writers_side_by_side_leave_one_whole_file_and_never_fail(tmp_path):
-    """Two processes rewrite one record over and over while this one reads it: every read is one
-    writer's whole file, and neither writer's rename finds its temporary file taken by the other
-    (as when both wrote through one shared temporary name)."""
-    target = tmp_path / "provenance.json"
+    """Two processes rewrite one record, each at least WRITES times and on until told to stop, while
+    this one reads it until both are past WRITES and it has read each one's file READS times: every
+    read is one writer's whole file, and neither writer's rename finds its temporary file taken by
+    the other (as when both wrote through one shared name)."""
+    target, stop = tmp_path / "provenance.json", tmp_path / "stop"
     write_atomically(target, "0" * SIZE)
-    code = ("import sys\nfrom llava_norm.files import write_atomically\n"
-            f"for _ in range(400): write_atomically(sys.argv[1], sys.argv[2] * {SIZE})")
-    writers = [subprocess.Popen([sys.executable, "-c", code, str(target), mark], stderr=subprocess.PIPE, text=True)
-               for mark in "ab"]
-    seen = set()
-    while any(w.poll() is None for w in writers):
-        text = target.read_text()
-        assert len(text) == SIZE and len(set(text)) == 1, f"a torn read: {len(text)} characters, {set(text)}"
-        seen.add(text[0])
-    errors = [w.stderr.read() for w in writers]
+    code = ("import os, sys\nfrom llava_norm.files import write_atomically\n"
+            "path, mark, stop, done = sys.argv[1:]\nn = 0\n"
+            f"while n < {WRITES} or not os.path.exists(stop):\n"
+            f"    write_atomically(path, mark * {SIZE})\n"
+            "    n += 1\n"
+            f"    if n == {WRITES}: open(done, 'w').close()\n")
+    done = {mark: tmp_path / f"done-{mark}" for mark in "ab"}
+    writers = [subprocess.Popen([sys.executable, "-c", code, str(target), mark, str(stop), str(done[mark])],
+                                stderr=subprocess.PIPE, text=True) for mark in "ab"]
+    reads, deadline = Counter(), time.monotonic() + 120
+
+    def enough() -> bool:
+        return min(reads["a"], reads["b"]) >= READS and all(d.exists() for d in done.values())
+
+    try:
+        while not enough() and all(w.poll() is None for w in writers) and time.monotonic() < deadline:
+            text = target.read_text()
+            assert len(text) == SIZE and len(set(text)) == 1, f"a torn read: {len(text)} characters, {set(text)}"
+            reads[text[0]] += 1
+    finally:
+        stop.touch()
+        errors = [w.communicate(timeout=60)[1] for w in writers]
     assert [w.returncode for w in writers] == [0, 0], errors
-    assert seen & {"a", "b"}  # the reads overlapped the writes
-    assert [p.name for p in tmp_path.iterdir()] == [target.name]
+    assert enough(), reads  # the reads overlapped both writers' writes
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, stop.name, "done-a", "done-b"])
 
 
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monkeypatch):
