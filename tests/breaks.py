@@ -423,11 +423,14 @@ BREAKS = [
           "        left = end - time.monotonic()  # once the backbones are written", "        pass  #",
           "tests/test_bench.py::test_a_kit_trainer_run_gets_only_the_time_its_backbones_left"),
     Break("writers of one file share a temporary file", "llava_norm/files.py",
-          '    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")', '    partial = path.with_name(f".{path.name}.tmp")',
+          '    partial = _partial(path, str(os.getpid()))', '    partial = _partial(path, "0")',
           "tests/test_files.py::test_writers_side_by_side_leave_one_whole_file_and_never_fail"),
     Break("a failed write leaves its temporary file", "llava_norm/files.py",
-          "        partial.unlink(missing_ok=True)", "        pass",
-          "tests/test_files.py::test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary"),
+          "    except BaseException:\n        partial.unlink(missing_ok=True)", "    except BaseException:\n        pass",
+          "tests/test_files.py::test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary[while_writing]"),
+    Break("a killed launch's temporary marker left in the checkpoint it wrote over", "llava_norm/train/trainer.py",
+          "            clear_partial_writes(folder / COMPLETE_MARKER)", "            pass",
+          "tests/test_resume.py::test_a_kill_during_a_save_resumes_from_the_checkpoint_before"),
 ]
 
 

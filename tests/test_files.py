@@ -5,10 +5,11 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
-from llava_norm.files import write_atomically
+from llava_norm.files import clear_partial_writes, write_atomically
 
 SIZE = 200_000
 READS = 50  # of each writer's file
@@ -43,21 +44,48 @@ def test_writers_side_by_side_leave_one_whole_file_and_never_fail(tmp_path):
             reads[text[0]] += 1
     finally:
         stop.touch()
-        errors = [w.communicate(timeout=60)[1] for w in writers]
+        for w in writers:
+            try:
+                w.wait(timeout=60)
+            finally:
+                w.kill()  # a no-op for one that ended
+        errors = [w.stderr.read() for w in writers]
     assert [w.returncode for w in writers] == [0, 0], errors
     assert enough(), reads  # the reads overlapped both writers' writes
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, stop.name, "done-a", "done-b"])
 
 
-def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+@pytest.mark.parametrize("fails", ["while_writing", "at_the_rename"])
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monkeypatch, fails):
+    """A full disk: half the bytes written to the temporary file, then ENOSPC; or the rename refused."""
     target = tmp_path / "settings.json"
     target.write_text("old")
+    full = OSError(28, "No space left on device")
+    real = Path.write_bytes
 
-    def full_disk(src, dst):
-        raise OSError(28, "No space left on device")
+    def half_then_full(self, data):
+        real(self, data[:len(data) // 2])
+        assert self.exists() and self != target  # the temporary file, half-written
+        raise full
 
-    monkeypatch.setattr(os, "replace", full_disk)
+    def refuse(src, dst):
+        raise full
+
+    if fails == "while_writing":
+        monkeypatch.setattr(Path, "write_bytes", half_then_full)
+    else:
+        monkeypatch.setattr(os, "replace", refuse)
     with pytest.raises(OSError, match="No space left"):
-        write_atomically(target, "new")
+        write_atomically(target, "new" * 1000)
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == [target.name]
+
+
+def test_clearing_partial_writes_removes_only_that_files_temporaries(tmp_path):
+    target = tmp_path / "checkpoint_complete"
+    left = [tmp_path / f".checkpoint_complete.{pid}.tmp" for pid in (123, 4567)]
+    kept = [tmp_path / ".checkpoint_complete_other.1.tmp", tmp_path / "data_state.json"]
+    for path in (*left, *kept):
+        path.write_text("x")
+    clear_partial_writes(target)
+    assert sorted(tmp_path.iterdir()) == sorted(kept)

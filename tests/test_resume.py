@@ -62,8 +62,9 @@ def test_a_kill_during_a_save_resumes_from_the_checkpoint_before(tmp_path, tiny_
         folder = out / f"checkpoint-{step}"
         written = {p.relative_to(folder).as_posix(): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
         name = Path(stopped_in).name
-        if phase == "late":  # everything but the marker
+        if phase == "late":  # everything but the marker, which waits in its writer's temporary file
             assert stopped_in.endswith("checkpoint_complete") and "data_state.json" in written
+            assert [f for f in written if f.startswith(".checkpoint_complete.") and f.endswith(".tmp")], written
         else:  # the file it stopped in holds half the bytes the uninterrupted run wrote there
             whole = ref_out / Path(stopped_in).relative_to(out)
             assert Path(stopped_in).stat().st_size == whole.stat().st_size // 2 > 0
@@ -84,6 +85,7 @@ def test_a_kill_during_a_save_resumes_from_the_checkpoint_before(tmp_path, tiny_
     assert sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))[-1] == MAX_STEPS
     for name in ("model/model.safetensors", "projector.safetensors"):
         assert (out / name).read_bytes() == (ref_out / name).read_bytes(), name
+    assert not list(out.rglob(".checkpoint_complete.*.tmp"))  # the relaunch that wrote over checkpoint-5 cleared it
     # Four kills later: every logged figure but the timings, and train_loss over all eight steps
     assert summary_figures(resumed) == summary_figures(reference)
 
