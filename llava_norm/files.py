@@ -6,8 +6,7 @@ re-serialised weights): the bytes go to a temporary file beside the target, name
 process so that writers side by side never share one, and a rename puts it over the target, which
 POSIX makes atomic within a file system. A write that fails removes its temporary file; one
 killed before its rename leaves it, for ``clear_partial_writes`` where one process alone writes
-the file.
-transformers' stored scans (``llava_norm.worker.StoredScan``) keep their own write: private
+the file. transformers' stored scans (``llava_norm.worker.StoredScan``) keep their own write: private
 files (``mkstemp``'s mode 0600) in a private folder.
 """
 
@@ -21,7 +20,7 @@ from pathlib import Path
 def write_atomically(path: str | Path, data: str | bytes) -> Path:
     """Write ``data`` (text as UTF-8) to ``path`` through a temporary file and a rename; the path."""
     path = Path(path)
-    partial = _partial(path, str(os.getpid()))
+    partial = path.with_name(f"{_partial_prefix(path)}{os.getpid()}.tmp")
     try:
         partial.write_bytes(data.encode() if isinstance(data, str) else data)
         os.replace(partial, path)  # looked up at the call: the kill tests' stopper patches it
@@ -35,9 +34,10 @@ def clear_partial_writes(path: str | Path) -> None:
     """Remove the temporary files that killed writers of ``path`` left. Only where no other process
     writes ``path`` now: a live writer's temporary file would go too, and its rename fail."""
     path = Path(path)
-    for partial in path.parent.glob(glob.escape(_partial(path, "").name.removesuffix(".tmp")) + "*.tmp"):
+    for partial in path.parent.glob(f"{glob.escape(_partial_prefix(path))}*.tmp"):
         partial.unlink(missing_ok=True)
 
 
-def _partial(path: Path, writer: str) -> Path:
-    return path.with_name(f".{path.name}.{writer}.tmp")
+def _partial_prefix(path: Path) -> str:
+    """The name of each temporary file of ``path`` up to its writer's pid."""
+    return f".{path.name}."
