@@ -432,6 +432,13 @@ BREAKS = [
     Break("a killed launch's temporary marker left in the checkpoint it wrote over", "llava_norm/train/trainer.py",
           "            clear_partial_writes(folder / COMPLETE_MARKER)", "            pass",
           "tests/test_resume.py::test_a_kill_during_a_save_resumes_from_the_checkpoint_before"),
+    Break("the run's summary written in place", "llava_norm/train/run.py",
+          "        write_atomically(out / SUMMARY, json.dumps(summary, indent=2))",
+          "        (out / SUMMARY).write_text(json.dumps(summary, indent=2))",
+          "tests/test_resume.py::test_a_kill_during_a_save_resumes_from_the_checkpoint_before"),
+    Break("a killed writer's temporary summary left", "llava_norm/train/run.py",
+          "        clear_partial_writes(out / SUMMARY)", "        pass",
+          "tests/test_resume.py::test_a_kill_during_a_save_resumes_from_the_checkpoint_before"),
 ]
 
 

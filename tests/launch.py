@@ -202,7 +202,8 @@ def _kill_when_stopped(launches: list[tuple[list[str], dict]], out: Path, where:
     before = snapshot(out)
     time.sleep(1.0)
     assert snapshot(out) == before, "files changed after the kill"
-    assert not (out / "train_summary.json").exists(), "the run finished before it was killed"
+    assert not (out / "train_summary.json").exists(), \
+        "train_summary.json is there: the run finished before it was killed, or put its summary in place unfinished"
     printed = ""
     for log in logs:
         log.seek(0)
@@ -225,3 +226,9 @@ def kill_during_final_save(launches: list[tuple[list[str], dict]], out: Path, ti
     """Start the launchers and SIGKILL every process group once the final model's first weights
     file is half-written (see _kill_when_stopped): after the last checkpoint, before the summary."""
     return _kill_when_stopped(launches, out, "model:early", timeout)
+
+
+def kill_during_summary_write(launches: list[tuple[list[str], dict]], out: Path, timeout: int = 240) -> tuple[str, str]:
+    """Start the launchers and SIGKILL every process group once half the bytes of the run's
+    summary are written, wherever the run writes them first (see _kill_when_stopped): its last act."""
+    return _kill_when_stopped(launches, out, "summary:early", timeout)

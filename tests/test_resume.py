@@ -18,7 +18,8 @@ import pytest
 import torch
 from transformers import get_scheduler
 
-from launch import kill_during_final_save, kill_during_save, run_launches, summary_figures
+from launch import (kill_during_final_save, kill_during_save, kill_during_summary_write, run_launches,
+                    summary_figures)
 from resumecases import (CASES, DDP_OR_ONE_PROCESS, MAX_STEPS, STEPS_PER_EPOCH, ZERO, config_file,
                          killed_run_resumes_exactly, launches_of, per_step, reference_store)
 
@@ -41,9 +42,10 @@ def test_killed_run_resumes_exactly(tmp_path, tiny_dir, references, case):
 # (a rank's optimizer partition half-written, after the weights) and late (every file written
 # but the completion marker). Each relaunch of the same command must resume from the checkpoint
 # before it; the kill at checkpoint-3 makes the run resume from checkpoint-2, the folder the
-# first relaunch wrote over a half-written one. The last relaunch is killed while it writes the
-# final model, after checkpoint-8: the next one must finish the run from checkpoint-8 without
-# training a step (the last step falls inside epoch 2, where the stock loop trained a ninth).
+# first relaunch wrote over a half-written one. The next relaunch is killed while it writes the
+# final model, after checkpoint-8, and the one after it while it writes its summary: the last one
+# must finish the run from checkpoint-8 without training a step (the last step falls inside
+# epoch 2, where the stock loop trained a ninth).
 SAVE_KILLS = [(2, "early"), (3, "middle"), (5, "late")]
 
 
@@ -78,6 +80,11 @@ def test_a_kill_during_a_save_resumes_from_the_checkpoint_before(tmp_path, tiny_
     stopped_in, printed = kill_during_final_save(launches, out)
     assert printed.count(f"resuming from {resumed_from}") == 1, printed[-3000:]  # said once, not once per rank
     assert Path(stopped_in) == out / "model/model.safetensors" and (out / f"checkpoint-{MAX_STEPS}/checkpoint_complete").is_file()
+    # The next relaunch is killed with half its summary written, its last act (the kill helper
+    # proves no train_summary.json is there); the summary marks a run finished, so a cut one in
+    # its place would stop every later relaunch.
+    stopped_in, printed = kill_during_summary_write(launches, out)
+    assert "nothing left to train" in printed and Path(stopped_in).stat().st_size > 0, printed[-3000:]
     text = run_launches(launches, out, return_output=True)
     assert "nothing left to train" in text, text[-3000:]
     resumed = json.loads((out / "train_summary.json").read_text())
@@ -86,7 +93,8 @@ def test_a_kill_during_a_save_resumes_from_the_checkpoint_before(tmp_path, tiny_
     for name in ("model/model.safetensors", "projector.safetensors"):
         assert (out / name).read_bytes() == (ref_out / name).read_bytes(), name
     assert not list(out.rglob(".checkpoint_complete.*.tmp"))  # the relaunch that wrote over checkpoint-5 cleared it
-    # Four kills later: every logged figure but the timings, and train_loss over all eight steps
+    assert not list(out.glob(".train_summary.json.*"))  # and the last one the summary's killed writer's
+    # Five kills later: every logged figure but the timings, and train_loss over all eight steps
     assert summary_figures(resumed) == summary_figures(reference)
 
 

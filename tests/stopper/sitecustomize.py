@@ -2,8 +2,10 @@
 
 Put this folder on PYTHONPATH and set ``LLAVA_TEST_STOP_AT=FOLDER:PHASE`` and
 ``LLAVA_TEST_STOP_FLAG=PATH``; every Python process of the launch then imports it at start-up.
-FOLDER is ``checkpoint-N``, or ``model`` for the final model the run writes after its last
-checkpoint (only ``early`` applies there). The first process of the launch to reach PHASE while
+FOLDER is ``checkpoint-N``, ``model`` for the final model the run writes after its last
+checkpoint, or ``summary`` for ``train_summary.json``, written after the final model (only
+``early`` applies to those two; for the summary, half its bytes written wherever the run writes
+them first, the summary itself or a temporary file to be renamed over it). The first process of the launch to reach PHASE while
 writing FOLDER writes PATH (its pid and the file it stopped in) and sleeps until the test kills
 it; the other ranks run on until they wait for it. PHASE is where in the write:
 
@@ -14,7 +16,8 @@ it; the other ranks run on until they wait for it. PHASE is where in the write:
 
 Test-only: the training code knows nothing of it. It patches the three calls that write a
 checkpoint's files (``torch.save``, safetensors' ``save_file``, and ``os.replace`` for the
-marker) before transformers or DeepSpeed import them.
+marker) before transformers or DeepSpeed import them, and pathlib's ``write_text`` and
+``write_bytes`` for the summary.
 """
 
 import os
@@ -24,7 +27,12 @@ _WHERE = os.environ.get("LLAVA_TEST_STOP_AT", "")
 _FLAG = os.environ.get("LLAVA_TEST_STOP_FLAG", "")
 
 
+SUMMARY = "train_summary.json"
+
+
 def _install(folder: str, phase: str) -> None:
+    import pathlib
+
     import safetensors.torch
     import torch
 
@@ -42,7 +50,8 @@ def _install(folder: str, phase: str) -> None:
             time.sleep(60)
 
     def inside(path) -> bool:
-        return isinstance(path, (str, os.PathLike)) and f"{os.sep}{folder}{os.sep}" in os.fspath(path)
+        return folder != "summary" and isinstance(path, (str, os.PathLike)) and \
+            f"{os.sep}{folder}{os.sep}" in os.fspath(path)
 
     def wanted(path) -> bool:
         if not inside(path) or os.path.exists(_FLAG):
@@ -74,13 +83,25 @@ def _install(folder: str, phase: str) -> None:
             stop(os.fspath(dst), cut=False)
         return real_replace(src, dst, *args, **kwargs)
 
+    def summary_writer(real):
+        def write(self, data, *args, **kwargs):
+            result = real(self, data, *args, **kwargs)
+            name = os.path.basename(os.fspath(self))
+            if folder == "summary" and (name == SUMMARY or name.startswith(f".{SUMMARY}.")) and \
+                    not os.path.exists(_FLAG):
+                stop(os.fspath(self), cut=True)
+            return result
+        return write
+
     torch.save = save
     safetensors.torch.save_file = save_file
     os.replace = replace
+    pathlib.Path.write_text = summary_writer(pathlib.Path.write_text)
+    pathlib.Path.write_bytes = summary_writer(pathlib.Path.write_bytes)
 
 
 if _WHERE and _FLAG:
     _folder, _phase = _WHERE.split(":")
-    if _phase not in ("early", "middle", "late") or (_folder == "model" and _phase != "early"):
+    if _phase not in ("early", "middle", "late") or (_folder in ("model", "summary") and _phase != "early"):
         raise ValueError(f"LLAVA_TEST_STOP_AT: no phase {_phase!r} in {_folder}")
     _install(_folder, _phase)
