@@ -15,12 +15,15 @@ VENV_PYTHON ?= $(shell sys='$(SYSTEM_PYTHON)'; v='import sys; print(sys.version_
              else echo python3; fi)
 # TORCH: one requirement (it is quoted below), e.g. TORCH=torch==2.9.1
 TORCH   ?= torch==2.13.0
-# uv installs the pinned requirements (wheels unpacked and compiled to bytecode in parallel);
-# INSTALLER=pip, on a new .venv, for a site whose package index is configured for pip only
-# (pip.conf, PIP_INDEX_URL, PIP_FIND_LINKS: uv reads none of them).
+# uv installs torch and the pinned requirements (wheels unpacked and compiled to bytecode in
+# parallel). It reads none of pip's settings; the folders PIP_FIND_LINKS names (a site's local
+# torch build, as on this project's machines) are passed on to it. INSTALLER=pip, on a new .venv,
+# for a site whose package index or wheel folders are configured for pip only (pip.conf,
+# PIP_INDEX_URL).
 INSTALLER ?= uv
 UV_PIN  := uv==0.13.9
 UV      := .venv/bin/uv pip install -q --python $(PY)
+UV_FIND_LINKS := $(foreach l,$(PIP_FIND_LINKS),--find-links $(l))
 ifneq ($(INSTALLER),$(filter uv pip,$(firstword $(INSTALLER))))
 $(error INSTALLER=$(INSTALLER): expected uv or pip)
 endif
@@ -32,18 +35,19 @@ STAMP   := .venv/.installed-$(shell printf '%s' '$(TORCH) $(INSTALLER)' | cksum 
 
 $(STAMP): requirements.txt requirements-plugin-test.txt pyproject.toml
 	test -x $(PY) || "$(VENV_PYTHON)" -m venv .venv
-	$(PY) -m pip install -q --upgrade pip
-	# torch first and pinned: a looser pin pulls gigabytes of CUDA wheels.
-	$(PY) -m pip install -q "$(TORCH)"
-	# Then torch is named again beside the requirements: installed, it holds, and a requirement
-	# wanting another fails here instead of pulling a CUDA build.
 ifeq ($(INSTALLER),uv)
 	$(PY) -m pip install -q $(UV_PIN)
+	# torch first and pinned: a looser pin pulls gigabytes of CUDA wheels.
+	$(UV) --compile-bytecode $(UV_FIND_LINKS) "$(TORCH)"
+	# Then torch is named again beside the requirements: installed, it holds, and a requirement
+	# wanting another fails here instead of pulling a CUDA build.
 	$(UV) --compile-bytecode -r requirements.txt "$(TORCH)"
 	# lmms-eval's interface only, for the plugin test (its full dependency set conflicts with ours).
 	$(UV) --compile-bytecode --no-deps -r requirements-plugin-test.txt
 	$(UV) --no-deps -e .
 else
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -r requirements.txt "$(TORCH)"
 	$(PY) -m pip install -q --no-deps -r requirements-plugin-test.txt
 	$(PY) -m pip install -q --no-deps -e .

@@ -61,6 +61,7 @@ def test_install_runs_again_when_its_torch_or_installer_changes_and_back(tmp_pat
     for tool in ("python", "uv"):  # stand-ins for .venv's own: they record what they were asked to install
         _fake(tmp_path / ".venv" / "bin" / tool, "(3, 11)").write_text(f'#!/bin/sh\necho "{tool} $*" >> "{log}"\n')
     inherited = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+    inherited["PIP_FIND_LINKS"] = "/wheels/a /wheels/b"  # pip's wheel folders, which uv reads only when told
 
     def install(*settings: str) -> str:
         before = log.read_text() if log.exists() else ""
@@ -69,7 +70,9 @@ def test_install_runs_again_when_its_torch_or_installer_changes_and_back(tmp_pat
         assert done.returncode == 0, done.stderr
         return (log.read_text() if log.exists() else "")[len(before):]
 
-    assert 'torch==2.13.0' in install() and install() == ""
+    first = install()
+    assert "uv pip install -q --python .venv/bin/python --compile-bytecode --find-links /wheels/a --find-links " \
+           "/wheels/b torch==2.13.0\n" in first and install() == "", first
     assert 'torch==2.9.1' in install("TORCH=torch==2.9.1") and install("TORCH=torch==2.9.1") == ""
     assert 'torch==2.13.0' in install()  # back to the default: installed again
     by_pip = install("INSTALLER=pip")  # installed again, each requirement by pip
