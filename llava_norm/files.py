@@ -3,8 +3,8 @@ file or the new one, never a part.
 
 Owns the one way the package puts a small file in place (records, settings, markers, summaries,
 re-serialised weights): the bytes go to a temporary file beside the target, named for the writing
-process so that writers side by side never share one, and a rename puts it over the target, which
-POSIX makes atomic within a file system. A write that fails removes its temporary file; one
+process so that writers side by side never share one, are flushed to disk, and a rename puts them
+over the target, which POSIX makes atomic within a file system. A write that fails removes its temporary file; one
 killed before its rename leaves it, for ``clear_partial_writes`` where one process alone writes
 the file. transformers' stored scans (``llava_norm.worker.StoredScan``) keep their own write: private
 files (``mkstemp``'s mode 0600) in a private folder.
@@ -23,11 +23,22 @@ def write_atomically(path: str | Path, data: str | bytes) -> Path:
     partial = path.with_name(f"{_partial_prefix(path)}{os.getpid()}.tmp")
     try:
         partial.write_bytes(data.encode() if isinstance(data, str) else data)
+        _flush_to_disk(partial)
         os.replace(partial, path)  # looked up at the call: the kill tests' stopper patches it
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
     return path
+
+
+def _flush_to_disk(path: Path) -> None:
+    """The file's bytes on disk before the rename: a machine that goes down right after it could
+    otherwise keep the new name over an empty or partial file (XFS, network file systems)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def clear_partial_writes(path: str | Path) -> None:

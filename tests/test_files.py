@@ -89,3 +89,24 @@ def test_clearing_partial_writes_removes_only_that_files_temporaries(tmp_path):
         path.write_text("x")
     clear_partial_writes(target)
     assert sorted(tmp_path.iterdir()) == sorted(kept)
+
+
+def test_the_bytes_reach_the_disk_before_the_rename(tmp_path, monkeypatch):
+    """fsync of the temporary file, whole, then the rename: after a crash the name never points at
+    bytes still in the page cache."""
+    target, events = tmp_path / "train_summary.json", []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"), os.fstat(fd).st_size))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(src), str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    write_atomically(target, "x" * 1000)
+    partial = str(tmp_path / f".train_summary.json.{os.getpid()}.tmp")
+    assert events == [("fsync", partial, 1000), ("replace", partial, str(target))]

@@ -111,6 +111,24 @@ def test_checkpoint_with_another_config_is_refused_unless_allowed(run):
     assert not (out / "checkpoint-4").exists() and not (out / "train_summary.json").exists()
 
 
+def test_a_cut_summary_resumes_the_run_and_an_unfinished_checkpoint_is_refused(run, caplog):
+    launch, out, path = run
+    launch()
+    summary = out / "train_summary.json"
+    summary.write_text(summary.read_text()[:200])  # as a machine that went down mid-write may leave it
+    plan = plan_launch(load_config(path))
+    assert (plan.action, plan.checkpoint) == ("resume", out / "checkpoint-3")
+    assert "train_summary.json is unreadable" in caplog.text
+    launch()  # resumes at the last step, trains nothing, and writes the summary again
+    assert (_summary(out)["global_step"], _summary(out)["steps_this_launch"]) == (3, 0)
+    # train.resume naming a checkpoint whose save never finished: refused, the complete ones named
+    (out / "checkpoint-2" / "checkpoint_complete").unlink()
+    with pytest.raises(RelaunchError, match=r"checkpoint-2 was asked for, but it has no checkpoint_complete.*"
+                                            r"Complete ones beside it: checkpoint-3$"):
+        plan_launch(load_config(path, [f"train.resume={out / 'checkpoint-2'}"]))
+    assert plan_launch(load_config(path, [f"train.resume={out / 'checkpoint-3'}"])).action == "resume"
+
+
 class _Payload:
     def __reduce__(self):
         return (print, ("unpickled code ran",))

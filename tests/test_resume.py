@@ -80,11 +80,11 @@ def test_a_kill_during_a_save_resumes_from_the_checkpoint_before(tmp_path, tiny_
     stopped_in, printed = kill_during_final_save(launches, out)
     assert printed.count(f"resuming from {resumed_from}") == 1, printed[-3000:]  # said once, not once per rank
     assert Path(stopped_in) == out / "model/model.safetensors" and (out / f"checkpoint-{MAX_STEPS}/checkpoint_complete").is_file()
-    # The next relaunch is killed with half its summary written, its last act (the kill helper
-    # proves no train_summary.json is there); the summary marks a run finished, so a cut one in
-    # its place would stop every later relaunch.
+    # The next relaunch is killed with half its summary written, its last act: the kill helper
+    # proves no train_summary.json is there, and the half sits in the one temporary file beside it.
     stopped_in, printed = kill_during_summary_write(launches, out)
-    assert "nothing left to train" in printed and Path(stopped_in).stat().st_size > 0, printed[-3000:]
+    assert "nothing left to train" in printed, printed[-3000:]
+    assert list(out.glob(".train_summary.json.*")) == [Path(stopped_in)], stopped_in
     text = run_launches(launches, out, return_output=True)
     assert "nothing left to train" in text, text[-3000:]
     resumed = json.loads((out / "train_summary.json").read_text())

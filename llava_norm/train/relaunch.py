@@ -29,8 +29,8 @@ import yaml
 from llava_norm.config import RunConfig, to_yaml
 from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE
 from llava_norm.provenance import RECORD, flatten
-from llava_norm.train.rundir import (PROFILE_DIR, RUN_CONFIG, SKIPPED, SUMMARY, WANDB_RUN_ID, checkpoint_step,
-                                     complete_checkpoints)
+from llava_norm.train.rundir import (COMPLETE_MARKER, PROFILE_DIR, RUN_CONFIG, SKIPPED, SUMMARY, WANDB_RUN_ID,
+                                     checkpoint_step, complete_checkpoints)
 
 log = logging.getLogger(__name__)
 # Where and how often to write, and how to treat this launch: none of them changes the trained weights.
@@ -77,11 +77,21 @@ def _finished_step(out: Path) -> int | None:
     path = out / SUMMARY
     if not path.is_file():
         return None
-    summary = json.loads(path.read_text())
-    return summary.get("global_step") if summary.get("complete") else None
+    try:
+        summary = json.loads(path.read_text())
+    except ValueError as err:  # JSON's and UTF-8's errors both
+        # cut short (a machine that went down as it was written; a kill cannot, as it is put in
+        # place whole): no finished run's, so the run resumes from its last checkpoint and writes it again
+        log.warning("%s is unreadable (%s): the run is taken as unfinished", path, err)
+        return None
+    return summary.get("global_step") if isinstance(summary, dict) and summary.get("complete") else None
 
 
 def _checked_resume(checkpoint: Path, config: RunConfig, allowed: frozenset, why: str) -> LaunchPlan:
+    if checkpoint.is_dir() and not (checkpoint / COMPLETE_MARKER).is_file():  # one train.resume names
+        complete = ", ".join(p.name for p in complete_checkpoints(checkpoint.parent)) or "none"
+        raise RelaunchError(f"{checkpoint}: {why}, but it has no {COMPLETE_MARKER}: its save never finished (a "
+                            f"launch stopped while writing it). Complete ones beside it: {complete}")
     saved = checkpoint / RUN_CONFIG
     if not saved.is_file():
         differences = [f"{checkpoint} has no {RUN_CONFIG} (saved by an older version)"]

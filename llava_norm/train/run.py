@@ -253,6 +253,7 @@ def run_training(config: RunConfig, check=None) -> Path | None:
             resume_from = universal_checkpoint(plan.checkpoint, out, convert=args.process_index == 0)
     if trainer.args.should_save:
         out.mkdir(parents=True, exist_ok=True)
+        clear_partial_writes(out / CONFIG_FILE)  # a killed launch's (one process writes it)
         write_atomically(out / CONFIG_FILE, to_yaml(config))
         record = start_record(config, plan.differences, resuming=plan.checkpoint is not None)
     if plan.checkpoint:
@@ -267,6 +268,7 @@ def run_training(config: RunConfig, check=None) -> Path | None:
     draws = trainer.all_skips(out)
     if trainer.args.should_save:
         skipped = unique_skips(dataset.rejected, draws)
+        clear_partial_writes(out / SKIPPED)
         write_atomically(out / SKIPPED, "".join(json.dumps(r) + "\n" for r in skipped))
         by_cause = count_by_cause(skipped)
         summary = {"complete": True, "global_step": trainer.state.global_step,
@@ -277,8 +279,7 @@ def run_training(config: RunConfig, check=None) -> Path | None:
                    "train_loss": result.metrics["train_loss"],
                    "rows_rejected_at_load": len(dataset.rejected), "rows_adjusted_at_load": dataset.adjusted, "rows_skipped_when_drawn": len(skipped) - len(dataset.rejected),
                    "skipped_by_cause": by_cause, "log_history": trainer.state.log_history}
-        # Put in place whole: a relaunch reads a summary as the run's end, and one cut short by a kill
-        # would stop every relaunch. A killed launch's temporary file goes (one process writes it).
+        # Put in place whole, as every file here: a relaunch reads the summary as the run's end.
         clear_partial_writes(out / SUMMARY)
         write_atomically(out / SUMMARY, json.dumps(summary, indent=2))
         finish_record(config, record, {"model": model_dir, "projector": out / PROJECTOR_FILE})
