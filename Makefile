@@ -15,11 +15,12 @@ VENV_PYTHON ?= $(shell sys='$(SYSTEM_PYTHON)'; v='import sys; print(sys.version_
              else echo python3; fi)
 # TORCH: one requirement (it is quoted below), e.g. TORCH=torch==2.9.1
 TORCH   ?= torch==2.13.0
-# uv installs torch and the pinned requirements (wheels unpacked and compiled to bytecode in
-# parallel). It reads none of pip's settings; the folders PIP_FIND_LINKS names (a site's local
-# torch build, as on this project's machines) are passed on to it. INSTALLER=pip, on a new .venv,
-# for a site whose package index or wheel folders are configured for pip only (pip.conf,
-# PIP_INDEX_URL).
+# uv installs the pinned requirements (wheels unpacked and compiled to bytecode in parallel), and
+# torch too where PIP_FIND_LINKS names the folders of a site's own torch build (as on this
+# project's machines): uv reads none of pip's settings, so those folders are passed on to it, and
+# elsewhere pip installs torch, reading pip.conf as before (uv given no folder would take PyPI's
+# CUDA build). INSTALLER=pip, on a new .venv, for a site whose package index is configured for
+# pip only (pip.conf, PIP_INDEX_URL).
 INSTALLER ?= uv
 UV_PIN  := uv==0.13.9
 UV      := .venv/bin/uv pip install -q --python $(PY)
@@ -38,7 +39,11 @@ $(STAMP): requirements.txt requirements-plugin-test.txt pyproject.toml
 ifeq ($(INSTALLER),uv)
 	$(PY) -m pip install -q $(UV_PIN)
 	# torch first and pinned: a looser pin pulls gigabytes of CUDA wheels.
+ifneq ($(strip $(PIP_FIND_LINKS)),)
 	$(UV) --compile-bytecode $(UV_FIND_LINKS) "$(TORCH)"
+else
+	$(PY) -m pip install -q "$(TORCH)"
+endif
 	# Then torch is named again beside the requirements: installed, it holds, and a requirement
 	# wanting another fails here instead of pulling a CUDA build.
 	$(UV) --compile-bytecode -r requirements.txt "$(TORCH)"

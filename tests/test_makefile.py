@@ -63,17 +63,20 @@ def test_install_runs_again_when_its_torch_or_installer_changes_and_back(tmp_pat
     inherited = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
     inherited["PIP_FIND_LINKS"] = "/wheels/a /wheels/b"  # pip's wheel folders, which uv reads only when told
 
-    def install(*settings: str) -> str:
+    def install(*settings: str, environment: dict = inherited) -> str:
         before = log.read_text() if log.exists() else ""
         done = subprocess.run(["make", "-s", "--no-print-directory", "install", *settings], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=60, env=inherited)
+                              capture_output=True, text=True, timeout=60, env=environment)
         assert done.returncode == 0, done.stderr
         return (log.read_text() if log.exists() else "")[len(before):]
 
     first = install()
     assert "uv pip install -q --python .venv/bin/python --compile-bytecode --find-links /wheels/a --find-links " \
            "/wheels/b torch==2.13.0\n" in first and install() == "", first
-    assert 'torch==2.9.1' in install("TORCH=torch==2.9.1") and install("TORCH=torch==2.9.1") == ""
+    # no wheel folders named: pip installs torch, reading its own settings (pip.conf's among them)
+    other = install("TORCH=torch==2.9.1", environment={k: v for k, v in inherited.items() if k != "PIP_FIND_LINKS"})
+    assert "python -m pip install -q torch==2.9.1\n" in other and "--find-links" not in other, other
+    assert install("TORCH=torch==2.9.1") == ""
     assert 'torch==2.13.0' in install()  # back to the default: installed again
     by_pip = install("INSTALLER=pip")  # installed again, each requirement by pip
     assert "-m pip install -q -r requirements.txt" in by_pip and "uv " not in by_pip, by_pip

@@ -1,7 +1,8 @@
 """How busy a command kept the machine's cores: wall time, and the CPU time every process on the
 machine used meanwhile (from /proc/stat, so processes a test killed, or that left their parent,
-count too). On an otherwise idle machine that CPU time is the command's, and it bounds the wall
-time from below: no schedule on N cores finishes N cores' worth of work sooner.
+count too). On an otherwise idle machine of its own (a container sharing a host's CPUs sees the
+host's counts) that CPU time is the command's, and it bounds the wall time from below: no
+schedule on N cores finishes N cores' worth of work sooner.
 
     python bench/suite_census/busy.py -- make test
 
@@ -30,7 +31,7 @@ def main() -> int:
         command = command[1:]
     if not command:
         sys.exit(__doc__)
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0))
     busy, start = _busy_seconds(), time.monotonic()
     status = subprocess.call(command)
     wall, busy = time.monotonic() - start, _busy_seconds() - busy
