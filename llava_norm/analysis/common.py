@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from llava_norm.data.prompts import PromptSettings, training_prompt_settings
+from llava_norm.files import write_atomically
 from llava_norm.layout import CONFIG_FILE
 from llava_norm.config_schema import resolve_dtype
 from llava_norm.model.builder import Bundle, load_bundle, load_tokenizer, torch_dtype
@@ -168,5 +169,5 @@ def write_result(result: dict, out_dir: str | Path | None, figure, inputs: dict 
     record = make_record(f"analysis:{kind}", {}, paths)
     record.complete = True  # written with the result it describes
     result["provenance"] = asdict(record)
-    (out / f"{kind}.json").write_text(json.dumps(result, indent=2))
+    write_atomically(out / f"{kind}.json", json.dumps(result, indent=2))  # whole: the report reads it
     return result
