@@ -4,9 +4,9 @@ file or the new one, never a part.
 Owns the one way the package puts a small file in place (records, settings, markers, summaries,
 re-serialised weights): the bytes go to a temporary file beside the target, named for the writing
 process so that writers side by side never share one, are flushed to disk, and a rename puts them
-over the target, which POSIX makes atomic within a file system. A write that fails removes its temporary file; one
-killed before its rename leaves it, for ``clear_partial_writes`` where one process alone writes
-the file. transformers' stored scans (``llava_norm.worker.StoredScan``) keep their own write: private
+over the target, which POSIX makes atomic within a file system. A write that fails removes its
+temporary file; one killed before its rename leaves it, for ``clear_partial_writes`` where one
+process alone writes the file. transformers' stored scans (``llava_norm.worker.StoredScan``) keep their own write: private
 files (``mkstemp``'s mode 0600) in a private folder.
 """
 

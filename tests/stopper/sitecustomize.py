@@ -5,9 +5,9 @@ Put this folder on PYTHONPATH and set ``LLAVA_TEST_STOP_AT=FOLDER:PHASE`` and
 FOLDER is ``checkpoint-N``, ``model`` for the final model the run writes after its last
 checkpoint, or ``summary`` for ``train_summary.json``, written after the final model (only
 ``early`` applies to those two; for the summary, half its bytes written wherever the run writes
-them first, the summary itself or a temporary file to be renamed over it). The first process of the launch to reach PHASE while
-writing FOLDER writes PATH (its pid and the file it stopped in) and sleeps until the test kills
-it; the other ranks run on until they wait for it. PHASE is where in the write:
+them first, the summary itself or a temporary file to be renamed over it). The first process of
+the launch to reach PHASE while writing FOLDER writes PATH (its pid and the file it stopped in)
+and sleeps until the test kills it; the other ranks run on until they wait for it. PHASE is where in the write:
 
 - ``early``: the folder's first weights or state file, half of its bytes written;
 - ``middle``: an optimizer-state file (DeepSpeed's per-rank ZeRO partition, or the Trainer's
