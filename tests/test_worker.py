@@ -78,10 +78,10 @@ print(json.dumps(tables))
 
 def test_the_command_line_has_transformers_scan_its_model_folders_once_with_the_same_tables(tmp_path):
     """``llava-norm`` (cli.main) installs ``one_scan_of_transformers_models`` before anything
-    loads: transformers' scan then runs once per folder under transformers/models, not twice (the
-    top folder's second key, its __init__.py, takes the first's result), the next process with
-    the same store scans none, and transformers' lazy tables are exactly those of a process
-    without the rule."""
+    loads: transformers' scan then runs once per folder under transformers/models, not twice (with
+    a store of scans, the top folder's second key, its __init__.py, takes the first's result; with
+    none, the top folder alone is read twice), the next process with the same store scans none,
+    and transformers' lazy tables are exactly those of a process without the rule."""
     import transformers
 
     env = {**os.environ, "PYTHONHASHSEED": "0", "LLAVA_NORM_SCAN_STORE": str(tmp_path / "store")}
@@ -96,6 +96,11 @@ def test_the_command_line_has_transformers_scan_its_model_folders_once_with_the_
     assert len(tables["transformers.models"]["_modules"]) > folders and "LlamaForCausalLM" in ours[1]  # read in full
     assert ours[1] == again[1] == plain[1]
     assert (int(ours[0]), int(again[0])) == (folders + 1, 0), (ours[0], again[0], folders)
+    # with no store (an empty LLAVA_NORM_SCAN_STORE keeps none), the unbounded cache alone: each model
+    # folder once, the top one under both its keys (folder and __init__.py; the store maps them to one)
+    bare = printed_by_fresh_interpreter(ours_start, {**env, "LLAVA_NORM_SCAN_STORE": ""})
+    assert bare[1] == plain[1]
+    assert int(bare[0]) == folders + 2, (bare[0], folders)
     # transformers' own behaviour, which the rule exists for: should a release scan once by
     # itself, this fails and the rule can go
     assert int(plain[0]) >= 2 * folders, (plain[0], folders)
