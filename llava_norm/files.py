@@ -5,9 +5,10 @@ Owns the one way the package puts a small file in place (records, settings, mark
 re-serialised weights): the bytes go to a temporary file beside the target, named for the writing
 process so that writers side by side never share one, are flushed to disk, and a rename puts them
 over the target, which POSIX makes atomic within a file system. A write that fails removes its
-temporary file; one killed before its rename leaves it, for ``clear_partial_writes`` where one
-process alone writes the file. transformers' stored scans (``llava_norm.worker.StoredScan``) keep their own write: private
-files (``mkstemp``'s mode 0600) in a private folder.
+temporary file; one killed before its rename leaves it, for the next write of a file that one
+process alone writes (``sole_writer``) to remove. transformers' stored scans
+(``llava_norm.worker.StoredScan``) keep their own write: private files (``mkstemp``'s mode 0600)
+in a private folder.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ import os
 from pathlib import Path
 
 
-def write_atomically(path: str | Path, data: str | bytes) -> Path:
-    """Write ``data`` (text as UTF-8) to ``path`` through a temporary file and a rename; the path."""
+def write_atomically(path: str | Path, data: str | bytes, sole_writer: bool = False) -> Path:
+    """Write ``data`` (text as UTF-8) to ``path`` through a temporary file and a rename; the path.
+    ``sole_writer``: no other process writes ``path``, so the temporary files killed writers of it
+    left are removed first (``clear_partial_writes``)."""
     path = Path(path)
+    if sole_writer:
+        clear_partial_writes(path)
     partial = path.with_name(f"{_partial_prefix(path)}{os.getpid()}.tmp")
     try:
         partial.write_bytes(data.encode() if isinstance(data, str) else data)

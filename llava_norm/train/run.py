@@ -28,7 +28,7 @@ from llava_norm.data.conversation import conversation_tokenizer
 from llava_norm.data.dataset import SupervisedDataset, count_by_cause
 from llava_norm.data.packing import PackedDataset, collate_packed
 from llava_norm.data.rows import WHOLE_FILE
-from llava_norm.files import clear_partial_writes, write_atomically
+from llava_norm.files import write_atomically
 from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE, PROJECTOR_PREFIX
 from llava_norm.model.builder import ModelSpec, build_model
 from llava_norm.model.compile import compile_layers
@@ -253,8 +253,7 @@ def run_training(config: RunConfig, check=None) -> Path | None:
             resume_from = universal_checkpoint(plan.checkpoint, out, convert=args.process_index == 0)
     if trainer.args.should_save:
         out.mkdir(parents=True, exist_ok=True)
-        clear_partial_writes(out / CONFIG_FILE)  # a killed launch's (one process writes it)
-        write_atomically(out / CONFIG_FILE, to_yaml(config))
+        write_atomically(out / CONFIG_FILE, to_yaml(config), sole_writer=True)  # process 0 alone
         record = start_record(config, plan.differences, resuming=plan.checkpoint is not None)
     if plan.checkpoint:
         log.info("resuming from %s", plan.checkpoint)
@@ -268,8 +267,7 @@ def run_training(config: RunConfig, check=None) -> Path | None:
     draws = trainer.all_skips(out)
     if trainer.args.should_save:
         skipped = unique_skips(dataset.rejected, draws)
-        clear_partial_writes(out / SKIPPED)
-        write_atomically(out / SKIPPED, "".join(json.dumps(r) + "\n" for r in skipped))
+        write_atomically(out / SKIPPED, "".join(json.dumps(r) + "\n" for r in skipped), sole_writer=True)
         by_cause = count_by_cause(skipped)
         summary = {"complete": True, "global_step": trainer.state.global_step,
                    "steps_this_launch": trainer.state.global_step - trainer._initial_global_step,
@@ -280,8 +278,7 @@ def run_training(config: RunConfig, check=None) -> Path | None:
                    "rows_rejected_at_load": len(dataset.rejected), "rows_adjusted_at_load": dataset.adjusted, "rows_skipped_when_drawn": len(skipped) - len(dataset.rejected),
                    "skipped_by_cause": by_cause, "log_history": trainer.state.log_history}
         # Put in place whole, as every file here: a relaunch reads the summary as the run's end.
-        clear_partial_writes(out / SUMMARY)
-        write_atomically(out / SUMMARY, json.dumps(summary, indent=2))
+        write_atomically(out / SUMMARY, json.dumps(summary, indent=2), sole_writer=True)
         finish_record(config, record, {"model": model_dir, "projector": out / PROJECTOR_FILE})
         causes = ", ".join(f"{cause} {n}" for cause, n in by_cause.items()) or "none"
         print(f"[llava-norm] stage {t.stage} done: {trainer.state.global_step} steps "

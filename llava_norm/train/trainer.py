@@ -29,7 +29,7 @@ from transformers import Trainer
 
 from llava_norm.data.packing import PackedDataset, PackSampler
 from llava_norm.data.sampler import EpochSampler, ModalityLengthGroupedSampler, ShuffledSampler
-from llava_norm.files import clear_partial_writes, write_atomically
+from llava_norm.files import write_atomically
 from llava_norm.train.params import make_optimizer
 from llava_norm.train.rundir import (COMPLETE_MARKER, DATA_STATE, NO_DATA_STATE, complete_checkpoints, data_state,
                                      global_batch_problem, processes)
@@ -257,8 +257,8 @@ class LlavaNormTrainer(Trainer):
             files = {**self.checkpoint_files, DATA_STATE: json.dumps(self._data_position(), indent=2)}
             for name, text in files.items():
                 (folder / name).write_text(text)
-            clear_partial_writes(folder / COMPLETE_MARKER)  # a killed launch's, in a folder this one wrote over
-            write_atomically(folder / COMPLETE_MARKER, str(self.state.global_step))
+            # sole writer: a killed launch's temporary marker goes, in a folder this one wrote over
+            write_atomically(folder / COMPLETE_MARKER, str(self.state.global_step), sole_writer=True)
             complete = complete_checkpoints(self._get_output_dir(trial=trial))
             for old in complete[: max(len(complete) - self.keep_checkpoints, 0)]:
                 shutil.rmtree(old, ignore_errors=True)
