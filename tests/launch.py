@@ -218,7 +218,8 @@ def kill_during_save(launches: list[tuple[list[str], dict]], out: Path, step: in
     SIGKILL every process group once a process stopped there (see _kill_when_stopped); proves
     that checkpoint-<step> was left incomplete."""
     stopped_in, printed = _kill_when_stopped(launches, out, f"checkpoint-{step}:{phase}", timeout)
-    assert not (out / f"checkpoint-{step}" / "checkpoint_complete").exists()
+    assert not (out / f"checkpoint-{step}" / "checkpoint_complete").exists(), \
+        f"checkpoint-{step} was marked complete while a process was stopped inside its write"
     return stopped_in, printed
 
 

@@ -1,6 +1,7 @@
 """The evaluation runner end to end: all nine benchmarks on a tiny model, data-parallel merge,
 kill-and-resume without double counting, the per-benchmark JSONs and the results table."""
 
+import collections
 import json
 import os
 import re
@@ -115,10 +116,19 @@ def _run(cmd):
 
 
 def _records(out):
+    """(benchmark, item id) of every complete record: a last line still being written (or cut
+    short by a kill) has no newline yet and is not one."""
     ids = []
     for path in sorted(out.glob("predictions/*/rank*.jsonl")):
-        ids += [(path.parent.name, json.loads(line)["item_id"]) for line in path.read_text().splitlines()]
+        complete = path.read_text().rpartition("\n")[0]
+        ids += [(path.parent.name, json.loads(line)["item_id"]) for line in complete.splitlines()]
     return ids
+
+
+def _unfinished(out, totals: collections.Counter) -> list[str]:
+    """The benchmarks with some but not all of their records written."""
+    done = collections.Counter(bench for bench, _ in _records(out))
+    return [bench for bench, n in done.items() if 0 < n < totals[bench]]
 
 
 def _metrics(out):
@@ -136,16 +146,18 @@ def test_killed_evaluation_resumes_to_the_same_metrics_without_double_counting(s
     assert len({p.name for p in whole.glob("predictions/pope/rank*.jsonl")}) == 2
 
     cut = setup / "cut"
+    totals = collections.Counter(bench for bench, _ in _records(whole))
     proc = subprocess.Popen(_eval_command(setup, cut, nproc=1, batch_size=1), cwd=REPO, env=env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 200
-    while len(_records(cut)) < 25 and time.time() < deadline and proc.poll() is None:
+    while (len(_records(cut)) < 25 or not _unfinished(cut, totals)) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
+    assert proc.poll() is None, "the evaluation ended before it could be killed"
+    assert _unfinished(cut, totals), "200 s passed without a benchmark half done"
     os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    assert proc.wait() == -signal.SIGKILL  # the kill ended it
     assert not (cut / "summary.json").exists(), "the run finished before it could be killed"
-    before = len(_records(cut))
-    assert before >= 25
+    assert len(_records(cut)) >= 25 and _unfinished(cut, totals), "the kill fell between benchmarks"
     # Each complete record the killed run wrote gets a field the runner never writes (a line the
     # kill cut short is left as it is): a recomputed record would come back without it.
     kept = {}

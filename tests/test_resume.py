@@ -4,10 +4,11 @@ save, and relaunches of a finished run that change nothing. The DDP and one-proc
 in test_resume_ddp_one_process.py (the cases themselves: resumecases.py).
 
 Each case kills a real launch (torchrun, the shell scripts, or two torchrun agents standing in
-for two nodes) right after a checkpoint, proves the kill happened where the case says (epoch
-and micro-batch from the checkpoint's own data position, no surviving process, no file written
-afterwards), relaunches the same command, and compares per-step losses, learning rates and the
-final weights bit for bit with an uninterrupted run.
+for two nodes) once a checkpoint is complete, proves the kill (no surviving process, no file
+written afterwards, no summary), removes any checkpoint the run completed before the signal
+landed, so the relaunch resumes from the one the case names, checks from that checkpoint's own
+data position the epoch and micro-batch it holds, relaunches the same command, and compares
+per-step losses, learning rates and the final weights bit for bit with an uninterrupted run.
 """
 
 import json
@@ -39,14 +40,15 @@ def test_killed_run_resumes_exactly(tmp_path, tiny_dir, references, case):
 
 
 # A kill while a checkpoint is being written: early (its first file half-written), in the middle
-# (a rank's optimizer partition half-written, after the weights) and late (every file written
-# but the completion marker). Each relaunch of the same command must resume from the checkpoint
-# before it; the kill at checkpoint-3 makes the run resume from checkpoint-2, the folder the
-# first relaunch wrote over a half-written one. The next relaunch is killed while it writes the
+# (a rank's optimizer partition half-written, after the weights), while the second rank writes
+# its own log state (the main process must wait for it at a barrier, not write the marker) and
+# late (every file written but the completion marker). Each relaunch of the same command must
+# resume from the checkpoint before it; the kill at checkpoint-3 makes the run resume from
+# checkpoint-2, the folder the first relaunch wrote over a half-written one. The next relaunch is killed while it writes the
 # final model, after checkpoint-8, and the one after it while it writes its summary: the last one
 # must finish the run from checkpoint-8 without training a step (the last step falls inside
 # epoch 2, where the stock loop trained a ninth).
-SAVE_KILLS = [(2, "early"), (3, "middle"), (5, "late")]
+SAVE_KILLS = [(2, "early"), (3, "middle"), (4, "rank"), (5, "late")]
 
 
 def test_a_kill_during_a_save_resumes_from_the_checkpoint_before(tmp_path, tiny_dir, references):
@@ -67,6 +69,9 @@ def test_a_kill_during_a_save_resumes_from_the_checkpoint_before(tmp_path, tiny_
         if phase == "late":  # everything but the marker, which waits in its writer's temporary file
             assert stopped_in.endswith("checkpoint_complete") and "data_state.json" in written
             assert [f for f in written if f.startswith(".checkpoint_complete.") and f.endswith(".tmp")], written
+        elif phase == "rank":  # the main process waited for it: none of what it writes after the barrier
+            assert name == "log_state_rank1.json" and written[name] > 0 and "log_state_rank0.json" in written
+            assert "data_state.json" not in written and not [f for f in written if "checkpoint_complete" in f]
         else:  # the file it stopped in holds half the bytes the uninterrupted run wrote there
             whole = ref_out / Path(stopped_in).relative_to(out)
             assert Path(stopped_in).stat().st_size == whole.stat().st_size // 2 > 0

@@ -12,12 +12,16 @@ and sleeps until the test kills it; the other ranks run on until they wait for i
 - ``early``: the folder's first weights or state file, half of its bytes written;
 - ``middle``: an optimizer-state file (DeepSpeed's per-rank ZeRO partition, or the Trainer's
   ``optimizer.pt``), half of its bytes written, after the model weights;
+- ``rank``: a non-main rank's own log state (``log_state_rank1.json``), half of its bytes written,
+  after DeepSpeed's files and before the barrier that holds the main process back from the
+  marker; that rank then waits LINGER seconds before saying it stopped, time enough for a main
+  process that did not wait at the barrier to write the marker;
 - ``late``: every file written, right before the completion marker is put in place.
 
 Test-only: the training code knows nothing of it. It patches the three calls that write a
 checkpoint's files (``torch.save``, safetensors' ``save_file``, and ``os.replace`` for the
 marker) before transformers or DeepSpeed import them, and pathlib's ``write_text`` and
-``write_bytes`` for the summary.
+``write_bytes`` for the summary and the ranks' log states.
 """
 
 import os
@@ -28,6 +32,7 @@ _FLAG = os.environ.get("LLAVA_TEST_STOP_FLAG", "")
 
 
 SUMMARY = "train_summary.json"
+LINGER = 2.0  # seconds (``rank``)
 
 
 def _install(folder: str, phase: str) -> None:
@@ -42,6 +47,8 @@ def _install(folder: str, phase: str) -> None:
             os.truncate(path, size // 2)
             with open(path, "rb+") as f:
                 os.fsync(f.fileno())
+        if phase == "rank":
+            time.sleep(LINGER)
         tmp = f"{_FLAG}.{os.getpid()}"
         with open(tmp, "w") as f:
             f.write(f"{os.getpid()} {phase} {path}\n")
@@ -87,8 +94,9 @@ def _install(folder: str, phase: str) -> None:
         def write(self, data, *args, **kwargs):
             result = real(self, data, *args, **kwargs)
             name = os.path.basename(os.fspath(self))
-            if folder == "summary" and (name == SUMMARY or name.startswith(f".{SUMMARY}.")) and \
-                    not os.path.exists(_FLAG):
+            summary = folder == "summary" and (name == SUMMARY or name.startswith(f".{SUMMARY}."))
+            rank_state = phase == "rank" and inside(self) and name == "log_state_rank1.json"
+            if (summary or rank_state) and not os.path.exists(_FLAG):
                 stop(os.fspath(self), cut=True)
             return result
         return write
@@ -102,6 +110,6 @@ def _install(folder: str, phase: str) -> None:
 
 if _WHERE and _FLAG:
     _folder, _phase = _WHERE.split(":")
-    if _phase not in ("early", "middle", "late") or (_folder in ("model", "summary") and _phase != "early"):
+    if _phase not in ("early", "middle", "rank", "late") or (_folder in ("model", "summary") and _phase != "early"):
         raise ValueError(f"LLAVA_TEST_STOP_AT: no phase {_phase!r} in {_folder}")
     _install(_folder, _phase)
