@@ -114,7 +114,7 @@ def _merge_files(path: Path, refused: list[ConfigError] | None = None) -> DictCo
         _mixture_keys(node, source)
         while True:
             try:
-                merged = OmegaConf.merge(merged, node)
+                merged = OmegaConf.merge(merged, _checked_shapes(merged, node, source))
                 break
             except OmegaConfBaseException as error:
                 problem = ConfigError(_describe(error), file=source)
@@ -127,20 +127,48 @@ def _merge_files(path: Path, refused: list[ConfigError] | None = None) -> DictCo
     return merged
 
 
+def _shape(node) -> str:
+    return "a mapping" if OmegaConf.is_dict(node) else "a list" if OmegaConf.is_list(node) else "a single value"
+
+
+def _checked_shapes(schema: DictConfig, node, file: Path, prefix: str = ""):
+    """``node``, once every key it sets holds the shape the schema has there (a mapping, a list or
+    a single value; unset optional values aside). Why: OmegaConf refuses a list given for a
+    mapping, or a mapping for a list, with a TypeError that names neither the key nor the file."""
+    if not isinstance(node, DictConfig) or not isinstance(schema, DictConfig):
+        return node
+    for key in node:
+        if key not in schema:
+            continue  # an unknown key: the merge names it, with the keys it could have meant
+        want, got = schema._get_node(key), node._get_node(key)
+        if got._is_none() or got._is_missing() or got._is_interpolation():
+            continue
+        if _shape(want) != _shape(got):
+            raise ConfigError(f"key '{prefix}{key}': expected {_shape(want)}, got {_shape(got)}", file=file)
+        if OmegaConf.is_dict(want) and not want._is_none():
+            _checked_shapes(want, got, file, f"{prefix}{key}.")
+    return node
+
+
 def _load(path: Path, overrides: list[str], check_paths: bool) -> RunConfig:
     merged = _merge_files(path)
     for override in overrides:
         if not override.partition("=")[0] or "=" not in override:
             raise ConfigError(f"key '{override}': a command-line override must be KEY=VALUE")
     where = f" (command-line overrides {overrides})"
+    indexed = [k for k, _, _ in map(lambda o: o.partition("="), overrides) if re.search(r"\.\d+(\.|$)", k)]
     try:
         try:
             dotlist = OmegaConf.from_dotlist(overrides)
             _mixture_keys(dotlist)
+            if not indexed:  # (an indexed key reads as a mapping where the list is: said below)
+                try:
+                    _checked_shapes(merged, dotlist, None)
+                except ConfigError as error:
+                    raise ConfigError(f"{error}{where}") from None
             merged = OmegaConf.merge(merged, dotlist)
         except TypeError:  # omegaconf's message for "list.0.key=..." is unhelpful
-            keys = [k for k, _, _ in map(lambda o: o.partition("="), overrides) if re.search(r"\.\d+(\.|$)", k)]
-            raise ConfigError(f"key '{(keys or overrides)[0]}': a list (e.g. data.mixture) can only be replaced "
+            raise ConfigError(f"key '{(indexed or overrides)[0]}': a list (e.g. data.mixture) can only be replaced "
                               "whole, e.g. 'data.mixture=[{path: a.json}]'") from None
         except yaml.YAMLError as error:
             raise ConfigError(_yaml_problem(error) + where) from None

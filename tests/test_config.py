@@ -243,6 +243,11 @@ CASES = [
     (["train.global_batch_size=7"], "train.global_batch_size", None),  # not a multiple of 2: on no world size
     (["data.mixture=[{{path: {data}}}, {{pth: {data}}}]"], "data.mixture\\[1\\].pth", None),  # a typo inside an entry
     ([], "data.mixture\\[0\\].image_foldr", "base: base.yaml\ndata: {mixture: [{path: x.json, image_foldr: y}]}\n"),
+    # a value of the wrong shape: a mapping for a list, a list for a mapping, a value for a section
+    ([], "data.mixture", "base: base.yaml\ndata: {mixture: {path: x.json}}\n"),
+    ([], "data.template_kwargs", "base: base.yaml\ndata: {template_kwargs: [1]}\n"),
+    ([], "train", "base: base.yaml\ntrain: 5\n"),
+    (["data.template_kwargs=[1]"], "data.template_kwargs", None),
     (["train.max_steps=0"], "train.max_steps", None),
     (["train.epochs=0"], "train.epochs", None),
     (["optim.scheduler=cosine_with_min_lr"], "optim.scheduler", None),  # needs kwargs transformers lacks here
