@@ -259,6 +259,11 @@ def test_bad_input_and_ctrl_c_end_the_command_in_one_line(setup, tmp_path, monke
     assert default_out_dir("Org/some-model") == Path.cwd() / "eval-some-model"  # a hub id: here
     bench = ["--benchmarks", "pope", "--data-root", str(setup / "world/benchmarks")]
     assert parse_eval_args([str(setup / "ckpt"), *bench]).out_dir == str(setup / "eval-ckpt")  # what eval takes
+    # EVAL_DATA stands in for --data-root, as in scripts/eval.sh and the pipeline
+    monkeypatch.setenv("EVAL_DATA", str(setup / "world/benchmarks"))
+    assert parse_eval_args([str(setup / "ckpt"), "--benchmarks", "pope"]).benchmarks == \
+        parse_eval_args([str(setup / "ckpt"), *bench]).benchmarks
+    monkeypatch.delenv("EVAL_DATA")
     check_saved_model("Org/some-model")  # a hub id goes on to the loader
 
     def said(*argv) -> str:
@@ -266,6 +271,9 @@ def test_bad_input_and_ctrl_c_end_the_command_in_one_line(setup, tmp_path, monke
             cli.main(["eval", *argv])
         return stop.value.code
 
+    assert "pass --data-root DIR or set EVAL_DATA=DIR" in said(str(setup / "ckpt"), "--benchmarks", "pope")
+    assert said(str(setup / "ckpt"), *bench, "--limit", "0") == \
+        "eval: limit must be a positive int or None (no items, no score), got 0"
     for name in (str(tmp_path / "runs" / "none" / "model"), "mergd"):
         assert said(name, *bench) == f"eval: {name}: no saved model here (from {os.getcwd()}; give a saved model " \
             "directory, RUN/model, or a Hugging Face hub id, organisation/name)"

@@ -8,6 +8,7 @@ the same words would record before deciding to reuse one.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import yaml
@@ -22,7 +23,8 @@ DEFAULT_DATA_ROOT = "data/eval"  # where scripts/eval.sh and the pipeline look w
 def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="a saved model directory (e.g. runs/x/stage2/model)")
     p.add_argument("--benchmarks", default="all", help="comma-separated names, or 'all'")
-    p.add_argument("--data-root", help="directory holding one sub-directory per benchmark (see eval/README.md)")
+    p.add_argument("--data-root", default=os.environ.get("EVAL_DATA") or None,
+                   help="directory holding one sub-directory per benchmark (see eval/README.md; default: $EVAL_DATA)")
     p.add_argument("--data", action="append", default=[], metavar="NAME=PATH", help="data path of one benchmark")
     p.add_argument("--option", action="append", default=[], metavar="NAME.KEY=VALUE",
                    help="benchmark option, e.g. mmlu.num_fewshot=5, ai2d.variant=no_mask, pope.split=adversarial")
@@ -101,8 +103,10 @@ def eval_config_from_args(args: argparse.Namespace):
     """The ``EvalConfig``; raises ValueError / FileNotFoundError naming the bad argument or missing data."""
     # lazy: the settings load torch; building the parser must not
     from llava_norm.data.prompts import training_prompt_settings
+    from llava_norm.evaluation.benchmarks.base import check_limit
     from llava_norm.evaluation.settings import EvalConfig, default_run_name, resolve_benchmarks
 
+    check_limit(args.limit)  # before any model loads
     check_saved_model(args.checkpoint)
     options = benchmark_options(args.option)
     requests = resolve_benchmarks(args.benchmarks.split(","), args.data_root, key_values(args.data, "--data"), options)

@@ -71,8 +71,8 @@ def resolve_benchmarks(names: list[str], data_root: str | None, paths: dict[str,
         elif data_root:
             path = str(Path(data_root) / BENCHMARKS[name].declaration.data_dir)
         else:
-            raise ValueError(f"{name}: no data path; pass --data-root DIR (expects "
-                             f"DIR/{BENCHMARKS[name].declaration.data_dir}) or --data {name}=PATH")
+            raise ValueError(f"{name}: no data path; pass --data-root DIR or set EVAL_DATA=DIR (expects "
+                             f"DIR/{BENCHMARKS[name].declaration.data_dir}), or pass --data {name}=PATH")
         if not Path(path).exists():
             raise FileNotFoundError(f"{name}: data path does not exist: {path} (see eval/README.md for where to get it)")
         get_benchmark(name, **options.get(name, {}))  # fail on a bad option before loading any model

@@ -273,8 +273,8 @@ def get_benchmark(name: str, **options: Any) -> Benchmark:
 
 
 def check_limit(limit: int | None) -> None:
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
-        raise ValueError(f"limit must be a non-negative int or None, got {limit!r}")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise ValueError(f"limit must be a positive int or None (no items, no score), got {limit!r}")
 
 
 # ----------------------------------------------------------------------------------------
