@@ -187,9 +187,15 @@ def test_a_backbone_that_is_neither_a_folder_nor_a_repo_id_is_one_line(world):
     """A relative path that does not exist here (two slashes: not a repo id either) is named by
     its key, not met as huggingface_hub's validation traceback."""
     _, config, _, _, _ = world
-    report = preflight(config, ["model.llm=checkpoints/llama/v2"], gpus=1, plan=False)
-    assert [p for p in report.problems if p.startswith("key 'model.llm': 'checkpoints/llama/v2' is not a local "
-                                                       "directory")], report.problems
+    report = preflight(config, ["model.llm=checkpoints/llama/v2"], gpus=1)
+    assert [p for p in report.problems if p.endswith("key 'model.llm': path does not exist: checkpoints/llama/v2")], \
+        report.problems
+    # one cause is said once: not again by the backbone check or by the plan, which cannot be made
+    for override, key in (("model.llm=checkpoints/llama/v2", "model.llm"), ("model.vision_tower=/nowhere/siglip",
+                                                                            "model.vision_tower")):
+        report = preflight(config, [override], gpus=1)
+        assert len([p for p in report.problems if f"'{key}'" in p]) == 1, report.problems
+        assert "plan: none until the problems above are fixed" in report.summary
 
 
 def test_a_plan_that_does_not_fit_is_a_problem(world, monkeypatch):

@@ -240,13 +240,12 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
     # as the launch checks them
     with environment_variable("WORLD_SIZE", str(world)):
         for problem in path_problems(config):
-            key = re.search(r"key '([^']+)'", problem)
-            if not (key and any(f"'{key.group(1)}" in p for p in report.problems)):  # said already
+            if not _said_already(report, problem):
                 report.problems.append(f"{path}: {problem}")
     where = {}
     for key in ("vision_tower", "llm"):
         problems, where[key] = backbone_problems(getattr(config.model, key), f"model.{key}")
-        report.problems += problems
+        report.problems += [problem for problem in problems if not _said_already(report, problem)]
     report.summary += [
         f"world size {world} ({nodes} node(s) x {gpus} GPUs), gradient accumulation {accum}, "
         f"global batch {t.global_batch_size or t.per_device_batch_size * (accum or 1) * world}",
@@ -291,6 +290,12 @@ def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: in
     report.summary.append(f"resumes {checkpoint} (saved on {processes(saved_world)}) on {processes(world)}{converted}")
 
 
+def _said_already(report: Report, problem: str) -> bool:
+    """Whether the key ``problem`` names has a problem in the report already (one cause, said once)."""
+    key = re.search(r"key '([^']+)'", problem)
+    return bool(key) and any(f"'{key.group(1)}" in said for said in report.problems)
+
+
 def _plan(report: Report, gpus: int, nodes: int, memory: float | None, name: str | None) -> None:
     # lazy: the plan builds the meta-device model (transformers' model code); the checks alone do not
     from llava_norm.plan import make_plan
@@ -298,7 +303,11 @@ def _plan(report: Report, gpus: int, nodes: int, memory: float | None, name: str
     try:
         plan = make_plan(report.config, gpus, nodes, memory, name, alternatives=memory is not None)
     except Exception as error:  # noqa: BLE001 - a plan that cannot be made is said, in one line
-        report.problems.append(f"plan: {type(error).__name__}: {str(error).splitlines()[0]}")
+        said = f"plan: {type(error).__name__}: {str(error).splitlines()[0]}"
+        if _said_already(report, said):
+            report.summary.append("plan: none until the problems above are fixed")
+        else:
+            report.problems.append(said)
         return
     report.plan, peak = plan, plan.peak() / 2 ** 30
     host = plan.host_memory_gib()
