@@ -226,7 +226,7 @@ train: {{stage: 1, output_dir: {tmp_path}/run, max_steps: 2, per_device_batch_si
     # The checkpoint and the bare backbones share the vision tower in stage 1: same vision norms.
     assert interface[0]["vision_output"]["mean"] == pytest.approx(interface[2]["vision_output"]["mean"], rel=1e-5)
     assert [c["label"] for c in json.loads((tmp_path / "analysis/dynamics.json").read_text())["curves"]] == [
-        "step 1", "step 2", "final"]
+        "step 1", "step 2 (final)"]  # the run ended at step 2: its final model is checkpoint-2 again
     assert set(json.loads((tmp_path / "analysis/layers.json").read_text())["provenance"]["inputs"]) == {
         "samples", "gwc", "run/checkpoint-1"}
     main(["analyze", "report", out])

@@ -11,6 +11,7 @@ settings, so its inputs are exactly the ones ``llava-norm eval`` would give it.
 
 from __future__ import annotations
 
+import json
 import re
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -26,7 +27,7 @@ from llava_norm.analysis.masks import interleave_prompts, prompt_batches
 from llava_norm.analysis.plots import dynamics_figure, layers_figure
 from llava_norm.analysis.samples import SampleSet
 from llava_norm.data.prompts import PromptSettings
-from llava_norm.train.rundir import complete_checkpoints
+from llava_norm.train.rundir import SUMMARY, complete_checkpoints
 
 GROUPS = ("image", "text")
 
@@ -138,11 +139,20 @@ def layer_curves(models: list[Labeled], samples: SampleSet, out_dir: str | Path 
 
 
 def run_checkpoints(run_dir: str | Path, include_final: bool = True) -> list[Labeled]:
-    """``checkpoint-N`` dirs of a run (oldest first; complete ones only), then its final ``model/``."""
+    """``checkpoint-N`` dirs of a run (oldest first; complete ones only), then its final ``model/``,
+    unless the last checkpoint is of the step the run ended at (its summary's): the final model
+    is those weights again, so that checkpoint is labelled final instead of being read twice."""
     run = Path(run_dir)
     found = [Labeled(f"step {re.sub(r'^checkpoint-', '', p.name)}", p) for p in complete_checkpoints(run)]
     if include_final and (run / "model" / "config.json").is_file():
-        found.append(Labeled("final", run / "model"))
+        try:
+            ended_at = json.loads((run / SUMMARY).read_text()).get("global_step")
+        except (OSError, ValueError):  # no summary (or one cut short): the final model is read as well
+            ended_at = None
+        if found and found[-1].path.name == f"checkpoint-{ended_at}":
+            found[-1] = Labeled(f"{found[-1].label} (final)", found[-1].path)
+        else:
+            found.append(Labeled("final", run / "model"))
     if not found:
         raise FileNotFoundError(f"{run}: no complete checkpoint-N dirs and no model/ dir")
     return found
