@@ -27,7 +27,7 @@ from llava_norm.analysis.plots import forest_figure, plt, training_figure
 from llava_norm.data.prompts import PromptSettings
 from llava_norm.evaluation.runner import run_evaluation
 from llava_norm.evaluation.settings import EvalConfig, resolve_benchmarks
-from llava_norm.evaluation.table import build_table
+from llava_norm.evaluation.table import build_table, headline
 from llava_norm.evaluation.units import Units, read_units
 from llava_norm.model.builder import ModelSpec, build_model
 from llava_norm.pipeline import ArmDirs, Step, recorded_step
@@ -224,7 +224,8 @@ def _write_verdicts(path: Path, claims: list[Claim], marks: Benchmarks, fresh: d
         "against_guessing": {name: {arm: {"verdict": s.above, "score": s.interval.format(), "p": s.chance.p_value,
                                           "margin_points": s.margin} for arm, s in by.items()}
                              for name, by in marks.scores.items()},
-        "deltas": {name: {"verdict": d.verdict, "delta": d.format()} for name, d in marks.deltas.items()},
+        "deltas": {name: {"verdict": d.verdict, "delta": d.format(), "estimate": d.estimate, "low": d.low,
+                          "high": d.high, "p": d.p_value} for name, d in marks.deltas.items()},
         "machines": {s["step"]: s.get("machine") for s in fresh["steps"]},  # as each step was computed
         "environment": env,
     }
@@ -263,7 +264,9 @@ def write_report(paths, profile, timings: dict) -> Path:
         "guessing: an exact test of the items right (p < 0.01: above chance; p < 0.05: borderline); the margin "
         "is the 95% Wilson low end of the share right minus guessing's. POPE's F1 is no count of items right, so "
         "its test counts its answers right (accuracy, chance 50%). Above chance means beating uniform guessing, "
-        "not seeing the image. Free-form answers (OCRBench) have no guess to beat and are not tested.", "",
+        "not seeing the image. Free-form answers (OCRBench) have no guess to beat and are not tested.",
+        *[f"{marks.labels[n]}'s headline is the {headline(n).legend}, as its scorer reports it, so it is not the "
+          "share of items right beside it." for n in names if headline(n).macro], "",
         f"| benchmark | chance | {' | '.join(f'`{arm}`' for arm in ARMS)} |", "|---|---|" + "---|" * len(ARMS),
         *[f"| {marks.labels[n]} | {marks.scores[n][BASELINE].chance_level:.1f} | "
           + " | ".join(f"{marks.scores[n][arm].interval.format()}: {marks.scores[n][arm].describe()}"

@@ -50,6 +50,10 @@ def test_smoke_demo_writes_the_report_then_reuses_every_step(tmp_path):
     # free-form answers have no guess to beat: no verdict against guessing is claimed
     assert "not tested against guessing" in next(r for r in rows if r.startswith("| OCRBench"))
     assert next(r for r in rows if r.startswith("| POPE")).count("says yes to") == 2  # F1 is unreadable without it
+    # MMStar's headline is a mean over categories, which its count of items right is not
+    assert "MMStar's headline is the average over categories (macro over L2 categories)" in benchmarks
+    deltas = json.loads((tmp_path / "demo/verdicts.json").read_text())["deltas"]
+    assert len(deltas) == 9 and all(d["low"] <= d["high"] and 0 < d["p"] <= 1 for d in deltas.values())
     deltas = report[report.index("\n## Arm deltas"):]
     assert sum(v in deltas for v in ("no detectable difference", "| higher |", "| lower |")) >= 1
     machine = report[report.index("\n## Machine"):report.index("\n## Time")]
