@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import difflib
 import re
+from collections.abc import Collection
 from pathlib import Path
 
 import yaml
@@ -183,17 +184,24 @@ def _load(path: Path, overrides: list[str], check_paths: bool) -> RunConfig:
     return config
 
 
-def file_key_errors(path: str | Path) -> list[str]:
+def file_key_errors(path: str | Path, overridden: Collection[str] = ()) -> list[str]:
     """Every key of the config's files that the schema refuses (an unknown key, a value of the
     wrong type), each as load_config says it, not only the first: a refused key is set aside and
     the merge tried again (a key shared through a base file is said once; a bad key inside a
-    ``data.mixture`` entry ends the list). Empty when the files merge (what the overrides or the
-    checks after the merge may still refuse is load_config's to say)."""
+    ``data.mixture`` entry ends the list). Then, on what merged, every value outside its key's
+    choices or range (``value_problems``) but those of the ``overridden`` keys. Empty when none is
+    (what the overrides or the checks across keys may still refuse is load_config's to say)."""
     refused = []
     try:
-        _merge_files(Path(path), refused)
+        merged = _merge_files(Path(path), refused)
+        if not OmegaConf.missing_keys(merged):
+            config = OmegaConf.to_object(merged)
+            refused += [ConfigError(problem) for problem in value_problems(config)
+                        if re.match(r"key '([^']+)'", problem).group(1) not in overridden]
     except ConfigError as error:
         refused.append(error)
+    except OmegaConfBaseException as error:
+        refused.append(ConfigError(_describe(error)))
     return list(dict.fromkeys(_named(error, path) for error in refused))
 
 
@@ -221,16 +229,24 @@ def _get(config: RunConfig, dotted: str):
     return value
 
 
-def validate(config: RunConfig, check_paths: bool = True) -> None:
-    """Raise ConfigError ("key '<dotted.key>': <what is wrong>") for anything a run would reject
-    later. The checks in the modules that use these values stay as a second line of defence."""
-    for dotted, allowed in CHOICES.items():
-        if _get(config, dotted) not in allowed:
-            raise ConfigError(f"key '{dotted}': {_get(config, dotted)!r} is not one of {list(allowed)}")
+def value_problems(config: RunConfig) -> list[str]:
+    """Every key whose value is not among its choices (CHOICES) or outside its range (RANGES),
+    one line each; validate raises the first."""
+    problems = [f"key '{dotted}': {_get(config, dotted)!r} is not one of {list(allowed)}"
+                for dotted, allowed in CHOICES.items() if _get(config, dotted) not in allowed]
     for dotted, spec in RANGES.items():
         value = _get(config, dotted)
         if value is not None and not _in_range(value, spec):
-            raise ConfigError(f"key '{dotted}': must be {spec}, got {value}")
+            problems.append(f"key '{dotted}': must be {spec}, got {value}")
+    return problems
+
+
+def validate(config: RunConfig, check_paths: bool = True) -> None:
+    """Raise ConfigError ("key '<dotted.key>': <what is wrong>") for anything a run would reject
+    later. The checks in the modules that use these values stay as a second line of defence."""
+    problems = value_problems(config)
+    if problems:
+        raise ConfigError(problems[0])
     problem = scale_value_problem(config.model.scale_value)
     if problem:
         raise ConfigError(f"key 'model.scale_value': {problem}")

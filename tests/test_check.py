@@ -72,6 +72,17 @@ def test_every_problem_is_one_line_naming_its_key_file_or_variable(world, monkey
     assert [p.split("key ")[1].split(":")[0] for p in report.problems] == \
         ["'model.norm_aligment'", "'train.max_step'", "'train.logging_steps'"], report.problems
     assert all(p.startswith(f"{typos}: key ") for p in report.problems), report.problems
+    # and, on what merges, every value outside its choices or range, not only the first (but a
+    # value the launch's own override replaces)
+    values = tmp_path / "values.yaml"
+    values.write_text(f"base: {config}\nmodel: {{norm_alignment: ln_textnorm_gcw}}\n"
+                      "train: {per_device_batch_size: 1.5, logging_steps: 0}\n")
+    report = preflight(values, [], gpus=1, plan=False)
+    assert [p.split("key ")[1].split(":")[0] for p in report.problems] == \
+        ["'train.per_device_batch_size'", "'model.norm_alignment'", "'train.logging_steps'"], report.problems
+    report = preflight(values, ["train.logging_steps=5"], gpus=1, plan=False)
+    assert [p.split("key ")[1].split(":")[0] for p in report.problems] == \
+        ["'train.per_device_batch_size'", "'model.norm_alignment'"], report.problems
     report = preflight(config, ["optim.lr=abc", "optim.lr=1e-3", "train.foo=1"], gpus=1, plan=False)  # the last wins
     assert [p.split("key ")[1].split(":")[0] for p in report.problems] == ["'train.foo'"], report.problems
     report = preflight(config, ["train.restart=true", "train.extend=true", "optim.warmupx=1"], gpus=1, plan=False)

@@ -181,7 +181,7 @@ def _each_config_error(path: str | Path, overrides: list[str], first: ConfigErro
             return str(error)
         return None
 
-    in_the_file = file_key_errors(path)
+    in_the_file = file_key_errors(path, {o.partition("=")[0] for o in overrides})
     if in_the_file:  # the overrides are checked on a file that merges
         return in_the_file
     # a key given twice is set by its last value, as load_config sets it: the earlier ones are not tried
