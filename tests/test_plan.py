@@ -2,6 +2,7 @@
 estimators, the activation trace, the verdict, and every shipped config offline."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem
 
 from llava_norm.config import load_config
 from llava_norm.model.builder import ModelSpec, build_model
-from llava_norm.plan import make_plan
+from llava_norm.plan import format_plan, make_plan
 from llava_norm.plan.backbones import SHIPPED_BACKBONES, backbone_config
 from llava_norm.plan.memory import Activations, count_parameters, trace_activations, trace_loss_kinds
 from llava_norm.train.params import freeze_backbones
@@ -42,6 +43,10 @@ def test_parameter_counts_equal_the_built_model(tmp_path, tiny_dir, stage):
     assert planned == built
     assert plan.trained == sum(p.numel() for p in bundle.model.parameters() if p.requires_grad) - (
         grown if stage == 2 else 0)
+    # a tiny model's figures in units that show them, not 0.00 PFLOP and 0.0 GiB
+    printed = format_plan(plan)
+    assert re.search(r"\b[1-9][\d.]* GFLOP of model FLOPs", printed) and re.search(r"start-up: [1-9][\d.]* MiB", printed), \
+        printed
 
 
 def test_model_states_are_deepspeeds_estimators(tmp_path, tiny_dir):

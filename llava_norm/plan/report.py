@@ -82,10 +82,11 @@ def format_plan(plan: Plan, config_name: str = "") -> str:
     lines.append(f"  configured: {plan.layout}, gradient checkpointing {'on' if plan.checkpointing else 'off'}, "
                  f"loss {t.loss}")
     flops = plan.step_flops
+    scale, unit = (1e15, "PFLOP") if flops.total >= 1e13 else (1e9, "GFLOP")  # a tiny model's step in GFLOP
     lines.append(f"  per optimizer step: {plan.tokens_per_step:,} token slots (rows padded to {plan.seq}), "
-                 f"{flops.total / 1e15:.2f} PFLOP of model FLOPs (vision {flops.vision / 1e15:.2f}, "
-                 f"projector {flops.projector / 1e15:.3f}, llm {flops.llm / 1e15:.2f})")
-    lines.append(f"  host memory per node at start-up: {plan.host_memory_gib():.1f} GiB (each of the node's "
+                 f"{flops.total / scale:.2f} {unit} of model FLOPs (vision {flops.vision / scale:.2f}, "
+                 f"projector {flops.projector / scale:.3f}, llm {flops.llm / scale:.2f})")
+    lines.append(f"  host memory per node at start-up: {_gib(plan.host_memory_gib() * 2 ** 30)} (each of the node's "
                  f"{_n(plan.gpus, 'process')} holds the fp32 model before DeepSpeed partitions it)")
     lines.append("  " + verdict(plan))
     if plan.fits(plan.peak()) is False:
