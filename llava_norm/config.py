@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import difflib
 import re
-from collections.abc import Collection
 from pathlib import Path
 
 import yaml
@@ -58,14 +57,16 @@ def _read_yaml_chain(path: Path, seen: tuple[Path, ...] = ()) -> list:
     return chain + [(path, node)]
 
 
-def load_config(path: str | Path, overrides: list[str] = (), check_paths: bool = True) -> RunConfig:
+def load_config(path: str | Path, overrides: list[str] = (), check_paths: bool = True,
+                validated: bool = True) -> RunConfig:
     """The merged, validated config. Every error is a one-line ConfigError naming the file and key.
 
     ``check_paths``: also check what the config refers to on this machine (files, directories,
     the DeepSpeed JSON, installed packages, the local backbones' files), still before any load.
+    ``validated=False``: merged and typed only (the launch check lists what validation refuses).
     """
     with naming_the_file(path):
-        return _load(Path(path), list(overrides), check_paths)
+        return _load(Path(path), list(overrides), check_paths, validated)
 
 
 def stage_problem(path: str | Path, config: RunConfig, stage: int) -> str | None:
@@ -151,7 +152,7 @@ def _checked_shapes(schema: DictConfig, node, file: Path, prefix: str = ""):
     return node
 
 
-def _load(path: Path, overrides: list[str], check_paths: bool) -> RunConfig:
+def _load(path: Path, overrides: list[str], check_paths: bool, validated: bool = True) -> RunConfig:
     merged = _merge_files(path)
     for override in overrides:
         if not override.partition("=")[0] or "=" not in override:
@@ -180,29 +181,36 @@ def _load(path: Path, overrides: list[str], check_paths: bool) -> RunConfig:
         config: RunConfig = OmegaConf.to_object(merged)
     except OmegaConfBaseException as error:
         raise ConfigError(_describe(error) + (where if overrides else "")) from None
-    validate(config, check_paths)
+    if validated:
+        validate(config, check_paths)
     return config
 
 
-def file_key_errors(path: str | Path, overridden: Collection[str] = ()) -> list[str]:
+def file_key_errors(path: str | Path, overrides: list[str] = ()) -> list[str]:
     """Every key of the config's files that the schema refuses (an unknown key, a value of the
     wrong type), each as load_config says it, not only the first: a refused key is set aside and
     the merge tried again (a key shared through a base file is said once; a bad key inside a
-    ``data.mixture`` entry ends the list). Then, on what merged, every value outside its key's
-    choices or range (``value_problems``) but those of the ``overridden`` keys. Empty when none is
-    (what the overrides or the checks across keys may still refuse is load_config's to say)."""
+    ``data.mixture`` entry ends the list). Where a key was refused, then also every value of what
+    merged, with ``overrides``, outside its key's choices or range. Empty when the files merge
+    (what the overrides or the checks after the merge may still refuse is load_config's to say)."""
     refused = []
     try:
         merged = _merge_files(Path(path), refused)
-        if not OmegaConf.missing_keys(merged):
-            config = OmegaConf.to_object(merged)
-            refused += [ConfigError(problem) for problem in value_problems(config)
-                        if re.match(r"key '([^']+)'", problem).group(1) not in overridden]
+        if refused:
+            refused += [ConfigError(problem) for problem in _value_problems_of(merged, overrides)]
     except ConfigError as error:
         refused.append(error)
-    except OmegaConfBaseException as error:
-        refused.append(ConfigError(_describe(error)))
     return list(dict.fromkeys(_named(error, path) for error in refused))
+
+
+def _value_problems_of(merged: DictConfig, overrides: list[str]) -> list[str]:
+    """``value_problems`` of ``merged`` with ``overrides``; none where those do not merge or leave a
+    required key unset (load_config says so once the keys are fixed)."""
+    try:
+        merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+        return [] if OmegaConf.missing_keys(merged) else value_problems(OmegaConf.to_object(merged))
+    except (OmegaConfBaseException, TypeError, yaml.YAMLError):
+        return []
 
 
 def _describe(error: OmegaConfBaseException) -> str:

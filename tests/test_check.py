@@ -66,6 +66,11 @@ def test_every_problem_is_one_line_naming_its_key_file_or_variable(world, monkey
     report = preflight(stage1, ["lora.enabled=true", "train.stage=2", "optim.warmupx=1",
                                 f"train.output_dir={tmp_path}/out"], gpus=1, plan=False)
     assert [p.split("key ")[1].split(":")[0] for p in report.problems] == ["'optim.warmupx'"], report.problems
+    # without the stage, the check between keys speaks for lora.enabled, beside the typo
+    report = preflight(stage1, ["lora.enabled=true", "optim.warmupx=1", f"train.output_dir={tmp_path}/out"], gpus=1,
+                       plan=False)
+    assert [p.split("key ")[1].split(":")[0] for p in report.problems] == ["'lora.enabled'", "'optim.warmupx'"], \
+        report.problems
     typos = tmp_path / "typos.yaml"  # and every key a file refuses, not only the first
     typos.write_text(f"base: {config}\nmodel: {{norm_aligment: ln_textnorm}}\ntrain: {{max_step: 3, logging_steps: abc}}\n")
     report = preflight(typos, ["optim.lr=1e-3"], gpus=1, plan=False)
@@ -83,6 +88,11 @@ def test_every_problem_is_one_line_naming_its_key_file_or_variable(world, monkey
     report = preflight(values, ["train.logging_steps=5"], gpus=1, plan=False)
     assert [p.split("key ")[1].split(":")[0] for p in report.problems] == \
         ["'train.per_device_batch_size'", "'model.norm_alignment'"], report.problems
+    values.write_text(f"base: {config}\nmodel: {{norm_alignment: ln_textnorm_gcw}}\ntrain: {{logging_steps: 0}}\n")
+    report = preflight(values, ["train.per_device_batch_size=0", "optim.warmupx=1"], gpus=1, plan=False)
+    assert [p.split("key ")[1].split(":")[0] for p in report.problems] == \
+        ["'model.norm_alignment'", "'train.per_device_batch_size'", "'train.logging_steps'", "'optim.warmupx'"], \
+        report.problems
     report = preflight(config, ["optim.lr=abc", "optim.lr=1e-3", "train.foo=1"], gpus=1, plan=False)  # the last wins
     assert [p.split("key ")[1].split(":")[0] for p in report.problems] == ["'train.foo'"], report.problems
     report = preflight(config, ["train.restart=true", "train.extend=true", "optim.warmupx=1"], gpus=1, plan=False)

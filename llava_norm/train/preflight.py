@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llava_norm.config import _read_yaml_chain, file_key_errors, load_config
+from llava_norm.config import _read_yaml_chain, file_key_errors, load_config, value_problems
 from llava_norm.config_checks import path_problems
 from llava_norm.config_schema import ConfigError, DataSource, RunConfig, effective_grad_accum
 from llava_norm.data.rows import BadSampleError, read_entries
@@ -169,19 +169,20 @@ def backbone_problems(name: str, key: str) -> tuple[list[str], str]:
 
 
 def _each_config_error(path: str | Path, overrides: list[str], first: ConfigError) -> list[str]:
-    """Every key the config's files refuse; once they merge, every override the config refuses,
-    not only the first: overrides are taken on the file one at a time, and the refused ones are
-    tried again on those taken until none more is: one valid only beside another
-    (``lora.enabled=true`` before ``train.stage=2``, or a key the file lacks set after it) is no
-    problem, and a clash between two is reported once, at one of them."""
-    def error_of(tried: list[str]) -> str | None:
+    """Every key the config's files refuse; once they merge, every problem of the config with its
+    overrides, not only the first: each value outside its key's choices or range, then the first
+    check between keys that fails (a clash of two is one problem), then each override that does
+    not merge (an unknown key, a value of the wrong type). Overrides are merged one at a time and
+    the refused ones tried again on those taken until none more is, so a key the file lacks set
+    after another is no problem."""
+    def error_of(tried: list[str], validated: bool = True) -> str | None:
         try:
-            load_config(path, tried, check_paths=False)
+            load_config(path, tried, check_paths=False, validated=validated)
         except ConfigError as error:
             return str(error)
         return None
 
-    in_the_file = file_key_errors(path, {o.partition("=")[0] for o in overrides})
+    in_the_file = file_key_errors(path, overrides)
     if in_the_file:  # the overrides are checked on a file that merges
         return in_the_file
     # a key given twice is set by its last value, as load_config sets it: the earlier ones are not tried
@@ -190,14 +191,18 @@ def _each_config_error(path: str | Path, overrides: list[str], first: ConfigErro
     while more:
         more = False
         for override in list(refused):
-            if error_of([*taken, override]) is None:
+            if error_of([*taken, override], validated=False) is None:
                 taken.append(override)
                 refused.remove(override)
                 more = True
-    found = []
-    for override in refused:
-        error = error_of([*taken, override])
-        if error not in found:
+    try:
+        found = [f"{path}: {problem}" for problem in
+                 value_problems(load_config(path, taken, check_paths=False, validated=False))]
+    except ConfigError as error:  # a required key still unset
+        found = [str(error)]
+    between = error_of(taken) if not found else None
+    for error in [between] + [error_of([*taken, override], validated=False) for override in refused]:
+        if error and error not in found:
             found.append(error)
     return found or [str(first)]
 
