@@ -4,6 +4,9 @@ lmms-eval's interface modules are installed without their heavy dependencies
 (requirements-plugin-test.txt), so this runs lmms-eval's real ``get_model`` and base class.
 """
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -11,6 +14,7 @@ from llava_norm.inference import Predictor, Prompt
 from llava_norm.model.builder import ModelSpec, build_model, load_bundle
 
 lmms_models = pytest.importorskip("lmms_eval.models", reason="install requirements-plugin-test.txt (make install does)")
+import lmms_eval  # noqa: E402
 from lmms_eval.api.instance import Instance  # noqa: E402
 
 
@@ -41,7 +45,13 @@ def test_lmms_eval_resolves_and_runs_the_llava_norm_model(checkpoint):
     expected = reference.generate([Prompt(d["q"], d["image"]) for d in docs], max_new_tokens=6)
     assert replies == [r.split("\n\n")[0] for r in expected]
 
-    ll = model.loglikelihood([_instance("loglikelihood", ("The sky is", " blue", lambda doc: [], 0, "t", "test"), 0)])
-    (score, greedy), = ll
-    assert score == pytest.approx(reference.loglikelihood([("The sky is", " blue")])[0], abs=1e-5)
-    assert isinstance(greedy, bool)
+    # lmms-eval picks a multiple-choice answer by the smallest value (its wrappers return a loss):
+    # the plugin returns the negative log-likelihood, so the most likely choice is picked
+    assert "pred = np.argmin(lls)" in (Path(lmms_eval.__file__).parent / "api/task.py").read_text()
+    choices = [" blue", " under the seventh sea of the moon"]
+    ll = model.loglikelihood([_instance("loglikelihood", ("The sky is", c, lambda doc: [], 0, "t", "test"), i)
+                              for i, c in enumerate(choices)])
+    expected = reference.loglikelihood([("The sky is", c) for c in choices])
+    assert [score for score, _ in ll] == pytest.approx([-lp for lp in expected], abs=1e-5)
+    assert np.argmin([score for score, _ in ll]) == np.argmax(expected) and expected[0] != expected[1]
+    assert all(isinstance(greedy, bool) for _, greedy in ll)

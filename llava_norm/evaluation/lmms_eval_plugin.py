@@ -99,6 +99,12 @@ class LlavaNormLmms(lmms):
         return replies
 
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
+        """(the continuation's negative log-likelihood, whether it is the greedy one) per request.
+
+        Why negated: lmms-eval's multiple-choice scoring takes the *smallest* value (``argmin``,
+        and ``argmin`` over value / characters for acc_norm), as its own wrappers return a loss;
+        a log-likelihood, where larger is better, would be scored backwards. The summed loss
+        picks lm-eval's acc and acc_norm choices."""
         pairs = []
         for context, doc_to_target, doc_to_visual, doc_id, task, split in [r.args for r in requests]:
             doc = self._doc(task, split, doc_id)
@@ -107,7 +113,8 @@ class LlavaNormLmms(lmms):
                                  "llava-norm scores text-only tasks with the LLM inside the model")
             continuation = doc_to_target(doc) if callable(doc_to_target) else doc_to_target
             pairs.append((context, continuation))
-        return self.predictor.loglikelihood_details(pairs, batch_size=self.batch_size_per_gpu)
+        return [(-logprob, greedy) for logprob, greedy in
+                self.predictor.loglikelihood_details(pairs, batch_size=self.batch_size_per_gpu)]
 
     def generate_until_multi_round(self, requests) -> list[str]:
         raise NotImplementedError("llava_norm: multi-round generation is not supported by this plugin")
