@@ -173,9 +173,9 @@ def recorded_step(name: str, out: Path, expected: Callable[[], Record], run: Cal
             return Decision(False, ["its output has no provenance record" if out.exists() else "not run yet"],
                             stale=out.exists())
         reasons, notes = compare(found, want, code_counts)
-        changed = not reasons and found.outputs.get("folder") != fingerprint(out)
+        changed = found.outputs.get("folder") != fingerprint(out)  # whatever else differs: never kept then
         if changed:
-            reasons = ["its output was changed after it was recorded"]
+            reasons.append("its output was changed after it was recorded")
         return Decision(not reasons, reasons, notes, stale=bool(reasons), finished=not changed)
 
     def execute() -> None:

@@ -65,13 +65,13 @@ def _stage_decision(expected: Record, out: Path, code_counts: bool) -> Decision:
     reasons, notes = compare(found, expected, code_counts)
     outputs = {"model": out / "model", "projector": out / PROJECTOR_FILE}
     missing = [name for name in found.outputs if not outputs[name].exists()]
-    finished = found.complete and not missing
+    changed = [name for name, recorded in found.outputs.items()
+               if found.complete and name not in missing and recorded != fingerprint(outputs[name])]
     if found.complete:
         reasons += [f"output {name} is missing" for name in missing]
-    if not reasons and found.complete:
-        changed = [name for name, recorded in found.outputs.items() if recorded != fingerprint(outputs[name])]
-        reasons = [f"output {name} was changed after the run recorded it" for name in changed]
-        finished = not changed  # outputs no record describes: nothing to keep, even with --reuse-stale
+        reasons += [f"output {name} was changed after the run recorded it" for name in changed]
+    # outputs no record describes (missing, or changed since): nothing to keep, even with --reuse-stale
+    finished = found.complete and not missing and not changed
     if reasons:
         return Decision(False, reasons, notes, stale=True, finished=finished)
     if not found.complete:

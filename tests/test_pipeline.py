@@ -247,6 +247,17 @@ def test_deleted_outputs_rerun_and_reuse_stale_never_keeps_an_unfinished_step(pr
         assert not decision.reuse and decision.stale and not decision.finished
     finally:
         path.write_text(original)
+    # an output changed by hand is never kept, even beside a stale config (which alone --reuse-stale keeps)
+    projector = project.runs / "none/stage1" / "projector.safetensors"
+    saved = projector.read_bytes()
+    projector.write_bytes(saved + b"\0")
+    try:
+        with appended(Path(project.arms[0]) / "stage1.yaml", "optim: {weight_decay: 0.1}\n"):
+            decision = project.decide(reuse_stale=True)["none: stage 1"]
+        assert not decision.reuse and not decision.finished, decision
+        assert "output projector was changed after the run recorded it" in decision.reasons, decision.reasons
+    finally:
+        projector.write_bytes(saved)
     pope = project.runs / "none/eval/pope.json"
     hidden = pope.with_suffix(".hidden")
     pope.rename(hidden)  # a benchmark not evaluated yet is never kept as "stale"
