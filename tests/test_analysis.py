@@ -213,6 +213,10 @@ train: {{stage: 1, output_dir: {tmp_path}/run, max_steps: 2, per_device_batch_si
         "attention": ["attention", *two, "--image", str(next(images.glob("*.png"))), "--prompt",
                       "What colour is the image?", "--phrase", "colour", "--layers", "-1", *common],
     }
+    models = {"gwc", "run/checkpoint-1"}
+    read = {"interface_norms": {*models, "samples", "vision", "llm"}, "top_norm_rows": {f"{tiny_dir}/qwen2"},
+            "layers": {*models, "samples"}, "gain_stats": models, "dynamics": {"samples", "step 1", "step 2 (final)"},
+            "gradient_flow": {"data", "image_folder", "vision", "llm"}, "attention": {*models, "image"}}
     for kind, argv in commands.items():
         main(["analyze", *argv])
         result = json.loads((tmp_path / "analysis" / f"{kind}.json").read_text())
@@ -220,6 +224,7 @@ train: {{stage: 1, output_dir: {tmp_path}/run, max_steps: 2, per_device_batch_si
         record = result["provenance"]  # what it was computed from, by fingerprint, and by which code
         assert record["stage"] == f"analysis:{kind}" and record["environment"]["source"]
         assert all(len(i["fingerprint"]) == 20 for i in record["inputs"].values())
+        assert set(record["inputs"]) == read[kind], (kind, sorted(record["inputs"]))  # every file it read
         with Image.open(tmp_path / "analysis" / f"{kind}.png") as png:
             assert png.size[0] > 300 and png.size[1] > 200
     interface = json.loads((tmp_path / "analysis/interface_norms.json").read_text())["rows"]
@@ -227,8 +232,6 @@ train: {{stage: 1, output_dir: {tmp_path}/run, max_steps: 2, per_device_batch_si
     assert interface[0]["vision_output"]["mean"] == pytest.approx(interface[2]["vision_output"]["mean"], rel=1e-5)
     assert [c["label"] for c in json.loads((tmp_path / "analysis/dynamics.json").read_text())["curves"]] == [
         "step 1", "step 2 (final)"]  # the run ended at step 2: its final model is checkpoint-2 again
-    assert set(json.loads((tmp_path / "analysis/layers.json").read_text())["provenance"]["inputs"]) == {
-        "samples", "gwc", "run/checkpoint-1"}
     main(["analyze", "report", out])
     report = (tmp_path / "analysis/REPORT.md").read_text()
     for kind in commands:

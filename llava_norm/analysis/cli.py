@@ -26,7 +26,7 @@ def _samples(args):
 
 def _interface(args) -> None:
     # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.analysis.common import analysis_device, load_analysis_bundle, parse_labeled
+    from llava_norm.analysis.common import analysis_device, labeled_inputs, load_analysis_bundle, parse_labeled
     from llava_norm.analysis.interface import backbone_interface_norms, checkpoint_interface_norms, interface_norms
 
     if not args.checkpoint and not args.vision:
@@ -34,15 +34,16 @@ def _interface(args) -> None:
     if bool(args.vision) != bool(args.llm):
         raise SystemExit("interface-norms: --vision and --llm go together")
     samples = _samples(args)
-    rows = []
-    for item in parse_labeled(args.checkpoint):
+    rows, checkpoints = [], parse_labeled(args.checkpoint)
+    for item in checkpoints:
         bundle = load_analysis_bundle(item.path, analysis_device(args.device))
         rows.append(checkpoint_interface_norms(bundle, samples, item.label, args.batch_size))
         del bundle
     if args.vision:
         rows.append(backbone_interface_norms(args.vision, args.llm, samples, args.vision_feature_layer,
                                              batch_size=args.batch_size, device=args.device))
-    _done(interface_norms(rows, samples, args.out), args.out)
+    backbones = {"vision": args.vision, "llm": args.llm} if args.vision else {}
+    _done(interface_norms(rows, samples, args.out, {**labeled_inputs(checkpoints), **backbones}), args.out)
 
 
 def _top_rows(args) -> None:
@@ -65,7 +66,7 @@ def _top_rows(args) -> None:
 
         weight = AutoModelForCausalLM.from_pretrained(args.llm).get_input_embeddings().weight
         tokenizer, label = load_tokenizer(args.llm), args.llm
-    _done(top_norm_result(weight, tokenizer, label, args.k, args.out), args.out)
+    _done(top_norm_result(weight, tokenizer, label, args.k, args.out, {label: label}), args.out)
 
 
 def _layers(args) -> None:
@@ -95,21 +96,25 @@ def _dynamics(args) -> None:
 
 def _gradients(args) -> None:
     # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.analysis.common import analysis_device, load_analysis_bundle, parse_labeled, prompt_settings
+    from llava_norm.analysis.common import (analysis_device, labeled_inputs, load_analysis_bundle, parse_labeled,
+                                            prompt_settings)
     from llava_norm.analysis.gradients import arm_bundles, gradient_flow, training_batch
 
     if bool(args.checkpoint) == bool(args.vision and args.llm):
         raise SystemExit("gradient-flow: give either --vision and --llm (fresh builds per arm) or --checkpoint")
+    read = {"data": args.data, "image_folder": args.image_folder}
     if args.checkpoint:
         checkpoints = parse_labeled(args.checkpoint)
+        read.update(labeled_inputs(checkpoints))
         models = ((m.label, load_analysis_bundle(m.path, analysis_device(args.device))) for m in checkpoints)
         # One batch is shared by every model: it is built as the first checkpoint's run trained.
         settings = prompt_settings(checkpoints[0].path, args.prompt_format)
     else:
+        read.update(vision=args.vision, llm=args.llm)
         models = arm_bundles(args.vision, args.llm, tuple(args.arms), args.seed, args.device)
         settings = prompt_settings(None, args.prompt_format)
     result = gradient_flow(models, lambda b: training_batch(b, args.data, args.image_folder, args.batch_size,
-                                                            settings), args.out)
+                                                            settings), args.out, read)
     _done(result, args.out)
 
 

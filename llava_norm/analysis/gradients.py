@@ -111,8 +111,10 @@ def gwc_check(rows: list[dict]) -> dict | None:
             "note": "valid when both arms share weights (fresh builds from one seed)"}
 
 
-def gradient_flow(models: Iterator[tuple[str, object]], batch_for, out_dir: str | Path | None = None) -> dict:
-    """Gradient norms per arm/checkpoint; ``batch_for(bundle)`` makes the (shared) batch."""
+def gradient_flow(models: Iterator[tuple[str, object]], batch_for, out_dir: str | Path | None = None,
+                  inputs: dict | None = None) -> dict:
+    """Gradient norms per arm/checkpoint; ``batch_for(bundle)`` makes the (shared) batch;
+    ``inputs``: the checkpoints or backbones and the data read, for the provenance record."""
     rows, batch = [], None
     for label, bundle in tqdm(models, desc="gradient flow", unit="model"):
         batch = batch if batch is not None else batch_for(bundle)
@@ -121,4 +123,4 @@ def gradient_flow(models: Iterator[tuple[str, object]], batch_for, out_dir: str 
     check = gwc_check(rows)
     result = {"analysis": "gradient_flow", "batch_size": int(batch["input_ids"].shape[0]) if batch else 0,
               "rows": rows, "gwc_check": check}
-    return write_result(result, out_dir, gradients_figure(rows, check))
+    return write_result(result, out_dir, gradients_figure(rows, check), inputs)

@@ -125,12 +125,13 @@ def backbone_interface_norms(vision: str, llm: str, samples: SampleSet, vision_f
             "text_tokens": text_token_norms(embedding, tokenizer, samples.prompts)}
 
 
-def interface_norms(rows: list[dict], samples: SampleSet, out_dir: str | Path | None = None) -> dict:
-    """Collect rows (from the two functions above) into the Table 1/2 result and figure."""
+def interface_norms(rows: list[dict], samples: SampleSet, out_dir: str | Path | None = None,
+                    inputs: dict | None = None) -> dict:
+    """Collect rows (from the two functions above) into the Table 1/2 result and figure;
+    ``inputs``: label -> the checkpoint or backbone each row read, for the provenance record."""
     result = {"analysis": "interface_norms", "images": len(samples.images), "prompts": samples.prompts,
               "source": samples.source, "rows": rows}
-    return write_result(result, out_dir, interface_figure(rows),
-                        {"samples": samples.source})
+    return write_result(result, out_dir, interface_figure(rows), {"samples": samples.source, **(inputs or {})})
 
 
 @torch.no_grad()
@@ -149,6 +150,7 @@ def top_norm_rows(embedding_weight: torch.Tensor, tokenizer, k: int = 10) -> dic
 
 
 def top_norm_result(embedding_weight: torch.Tensor, tokenizer, label: str, k: int = 10,
-                    out_dir: str | Path | None = None) -> dict:
+                    out_dir: str | Path | None = None, inputs: dict | None = None) -> dict:
+    """``inputs``: the checkpoint or LLM the embedding matrix was read from, for the provenance record."""
     result = {"analysis": "top_norm_rows", "label": label, "k": k, **top_norm_rows(embedding_weight, tokenizer, k)}
-    return write_result(result, out_dir, top_rows_figure(result, embedding_weight))
+    return write_result(result, out_dir, top_rows_figure(result, embedding_weight), inputs)

@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from llava_norm.analysis.attention import attention_maps
-from llava_norm.analysis.common import Labeled, analysis_device, load_analysis_bundle
+from llava_norm.analysis.common import Labeled, analysis_device, labeled_inputs, load_analysis_bundle
 from llava_norm.analysis.gains import gain_stats
 from llava_norm.analysis.gradients import arm_bundles, gradient_flow, training_batch
 from llava_norm.analysis.interface import checkpoint_interface_norms, interface_norms, top_norm_result
@@ -57,9 +57,10 @@ def run_suite(inputs: SuiteInputs, out_dir: str | Path, title: str = "llava-norm
     for item in interface:
         bundle = load_analysis_bundle(item.path, device)
         rows.append(checkpoint_interface_norms(bundle, samples, item.label))
-    interface_norms(rows, samples, out)
+    interface_norms(rows, samples, out, labeled_inputs(interface))
     # App. C reads the embedding matrix of the last model loaded above.
-    top_norm_result(bundle.model.get_input_embeddings().weight, bundle.tokenizer, interface[-1].label, 10, out)
+    top_norm_result(bundle.model.get_input_embeddings().weight, bundle.tokenizer, interface[-1].label, 10, out,
+                    labeled_inputs(interface[-1:]))
     del bundle
 
     layer_curves(finals, samples, out, device=inputs.device)
@@ -69,7 +70,9 @@ def run_suite(inputs: SuiteInputs, out_dir: str | Path, title: str = "llava-norm
 
     config = OmegaConf.load(run_dir / CONFIG_FILE)
     gradient_flow(arm_bundles(config.model.vision_tower, config.model.llm, device=inputs.device),
-                  lambda b: training_batch(b, inputs.data, inputs.image_folder), out)
+                  lambda b: training_batch(b, inputs.data, inputs.image_folder), out,
+                  {"vision": config.model.vision_tower, "llm": config.model.llm, "data": inputs.data,
+                   "image_folder": inputs.image_folder})
     attention_maps(finals, samples.image_paths[0], inputs.attention_prompt, inputs.attention_phrase, out_dir=out,
                    device=inputs.device)
     return write_report([out], report_path or out / "REPORT.md", title)
