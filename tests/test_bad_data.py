@@ -286,6 +286,7 @@ def test_bad_rows_error_or_are_dropped_and_recorded(bundle, tmp_path, case, suff
     assert [row.row_id for row in dataset.rows] == ["g1", "g2"]
     assert dataset.rejected == [{"file": str(tmp_path / f"rows.{suffix}"), "row": row_id, "cause": cause,
                                  "message": dataset.rejected[0]["message"]}]
+    assert re.search(message, dataset.rejected[0]["message"]), dataset.rejected  # the record says what was wrong
     assert cause in SKIP_CAUSES
     assert _drawn(dataset) == (["g1", "g2"], [])
 

@@ -6,6 +6,7 @@ skip|error policy; the row index reused only when files, code and tokenizer matc
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 
@@ -147,8 +148,10 @@ def test_index_is_reused_only_when_files_code_and_tokenizer_match(bundle, corpus
     changed = _dataset(bundle, source)
     assert builds() == 4
     assert changed.rows[0].messages[1]["content"] == "A different answer, longer than before."
-    monkeypatch.setattr(data_index, "RULE_MODULES", (*data_index.RULE_MODULES, "dataset.py"))  # other code
-    _dataset(bundle, source)
+    rules, read = Path(data_index.__file__).with_name("rows.py"), Path.read_bytes
+    with monkeypatch.context() as edited:  # the row rules' code changed: one more byte in rows.py as read
+        edited.setattr(Path, "read_bytes", lambda path: read(path) + (b"\n" if path == rules else b""))
+        _dataset(bundle, source)
     assert builds() == 5
     shard = next((next_dir / "data").glob("*.parquet"))
     os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 10**9))  # an edit the sampled

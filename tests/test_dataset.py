@@ -64,7 +64,8 @@ def test_bad_images_are_skipped_and_counted_or_raise(bundle, tmp_path, image, me
     assert any(label != -100 for label in example.labels)
 
 
-def test_sample_too_long_is_skipped(bundle, tmp_path):
+def test_a_sample_too_long_stops_the_run_under_error(bundle, tmp_path):
+    """(Under skip it is replaced and recorded: test_bad_data.py::test_over_long_sample_is_replaced_and_recorded.)"""
     _, dataset = _dataset(bundle, [GOOD, {**GOOD, "id": "two"}], tmp_path, "error", max_length=20)
     with pytest.raises(BadSampleError, match="row ok: first turn does not fit max_length=20"):
         dataset[0]
