@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from launch import REPO, env, free_port
+from launch import REPO, env, free_port, snapshot
 from tinydata import write_dataset
 
 from llava_norm_demo.synth import build_world
@@ -59,7 +59,8 @@ def _sbatch(script: str, args: list[str], environment: dict) -> subprocess.Compl
                           capture_output=True, text=True, timeout=600)
 
 
-def test_stage1_on_two_nodes_then_the_requeued_job_resumes(cluster):
+def test_stage1_on_two_nodes_then_a_requeue_of_the_finished_job_changes_nothing(cluster):
+    """(A requeue of a killed job is the relaunch of a killed run: tests/test_resume.py's two-node case.)"""
     root, common, job_env = cluster
     out = root / "stage1"
     args = [str(REPO / "configs/tiny/ln_textnorm_gwc/stage1.yaml"), f"train.output_dir={out}", *common]
@@ -71,8 +72,10 @@ def test_stage1_on_two_nodes_then_the_requeued_job_resumes(cluster):
     assert record["config"]["world_size"] == 2  # one process on each of two "nodes"
     assert "srun --nodes=2 bash -c" in (root / "srun.log").read_text()
     # requeued: the same job again finds the run complete and writes nothing
+    before = snapshot(out)
     again = _sbatch("stage1.sbatch", args, job_env())
     assert again.returncode == 0 and "complete at step 2" in again.stdout + again.stderr
+    assert snapshot(out) == before
 
 
 def test_the_pipeline_on_two_nodes_spans_every_launch(cluster, tiny_dir):
