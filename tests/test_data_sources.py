@@ -20,6 +20,7 @@ from llava_norm.data import index as data_index
 from llava_norm.data.conversation import conversation_tokenizer
 from llava_norm.data.dataset import BadSampleError, SupervisedDataset
 from llava_norm.model.builder import ModelSpec, build_model
+from test_bad_data import BAD_IMAGES
 from tinydata import write_dataset, write_next_dataset
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -123,6 +124,17 @@ def test_bad_shards_and_rows_follow_the_policy(bundle, tmp_path):
     shards[0].unlink()
     with pytest.raises(BadSampleError, match=r"s5: cannot decode image .*row 1\), embedded image"):
         _dataset(bundle, DataSource(path=str(next_dir)), policy="error")[1]
+
+
+@pytest.mark.parametrize("cause", sorted(c for c in BAD_IMAGES if BAD_IMAGES[c] is not None))
+def test_a_bad_embedded_image_is_replaced_and_recorded_by_its_cause(bundle, tmp_path, cause):
+    """Each kind of bad image test_bad_data.py meets as a file, embedded in a parquet shard."""
+    data, images = write_dataset(tmp_path / "json", n=4)
+    (images / "0001.png").write_bytes(BAD_IMAGES[cause])
+    next_dir = write_next_dataset(data, images, tmp_path / "next", shards=1)
+    drawn = _dataset(bundle, DataSource(path=str(next_dir)))[1]
+    assert drawn.sample_id == "s2" and [(r["row"], r["cause"]) for r in drawn.skipped] == [("s1", cause)]
+    assert "embedded image" in drawn.skipped[0]["message"]
 
 
 def test_index_is_reused_only_when_files_code_and_tokenizer_match(bundle, corpus, monkeypatch, capfd, tiny_dir):
