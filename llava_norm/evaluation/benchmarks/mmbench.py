@@ -46,7 +46,9 @@ class MMBenchEnDev(RowBenchmark):
         source="lmms-lab/MMBench config 'en' split 'dev' (parquet) or VLMEvalKit MMBench_DEV_EN.tsv",
         prompt=build_prompt, parser=infer_option_letter,
         headline=Headline("MMBench-EN", "circular_accuracy", "CircularEval accuracy, dev split"),
-        chance=every_copy_right, mirrors="lmms-eval mmbench_en_dev (VLMEvalKit rule-based matching)",
+        chance=every_copy_right,
+        mirrors="VLMEvalKit MMBench_DEV_EN exact_matching (lmms-eval mmbench_en_dev's prompts; its own letter "
+                "extraction differs on a few replies)",
         max_new_tokens=1024,
     )
 
