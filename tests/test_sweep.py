@@ -1,6 +1,8 @@
 """``llava-norm sweep`` on the one-GPU recipe's configs (``configs/recipe-1gpu``) at tiny scale:
 2 arms x 2 seeds written as Slurm files and run through them (each array task is the generated script with ``SLURM_ARRAY_TASK_ID`` set, as Slurm runs
-it), then the table job; the statistics it prints are recomputed here from the per-run table.
+it), then the table job; its statistics are checked here against the per-run table: each mean
+and delta recomputed, each interval shown to hold Student's t interval over the seeds (the
+bootstrap that widens it: tests/test_ablation.py).
 Two training steps leave the tiny models' scores close; tests/test_ablation.py checks the
 statistics on models that differ.
 """
@@ -132,7 +134,7 @@ def test_each_task_trains_its_own_seed(sweep):
             assert record.complete and record.seed == int(seed)
         assert (run / "eval" / "summary.json").is_file()
         assert json.loads((run / "eval" / "summary.json").read_text())["run_name"] == name
-    # The seed reaches the weights: the two seeds' projectors differ, the same seed's would not.
+    # The seed reaches the weights: the two seeds' projectors differ.
     one, two = (load_file(sweep.runs / "none" / f"seed{s}" / "stage1" / "projector.safetensors") for s in SEEDS)
     assert any(not np.array_equal(one[k].numpy(), two[k].numpy()) for k in one)
 
@@ -155,12 +157,15 @@ def test_the_table_is_the_mean_over_seeds_and_the_paired_delta(sweep):
         expected = mean_over_seeds(per_seed)
         assert float(cell["score"]) == pytest.approx(expected.estimate, abs=1e-3)
         assert float(cell["score_low"]) <= max(expected.low, 0.0) + 1e-3
+        assert float(cell["score_high"]) >= min(expected.high, 100.0) - 1e-3
         assert cell["n_seeds"] == "2" and cell["score_method"].startswith("Student t over 2 seeds")
         if arm == "none":
             assert cell["delta"] == ""
             continue
         base = [float(per_run[f"none@seed{s}"][bench]) for s in SEEDS]
         assert float(cell["delta"]) == pytest.approx(np.mean(np.subtract(per_seed, base)), abs=1e-3)
+        t = mean_over_seeds(list(np.subtract(per_seed, base)))
+        assert float(cell["delta_low"]) <= max(t.low, -100.0) + 1e-3 and float(cell["delta_high"]) >= min(t.high, 100.0) - 1e-3
         assert cell["delta_seeds"] == "0,1" and float(cell["delta_low"]) <= float(cell["delta"]) <= float(
             cell["delta_high"])
         covers = float(cell["delta_low"]) <= 0 <= float(cell["delta_high"])
