@@ -96,9 +96,9 @@ def _dynamics(args) -> None:
 
 def _gradients(args) -> None:
     # lazy: start-up; a subcommand loads only the stages it runs
+    from llava_norm.analysis.gradients import arm_bundles, gradient_flow, training_batch
     from llava_norm.analysis.common import (analysis_device, labeled_inputs, load_analysis_bundle, parse_labeled,
                                             prompt_settings)
-    from llava_norm.analysis.gradients import arm_bundles, gradient_flow, training_batch
 
     if bool(args.checkpoint) == bool(args.vision and args.llm):
         raise SystemExit("gradient-flow: give either --vision and --llm (fresh builds per arm) or --checkpoint")
