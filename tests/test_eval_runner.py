@@ -71,6 +71,11 @@ def test_table_has_named_columns_and_deltas_against_the_baseline(tmp_path):
     rows = [line.split(",") for line in to_csv(table).splitlines()]
     assert rows[0] == ["run", "is_baseline", "ai2d", "ai2d_delta", "pope", "pope_delta", "average", "average_delta"]
     assert rows[2] == ["gwc", "False", "45.0", "-5.0", "85.0", "5.0", "65.0", "0.0"]
+    assert "‡" not in md
+    # replies the benchmark's rule could not read are said in their cell, with a legend
+    _result(tmp_path, "gwc", "pope", {"mean_over_splits": {"f1": 0.85}, "unparsable_replies": 3})
+    md = to_markdown(build_table([gwc, base], baseline="none"))
+    assert "| gwc | 45.00 (-5.00) | 85.00 ‡3 (+5.00) | 65.00 (+0.00) |" in md and "- ‡N: N replies" in md
 
 
 def test_table_refuses_runs_with_different_settings(tmp_path):

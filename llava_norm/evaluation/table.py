@@ -113,11 +113,15 @@ def to_markdown(table: Table, extra_rows: dict[str, dict[str, float]] | None = N
     chance levels) are appended without deltas and without an average."""
     header = ["run"] + [table.labels[c] for c in table.columns] + (["Average"] if table.average else [])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    unread = False
     for run in table.runs:
         marked = run in table.sources and table.sources[run].marks
         cells = [f"{run} †" if marked else run]
         for column in table.columns:
             value = f"{table.values[run][column]:.2f}"
+            unreadable = table.metrics.get(run, {}).get(column, {}).get("unparsable_replies", 0)
+            if unreadable:  # a score over the replies its rule could read: said in the cell
+                value, unread = f"{value} ‡{unreadable}", True
             cells.append(value if run == table.baseline else f"{value} ({_signed(table.delta(run, column))})")
         if table.average:
             avg = table.row_average(run)
@@ -128,6 +132,11 @@ def to_markdown(table: Table, extra_rows: dict[str, dict[str, float]] | None = N
         cells = [name] + [f"{row[c]:.2f}" if c in row else "" for c in table.columns]
         lines.append("| " + " | ".join(cells + ([""] if table.average else [])) + " |")
     legend = [f"- **{table.labels[c]}**: {headline(c).legend}." for c in table.columns]
+    if unread:
+        legend.append("- ‡N: N replies its rule could not read, scored wrong; POPE's F1 under its default rule "
+                      "(`lmms_eval_strict`, as lmms-eval) leaves them out of precision and recall, so a high F1 "
+                      "can stand beside many of them (`--option pope.reply_rule=llava_first_sentence` reads every "
+                      "reply).")
     return "\n".join(lines + ["", f"Percentages; deltas in parentheses are against `{table.baseline}`.", *legend]) + "\n"
 
 
