@@ -118,9 +118,11 @@ def _merge_files(path: Path, refused: list[ConfigError] | None = None) -> DictCo
             try:
                 merged = OmegaConf.merge(merged, _checked_shapes(merged, node, source))
                 break
-            except OmegaConfBaseException as error:
-                problem = ConfigError(_describe(error), file=source)
-                key = getattr(error, "full_key", None) or ""
+            except (OmegaConfBaseException, ConfigError) as error:
+                if isinstance(error, ConfigError):  # a value of the wrong shape (_checked_shapes)
+                    problem, key = error, re.match(r"key '([^']+)'", str(error)).group(1)
+                else:
+                    problem, key = ConfigError(_describe(error), file=source), getattr(error, "full_key", None) or ""
                 parent = OmegaConf.select(node, key.rpartition(".")[0]) if "." in key else node
                 if refused is None or not isinstance(parent, DictConfig) or key.rpartition(".")[2] not in parent:
                     raise problem from None  # (with refused: not a key this file sets, nothing to set aside)
@@ -206,10 +208,14 @@ def file_key_errors(path: str | Path, overrides: list[str] = ()) -> list[str]:
 def _value_problems_of(merged: DictConfig, overrides: list[str]) -> list[str]:
     """``value_problems`` of ``merged`` with ``overrides``; none where those do not merge or leave a
     required key unset (load_config says so once the keys are fixed)."""
+    for override in overrides:  # one at a time: one that does not merge leaves the others
+        try:
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([override]))
+        except (OmegaConfBaseException, TypeError, yaml.YAMLError):
+            continue
     try:
-        merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
         return [] if OmegaConf.missing_keys(merged) else value_problems(OmegaConf.to_object(merged))
-    except (OmegaConfBaseException, TypeError, yaml.YAMLError):
+    except OmegaConfBaseException:
         return []
 
 

@@ -88,6 +88,17 @@ def test_every_problem_is_one_line_naming_its_key_file_or_variable(world, monkey
     report = preflight(values, ["train.logging_steps=5"], gpus=1, plan=False)
     assert [p.split("key ")[1].split(":")[0] for p in report.problems] == \
         ["'train.per_device_batch_size'", "'model.norm_alignment'"], report.problems
+    shapes = tmp_path / "shapes.yaml"  # a value of the wrong shape is one of the keys, not the end of the list
+    shapes.write_text(f"base: {config}\nmodel: {{norm_alignment: ln_textnorm_gcw}}\n"
+                      "train: {max_step: 3, report_to: tensorboard, logging_steps: abc}\n")
+    report = preflight(shapes, ["optim.warmupx=1"], gpus=1, plan=False)  # an override that does not merge
+    assert [p.split("key ")[1].split(":")[0] for p in report.problems] == \
+        ["'train.report_to'", "'train.max_step'", "'train.logging_steps'", "'model.norm_alignment'"], report.problems
+    # each override a check between keys refuses, not only the first
+    report = preflight(stage1, ["lora.enabled=true", "train.restart=true", "train.extend=true",
+                                f"train.output_dir={tmp_path}/out"], gpus=1, plan=False)
+    assert [p.split("key ")[1].split(":")[0] for p in report.problems] == ["'lora.enabled'", "'train.restart'"], \
+        report.problems
     values.write_text(f"base: {config}\nmodel: {{norm_alignment: ln_textnorm_gcw}}\ntrain: {{logging_steps: 0}}\n")
     report = preflight(values, ["train.per_device_batch_size=0", "optim.warmupx=1"], gpus=1, plan=False)
     assert [p.split("key ")[1].split(":")[0] for p in report.problems] == \

@@ -20,7 +20,7 @@ import torch
 from llava_norm.data.prompts import PromptSettings, training_prompt_settings
 from llava_norm.files import write_atomically
 from llava_norm.layout import CONFIG_FILE
-from llava_norm.config_schema import resolve_dtype
+from llava_norm.config_schema import is_hub_id, resolve_dtype
 from llava_norm.model.builder import Bundle, load_bundle, load_tokenizer, torch_dtype
 from llava_norm.provenance import make_record
 
@@ -152,8 +152,9 @@ def write_result(result: dict, out_dir: str | Path | None, figure, inputs: dict 
     """Save ``<kind>.json`` and the matplotlib figure as ``<kind>.png``; returns the result with its paths.
 
     The JSON carries a provenance record (``llava_norm.provenance``): the fingerprints of
-    ``inputs`` (label -> checkpoint, run, image or sample path; names that are not paths, such as
-    backbones built in memory, are left out), the code and library versions, and the date."""
+    ``inputs`` (label -> checkpoint, run, image or sample path, or a backbone's hub id; names that
+    are neither, such as backbones built in memory, are left out), the code and library versions,
+    and the date."""
     import matplotlib.pyplot as plt
 
     if out_dir is None:
@@ -165,7 +166,8 @@ def write_result(result: dict, out_dir: str | Path | None, figure, inputs: dict 
     figure.savefig(out / f"{kind}.png", dpi=120, bbox_inches="tight")
     plt.close(figure)
     result["figure"] = f"{kind}.png"
-    paths = {label: path for label, path in (inputs or {}).items() if path and Path(path).exists()}
+    paths = {label: path for label, path in (inputs or {}).items()
+             if path and (Path(path).exists() or is_hub_id(str(path)))}  # a hub id by its revision
     record = make_record(f"analysis:{kind}", {}, paths)
     record.complete = True  # written with the result it describes
     result["provenance"] = asdict(record)

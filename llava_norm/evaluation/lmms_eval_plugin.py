@@ -104,7 +104,8 @@ class LlavaNormLmms(lmms):
         Why negated: lmms-eval's multiple-choice scoring takes the *smallest* value (``argmin``,
         and ``argmin`` over value / characters for acc_norm), as its own wrappers return a loss;
         a log-likelihood, where larger is better, would be scored backwards. The summed loss
-        picks lm-eval's acc and acc_norm choices."""
+        picks lm-eval's acc and acc_norm choices. (lmms-eval's perplexity and acc_mutual_info
+        read the value as a log-likelihood: inverted here, as with its own wrappers.)"""
         pairs = []
         for context, doc_to_target, doc_to_visual, doc_id, task, split in [r.args for r in requests]:
             doc = self._doc(task, split, doc_id)

@@ -113,7 +113,7 @@ def to_markdown(table: Table, extra_rows: dict[str, dict[str, float]] | None = N
     chance levels) are appended without deltas and without an average."""
     header = ["run"] + [table.labels[c] for c in table.columns] + (["Average"] if table.average else [])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    unread = False
+    unread = set()
     for run in table.runs:
         marked = run in table.sources and table.sources[run].marks
         cells = [f"{run} †" if marked else run]
@@ -121,7 +121,8 @@ def to_markdown(table: Table, extra_rows: dict[str, dict[str, float]] | None = N
             value = f"{table.values[run][column]:.2f}"
             unreadable = table.metrics.get(run, {}).get(column, {}).get("unparsable_replies", 0)
             if unreadable:  # a score over the replies its rule could read: said in the cell
-                value, unread = f"{value} ‡{unreadable}", True
+                value = f"{value} ‡{unreadable}"
+                unread.add(column)
             cells.append(value if run == table.baseline else f"{value} ({_signed(table.delta(run, column))})")
         if table.average:
             avg = table.row_average(run)
@@ -133,10 +134,10 @@ def to_markdown(table: Table, extra_rows: dict[str, dict[str, float]] | None = N
         lines.append("| " + " | ".join(cells + ([""] if table.average else [])) + " |")
     legend = [f"- **{table.labels[c]}**: {headline(c).legend}." for c in table.columns]
     if unread:
-        legend.append("- ‡N: N replies its rule could not read, scored wrong; POPE's F1 under its default rule "
-                      "(`lmms_eval_strict`, as lmms-eval) leaves them out of precision and recall, so a high F1 "
-                      "can stand beside many of them (`--option pope.reply_rule=llava_first_sentence` reads every "
-                      "reply).")
+        pope = " POPE's F1 under its default rule (`lmms_eval_strict`, as lmms-eval) leaves them out of precision " \
+            "and recall, so a high F1 can stand beside many of them (`--option pope.reply_rule=llava_first_sentence` " \
+            "reads every reply)." if "pope" in unread else ""
+        legend.append(f"- ‡N: N replies its rule could not read, scored wrong.{pope}")
     return "\n".join(lines + ["", f"Percentages; deltas in parentheses are against `{table.baseline}`.", *legend]) + "\n"
 
 

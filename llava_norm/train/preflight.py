@@ -169,12 +169,12 @@ def backbone_problems(name: str, key: str) -> tuple[list[str], str]:
 
 
 def _each_config_error(path: str | Path, overrides: list[str], first: ConfigError) -> list[str]:
-    """Every key the config's files refuse; once they merge, every problem of the config with its
-    overrides, not only the first: each value outside its key's choices or range, then the first
-    check between keys that fails (a clash of two is one problem), then each override that does
-    not merge (an unknown key, a value of the wrong type). Overrides are merged one at a time and
-    the refused ones tried again on those taken until none more is, so a key the file lacks set
-    after another is no problem."""
+    """Every key the config's files refuse; once they merge, every value outside its key's choices
+    or range (the file's and the overrides'), then every override the config refuses, not only
+    the first: overrides are taken on the file one at a time, and the refused ones are tried
+    again on those taken until none more is: one valid only beside another (``lora.enabled=true``
+    before ``train.stage=2``, or a key the file lacks set after it) is no problem, and a clash
+    between two is reported once, at one of them."""
     def error_of(tried: list[str], validated: bool = True) -> str | None:
         try:
             load_config(path, tried, check_paths=False, validated=validated)
@@ -182,27 +182,32 @@ def _each_config_error(path: str | Path, overrides: list[str], first: ConfigErro
             return str(error)
         return None
 
+    def take(validated: bool) -> tuple[list[str], list[str]]:
+        # a key given twice is set by its last value, as load_config sets it: the earlier ones are not tried
+        keys = [o.partition("=")[0] for o in overrides]
+        taken, refused, more = [], [o for i, o in enumerate(overrides) if keys[i] not in keys[i + 1:]], True
+        while more:
+            more = False
+            for override in list(refused):
+                if error_of([*taken, override], validated) is None:
+                    taken.append(override)
+                    refused.remove(override)
+                    more = True
+        return taken, refused
+
     in_the_file = file_key_errors(path, overrides)
     if in_the_file:  # the overrides are checked on a file that merges
         return in_the_file
-    # a key given twice is set by its last value, as load_config sets it: the earlier ones are not tried
-    keys = [o.partition("=")[0] for o in overrides]
-    taken, refused, more = [], [o for i, o in enumerate(overrides) if keys[i] not in keys[i + 1:]], True
-    while more:
-        more = False
-        for override in list(refused):
-            if error_of([*taken, override], validated=False) is None:
-                taken.append(override)
-                refused.remove(override)
-                more = True
-    try:
+    merging, _ = take(validated=False)
+    try:  # every value with the overrides that merge (a file's value the launch replaces is not said)
         found = [f"{path}: {problem}" for problem in
-                 value_problems(load_config(path, taken, check_paths=False, validated=False))]
-    except ConfigError as error:  # a required key still unset
-        found = [str(error)]
-    between = error_of(taken) if not found else None
-    for error in [between] + [error_of([*taken, override], validated=False) for override in refused]:
-        if error and error not in found:
+                 value_problems(load_config(path, merging, check_paths=False, validated=False))]
+    except ConfigError:  # a required key still unset: said below, at the overrides
+        found = []
+    taken, refused = take(validated=True)
+    for override in refused:
+        error = error_of([*taken, override])
+        if error not in found:
             found.append(error)
     return found or [str(first)]
 
@@ -309,7 +314,8 @@ def _plan(report: Report, gpus: int, nodes: int, memory: float | None, name: str
         plan = make_plan(report.config, gpus, nodes, memory, name, alternatives=memory is not None)
     except Exception as error:  # noqa: BLE001 - a plan that cannot be made is said, in one line
         said = f"plan: {type(error).__name__}: {str(error).splitlines()[0]}"
-        if _said_already(report, said):
+        backbone = re.search(r"key '(model\.vision_tower|model\.llm)'", said)  # one it could not read
+        if backbone and any(f"key '{backbone.group(1)}'" in problem for problem in report.problems):
             report.summary.append("plan: none until the problems above are fixed")
         else:
             report.problems.append(said)

@@ -14,8 +14,9 @@ and sleeps until the test kills it; the other ranks run on until they wait for i
   ``optimizer.pt``), half of its bytes written, after the model weights;
 - ``rank``: a non-main rank's own log state (``log_state_rank1.json``), half of its bytes written,
   after DeepSpeed's files and before the barrier that holds the main process back from the
-  marker; that rank then waits LINGER seconds before saying it stopped, time enough for a main
-  process that did not wait at the barrier to write the marker;
+  marker; that rank waits for the main process's own log state, then LINGER seconds more before
+  saying it stopped, time enough for a main process that did not wait at the barrier to write
+  the marker;
 - ``late``: every file written, right before the completion marker is put in place.
 
 Test-only: the training code knows nothing of it. It patches the three calls that write a
@@ -47,7 +48,11 @@ def _install(folder: str, phase: str) -> None:
             os.truncate(path, size // 2)
             with open(path, "rb+") as f:
                 os.fsync(f.fileno())
-        if phase == "rank":
+        if phase == "rank":  # once the main process wrote its own log state (its last write before the barrier)
+            main = os.path.join(os.path.dirname(path), "log_state_rank0.json")
+            deadline = time.time() + 120
+            while not os.path.exists(main) and time.time() < deadline:
+                time.sleep(0.05)
             time.sleep(LINGER)
         tmp = f"{_FLAG}.{os.getpid()}"
         with open(tmp, "w") as f:
