@@ -6,6 +6,6 @@
 """
 
 from llava_norm.plan.estimate import Plan, make_plan
-from llava_norm.plan.report import GPU_MEMORY_GIB, format_plan, gpu_memory
+from llava_norm.plan.report import GPU_MEMORY_GIB, format_plan, gpu_memory, memory_text
 
-__all__ = ["GPU_MEMORY_GIB", "Plan", "format_plan", "gpu_memory", "make_plan"]
+__all__ = ["GPU_MEMORY_GIB", "Plan", "format_plan", "gpu_memory", "make_plan", "memory_text"]

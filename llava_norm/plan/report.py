@@ -29,7 +29,8 @@ def gpu_memory(name: str) -> float:
     return GPU_MEMORY_GIB[key]
 
 
-def _gib(n: float) -> str:
+def memory_text(n: float) -> str:
+    """Bytes in GiB, or in MiB below one GiB (a tiny model's figures)."""
     return f"{n / 2 ** 30:.1f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.1f} MiB"
 
 
@@ -45,10 +46,10 @@ def verdict(plan: Plan) -> str:
     peak = plan.peak()
     fits = plan.fits(peak)
     if fits is None:
-        return f"peak {_gib(peak)} per GPU (no GPU memory given: --gpu NAME or --gpu-memory GiB)"
+        return f"peak {memory_text(peak)} per GPU (no GPU memory given: --gpu NAME or --gpu-memory GiB)"
     budget = FIT_FRACTION * plan.gpu_memory_gib
     word = "FITS" if fits else "DOES NOT FIT"
-    return (f"{word}: peak {_gib(peak)} per GPU against {budget:.1f} GiB usable "
+    return (f"{word}: peak {memory_text(peak)} per GPU against {budget:.1f} GiB usable "
             f"({FIT_FRACTION:.0%} of {plan.gpu_memory_gib:.1f} GiB{f', {plan.gpu_name}' if plan.gpu_name else ''})")
 
 
@@ -65,8 +66,8 @@ def format_plan(plan: Plan, config_name: str = "") -> str:
     lines.append(f"  micro-batch: {_n(plan.batch, 'row')} x {plan.seq} tokens, {_n(plan.images, 'image')} of "
                  f"{plan.tokens_per_image} tokens per row; grad_accum {plan.grad_accum}; {_n(plan.world, 'process')}")
     acts = plan.activations
-    lines.append(f"  activations of a micro-batch: {_gib(acts.total(False))} (checkpointing off), "
-                 f"{_gib(acts.total(True))} (on), and {_gib(acts.transient)} more while the backward "
+    lines.append(f"  activations of a micro-batch: {memory_text(acts.total(False))} (checkpointing off), "
+                 f"{memory_text(acts.total(True))} (on), and {memory_text(acts.transient)} more while the backward "
                  f"starts (the gradient of the largest one)")
     overlap = "the gradients overlap the activations' release" if plan.grad_accum == 1 else \
         "accumulated gradients stay alive through each micro-batch"
@@ -74,10 +75,10 @@ def format_plan(plan: Plan, config_name: str = "") -> str:
     for layout in sorted(plan.states):
         s = plan.states[layout]
         mark = "  <- configured" if layout == plan.layout else ""
-        lines.append(f"    {layout:20s} {_gib(s.total):>10s}      {_gib(plan.peak(layout, False)):>9s} / "
-                     f"{_gib(plan.peak(layout, True))}{mark}")
+        lines.append(f"    {layout:20s} {memory_text(s.total):>10s}      {memory_text(plan.peak(layout, False)):>9s} / "
+                     f"{memory_text(plan.peak(layout, True))}{mark}")
     if plan.fused_activations is not None:
-        lines.append(f"    with train.loss=fused: peak {_gib(plan.peak(activations=plan.fused_activations))} "
+        lines.append(f"    with train.loss=fused: peak {memory_text(plan.peak(activations=plan.fused_activations))} "
                      f"(configured layout and checkpointing)")
     lines.append(f"  configured: {plan.layout}, gradient checkpointing {'on' if plan.checkpointing else 'off'}, "
                  f"loss {t.loss}")
@@ -86,8 +87,9 @@ def format_plan(plan: Plan, config_name: str = "") -> str:
     lines.append(f"  per optimizer step: {plan.tokens_per_step:,} token slots (rows padded to {plan.seq}), "
                  f"{flops.total / scale:.2f} {unit} of model FLOPs (vision {flops.vision / scale:.2f}, "
                  f"projector {flops.projector / scale:.3f}, llm {flops.llm / scale:.2f})")
-    lines.append(f"  host memory per node at start-up: {_gib(plan.host_memory_gib() * 2 ** 30)} (each of the node's "
-                 f"{_n(plan.gpus, 'process')} holds the fp32 model before DeepSpeed partitions it)")
+    host = memory_text(plan.host_memory_gib() * 2 ** 30)
+    lines.append(f"  host memory per node at start-up: {host} (each of the node's {_n(plan.gpus, 'process')} holds "
+                 "the fp32 model before DeepSpeed partitions it)")
     lines.append("  " + verdict(plan))
     if plan.fits(plan.peak()) is False:
         if plan.alternatives:

@@ -308,7 +308,7 @@ def _said_already(report: Report, problem: str) -> bool:
 
 def _plan(report: Report, gpus: int, nodes: int, memory: float | None, name: str | None) -> None:
     # lazy: the plan builds the meta-device model (transformers' model code); the checks alone do not
-    from llava_norm.plan import make_plan
+    from llava_norm.plan import make_plan, memory_text
 
     try:
         plan = make_plan(report.config, gpus, nodes, memory, name, alternatives=memory is not None)
@@ -322,7 +322,8 @@ def _plan(report: Report, gpus: int, nodes: int, memory: float | None, name: str
         return
     report.plan, peak = plan, plan.peak() / 2 ** 30
     host = plan.host_memory_gib()
-    line = f"plan: peak {peak:.1f} GiB per GPU; host memory at start-up about {host:.0f} GiB per node"
+    line = f"plan: peak {memory_text(plan.peak())} per GPU; host memory at start-up about " \
+        f"{memory_text(host * 2 ** 30)} per node"
     if plan.fits(plan.peak()) is False:
         fixes = "; ".join(change for change, _ in plan.alternatives) or "none found"
         report.problems.append(f"plan: peak {peak:.1f} GiB per GPU does not fit {memory:.1f} GiB "
