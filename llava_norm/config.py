@@ -57,16 +57,14 @@ def _read_yaml_chain(path: Path, seen: tuple[Path, ...] = ()) -> list:
     return chain + [(path, node)]
 
 
-def load_config(path: str | Path, overrides: list[str] = (), check_paths: bool = True,
-                validated: bool = True) -> RunConfig:
+def load_config(path: str | Path, overrides: list[str] = (), check_paths: bool = True) -> RunConfig:
     """The merged, validated config. Every error is a one-line ConfigError naming the file and key.
 
     ``check_paths``: also check what the config refers to on this machine (files, directories,
     the DeepSpeed JSON, installed packages, the local backbones' files), still before any load.
-    ``validated=False``: merged and typed only (the launch check lists what validation refuses).
     """
     with naming_the_file(path):
-        return _load(Path(path), list(overrides), check_paths, validated)
+        return _load(Path(path), list(overrides), check_paths)
 
 
 def stage_problem(path: str | Path, config: RunConfig, stage: int) -> str | None:
@@ -154,7 +152,7 @@ def _checked_shapes(schema: DictConfig, node, file: Path, prefix: str = ""):
     return node
 
 
-def _load(path: Path, overrides: list[str], check_paths: bool, validated: bool = True) -> RunConfig:
+def _load(path: Path, overrides: list[str], check_paths: bool) -> RunConfig:
     merged = _merge_files(path)
     for override in overrides:
         if not override.partition("=")[0] or "=" not in override:
@@ -183,26 +181,23 @@ def _load(path: Path, overrides: list[str], check_paths: bool, validated: bool =
         config: RunConfig = OmegaConf.to_object(merged)
     except OmegaConfBaseException as error:
         raise ConfigError(_describe(error) + (where if overrides else "")) from None
-    if validated:
-        validate(config, check_paths)
+    validate(config, check_paths)
     return config
 
 
-def file_key_errors(path: str | Path, overrides: list[str] = ()) -> list[str]:
-    """Every key of the config's files that the schema refuses (an unknown key, a value of the
-    wrong type), each as load_config says it, not only the first: a refused key is set aside and
-    the merge tried again (a key shared through a base file is said once; a bad key inside a
-    ``data.mixture`` entry ends the list). Where a key was refused, then also every value of what
-    merged, with ``overrides``, outside its key's choices or range. Empty when the files merge
-    (what the overrides or the checks after the merge may still refuse is load_config's to say)."""
-    refused = []
+def file_problems(path: str | Path, overrides: list[str] = ()) -> tuple[list[str], list[str]]:
+    """(every key of the config's files that the schema refuses, every value outside its key's
+    choices or range), each as load_config says it, not only the first. A refused key (an unknown
+    key, a value of the wrong type or shape) is set aside and the merge tried again (a key shared
+    through a base file is said once; a bad key inside a ``data.mixture`` entry ends the list);
+    the values are those of what merged, with the ``overrides`` that merge. What the overrides or
+    the checks between keys may still refuse is load_config's to say."""
+    refused, values = [], []
     try:
-        merged = _merge_files(Path(path), refused)
-        if refused:
-            refused += [ConfigError(problem) for problem in _value_problems_of(merged, overrides)]
+        values = [ConfigError(problem) for problem in _value_problems_of(_merge_files(Path(path), refused), overrides)]
     except ConfigError as error:
         refused.append(error)
-    return list(dict.fromkeys(_named(error, path) for error in refused))
+    return tuple(list(dict.fromkeys(_named(error, path) for error in errors)) for errors in (refused, values))
 
 
 def _value_problems_of(merged: DictConfig, overrides: list[str]) -> list[str]:

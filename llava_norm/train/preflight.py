@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llava_norm.config import _read_yaml_chain, file_key_errors, load_config, value_problems
+from llava_norm.config import _read_yaml_chain, file_problems, load_config
 from llava_norm.config_checks import path_problems
 from llava_norm.config_schema import ConfigError, DataSource, RunConfig, effective_grad_accum
 from llava_norm.data.rows import BadSampleError, read_entries
@@ -175,36 +175,27 @@ def _each_config_error(path: str | Path, overrides: list[str], first: ConfigErro
     again on those taken until none more is: one valid only beside another (``lora.enabled=true``
     before ``train.stage=2``, or a key the file lacks set after it) is no problem, and a clash
     between two is reported once, at one of them."""
-    def error_of(tried: list[str], validated: bool = True) -> str | None:
+    def error_of(tried: list[str]) -> str | None:
         try:
-            load_config(path, tried, check_paths=False, validated=validated)
+            load_config(path, tried, check_paths=False)
         except ConfigError as error:
             return str(error)
         return None
 
-    def take(validated: bool) -> tuple[list[str], list[str]]:
-        # a key given twice is set by its last value, as load_config sets it: the earlier ones are not tried
-        keys = [o.partition("=")[0] for o in overrides]
-        taken, refused, more = [], [o for i, o in enumerate(overrides) if keys[i] not in keys[i + 1:]], True
-        while more:
-            more = False
-            for override in list(refused):
-                if error_of([*taken, override], validated) is None:
-                    taken.append(override)
-                    refused.remove(override)
-                    more = True
-        return taken, refused
-
-    in_the_file = file_key_errors(path, overrides)
+    # every value with the overrides that merge (a file's value the launch replaces is not said)
+    in_the_file, found = file_problems(path, overrides)
     if in_the_file:  # the overrides are checked on a file that merges
-        return in_the_file
-    merging, _ = take(validated=False)
-    try:  # every value with the overrides that merge (a file's value the launch replaces is not said)
-        found = [f"{path}: {problem}" for problem in
-                 value_problems(load_config(path, merging, check_paths=False, validated=False))]
-    except ConfigError:  # a required key still unset: said below, at the overrides
-        found = []
-    taken, refused = take(validated=True)
+        return in_the_file + found
+    # a key given twice is set by its last value, as load_config sets it: the earlier ones are not tried
+    keys = [o.partition("=")[0] for o in overrides]
+    taken, refused, more = [], [o for i, o in enumerate(overrides) if keys[i] not in keys[i + 1:]], True
+    while more:
+        more = False
+        for override in list(refused):
+            if error_of([*taken, override]) is None:
+                taken.append(override)
+                refused.remove(override)
+                more = True
     for override in refused:
         error = error_of([*taken, override])
         if error not in found:
