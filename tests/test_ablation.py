@@ -107,6 +107,21 @@ def test_markdown_says_no_detectable_difference_exactly_where_the_interval_cover
         assert ("no detectable difference" in text) == cell.delta.covers_zero
 
 
+def test_the_count_of_deltas_excluding_zero_is_set_against_chance(runs):
+    """Three of four deltas given intervals that exclude 0 (two above it, one below) and one an
+    interval that covers it: the line under the table counts three, and with no effect anywhere
+    5% of four, 0.2, would exclude 0 by chance."""
+    from dataclasses import replace
+
+    noisy = next(c for c in ablation_cells(runs, "base") if c.arm == "noisy")
+    spans = [(1.0, 2.0), (-2.0, -1.0), (3.0, 4.0), (-1.0, 1.0)]
+    cells = [replace(noisy, benchmark=b, delta=replace(noisy.delta, low=low, high=high))
+             for b, (low, high) in zip(("mmlu", "hellaswag", "pope", "ai2d"), spans)]
+    md = to_markdown([replace(c, arm="base", delta=None) for c in cells] + cells, "base")
+    assert "3 of 4 deltas have an interval that excludes 0." in md
+    assert "about 0.2 of 4 would exclude 0 by chance alone" in md
+
+
 def test_run_names_split_into_arm_and_seed():
     assert split_name("ln_textnorm@seed12") == ("ln_textnorm", 12)
     assert split_name("ln_textnorm") == ("ln_textnorm", None)
@@ -115,8 +130,8 @@ def test_run_names_split_into_arm_and_seed():
         ablation_cells({}, "missing")
 
 
-def test_intervals_are_cut_to_what_a_score_can_be():
-    from llava_norm.analysis.ablation import _score
+def test_intervals_are_cut_to_what_a_score_or_a_delta_can_be():
+    from llava_norm.analysis.ablation import _delta, _score
     from llava_norm.evaluation.units import Units
 
     def units(headline):
@@ -128,6 +143,12 @@ def test_intervals_are_cut_to_what_a_score_can_be():
     assert uncut.low < 0 and uncut.high > 100 and (score.low, score.high) == (0.0, 100.0)
     assert score.estimate == uncut.estimate
     assert method.startswith("Student t over 3 seeds")
+    # a delta over 3 seeds of 0, 0 and 95 points: t reaches past -100 and 100, the cut one does not
+    pairs = [(units(0.0).rows, units(arm).rows) for arm in (0.0, 0.0, 95.0)]
+    statistic = units(0.0).statistic
+    uncut, delta = seed_paired_bootstrap(pairs, statistic), _delta(pairs, statistic)
+    assert uncut.low < -100 and uncut.high > 100 and (delta.low, delta.high) == (-100.0, 100.0)
+    assert delta.estimate == uncut.estimate and delta.p_value == uncut.p_value
 
 
 def test_a_benchmark_some_runs_lack_is_left_out_and_named(runs, tmp_path):
@@ -140,3 +161,14 @@ def test_a_benchmark_some_runs_lack_is_left_out_and_named(runs, tmp_path):
     partial["noisy@seed2"] = copy
     text = write_ablation(partial, tmp_path / "t", "base").read_text()
     assert "- not in the table: hellaswag, which noisy@seed2 lack(s)" in text and "| hellaswag" not in text
+
+
+def test_the_forest_plot_greys_exactly_the_intervals_that_cover_zero():
+    from matplotlib.colors import to_hex
+
+    from llava_norm.analysis.plots import forest_figure
+
+    rows = [("covers", 0.5, -1.0, 2.0), ("on zero", 1.0, 0.0, 2.0), ("above", 2.0, 1.0, 3.0), ("below", -2.0, -3.0, -1.0)]
+    figure = forest_figure(rows, "deltas", "points")
+    marks = [to_hex(bars.lines[0].get_color()) for bars in figure.axes[0].containers]
+    assert marks == [to_hex(c) for c in ("tab:gray", "tab:gray", "tab:green", "tab:red")]

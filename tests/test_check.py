@@ -215,6 +215,31 @@ def test_a_malformed_jsonl_line_is_a_warning_under_skip_and_a_problem_under_erro
     assert [p for p in report.problems if p.startswith(f"key 'data.mixture[0]': {jsonl}: none of its ")], report.problems
 
 
+def test_a_hub_card_that_its_shards_do_not_reach_is_said(world, monkeypatch, tmp_path):
+    """A partial download of a hub dataset: its card says 20 rows, its two shards hold 8. Under
+    data.on_bad_sample skip a warning (the run goes on without them), under error a problem."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    _, config, _, _, shards = world
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    cached = tmp_path / "hub" / "datasets--org--next"
+    shutil.copytree(shards.parent, cached / "snapshots" / commit)
+    (cached / "refs").mkdir()
+    (cached / "refs" / "main").write_text(commit)
+    card = cached / "snapshots" / commit / "README.md"
+    assert card.read_text().count("num_examples: 8") == 1
+    card.write_text(card.read_text().replace("num_examples: 8", "num_examples: 20"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    said = "key 'data.mixture[0]': the dataset card says 20 rows, the 2 shards hold 8: a partial download?"
+    skip = preflight(config, ["data.mixture=[{hub: org/next}]"], gpus=2, plan=False)
+    assert skip.ok and [w for w in skip.warnings if said in w], skip.warnings
+    stop = preflight(config, ["data.mixture=[{hub: org/next}]", "data.on_bad_sample=error"], gpus=2, plan=False)
+    assert [p for p in stop.problems if said in p], stop.problems
+
+
 def test_a_backbone_that_is_neither_a_folder_nor_a_repo_id_is_one_line(world):
     """A relative path that does not exist here (two slashes: not a repo id either) is named by
     its key, not met as huggingface_hub's validation traceback."""

@@ -120,13 +120,14 @@ def setup(tmp_path, tiny_dir):
     mlp = {f"{prefix}linear_{i}.{p}": torch.zeros(2) for i in (1, 2) for p in ("weight", "bias")}
     mlp_norm = {**mlp, f"{prefix}norm.weight": torch.ones(2), f"{prefix}norm.bias": torch.zeros(2)}
 
-    def origin(arm, llm="llama"):  # what a stage 1 records of its run (llava_norm.train.final.save_final)
-        return {"norm_alignment": arm, "projector_type": "mlp2x_gelu", "vision_tower": str((tiny_dir / "siglip").resolve()),
+    def origin(arm, llm="llama", tower="siglip"):  # what a stage 1 records of its run (llava_norm.train.final.save_final)
+        return {"norm_alignment": arm, "projector_type": "mlp2x_gelu", "vision_tower": str((tiny_dir / tower).resolve()),
                 "llm": str((tiny_dir / llm).resolve()), "text_norm": "1.0"}
 
     save_file(mlp, str(d / "mlp_projector.safetensors"), metadata=origin("none"))
     save_file(mlp_norm, str(d / "mlp_norm_projector.safetensors"), metadata=origin("ln_textnorm_gwc"))
     save_file(mlp_norm, str(d / "qwen_projector.safetensors"), metadata=origin("ln_textnorm_gwc", "qwen2"))
+    save_file(mlp_norm, str(d / "clip_projector.safetensors"), metadata=origin("ln_textnorm_gwc", tower="clip"))
     save_file(mlp_norm, str(d / "unrecorded_projector.safetensors"))
     (d / "checkpoint-2").mkdir()
     (d / "checkpoint-2/trainer_state.json").write_text("{}")
@@ -165,7 +166,7 @@ def test_valid_settings_pass(setup, overrides, monkeypatch):
     load_config(setup["base"], _expand(overrides, setup))
 
 
-def test_a_projector_from_another_arm_or_llm_is_refused_naming_both(setup):
+def test_a_projector_from_another_arm_llm_or_tower_is_refused_naming_both(setup):
     arm = _expand(["model.pretrained_projector={d}/mlp_norm_projector.safetensors", "model.norm_alignment=ln_textnorm"],
                   setup)
     with pytest.raises(ConfigError, match="norm_alignment 'ln_textnorm_gwc' \\(projector\\) vs 'ln_textnorm' "
@@ -175,7 +176,11 @@ def test_a_projector_from_another_arm_or_llm_is_refused_naming_both(setup):
                   setup)
     with pytest.raises(ConfigError, match=r"llm '\S*qwen2' \(projector\) vs '\S*llama' \(this config\)"):
         load_config(setup["base"], llm)
-    for overrides in (arm, llm):  # said explicitly, it is used
+    tower = _expand(["model.pretrained_projector={d}/clip_projector.safetensors", "model.norm_alignment=ln_textnorm_gwc"],
+                    setup)
+    with pytest.raises(ConfigError, match=r"vision_tower '\S*clip' \(projector\) vs '\S*siglip' \(this config\)"):
+        load_config(setup["base"], tower)
+    for overrides in (arm, llm, tower):  # said explicitly, it is used
         load_config(setup["base"], [*overrides, "model.allow_projector_mismatch=true"])
 
 
@@ -213,7 +218,9 @@ CASES = [
     (["train.stage=2", "lora.enabled=true", "lora.lm_head=true"], "lora.lm_head", None),  # tiny Llama is tied
     (["lora.vision_tower=partial"], "lora.vision_tower", None),
     (["data.packing=true", "model.trust_remote_code=true"], "model.trust_remote_code", None),
-    (["train.stage=2", "lora.enabled=true", "lora.lm_head=true", "train.loss=fused"], "lora.lm_head", None),
+    # the untied tiny Qwen2, whose adapted lm_head is fine with the plain loss (VALID above)
+    (["train.stage=2", "lora.enabled=true", "lora.lm_head=true", "model.llm={tiny}/qwen2", "train.loss=fused"],
+     "lora.lm_head", None),
     (["train.stage=2", "lora.enabled=true", "lora.vision_tower=full", "train.train_vision_tower=false"],
      "lora.vision_tower", None),
     (["train.deepspeed={d}/missing.json"], "train.deepspeed", None),  # DeepSpeed file missing

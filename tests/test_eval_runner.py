@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from llava_norm.evaluation.predictions import PredictionStore, SettingsMismatchError
-from llava_norm.evaluation.table import build_table, to_csv, to_markdown, write_table
+from llava_norm.evaluation.table import COMPARABLE, build_table, to_csv, to_markdown, write_table
 from llava_norm.model.builder import ModelSpec, build_model
 from llava_norm_demo.synth import build_world
 
@@ -78,17 +78,30 @@ def test_table_has_named_columns_and_deltas_against_the_baseline(tmp_path):
     assert "| gwc | 45.00 (-5.00) | 85.00 ‡3 (+5.00) | 65.00 (+0.00) |" in md and "- ‡N: N replies" in md
 
 
-def test_table_refuses_runs_with_different_settings(tmp_path):
+# Each setting a column's runs must share (table.COMPARABLE), and two values of it.
+DIFFERING = [("benchmark", {"benchmark": "pope"}, {"benchmark": "pope", "variant": "adversarial"}),
+             ("data_fingerprint", "3f2a", "9c1e"), ("limit", 10, 20), ("max_new_tokens_cap", None, 4),
+             ("dtype", "bfloat16", "float32")]
+
+
+@pytest.mark.parametrize("key, one, other", DIFFERING, ids=[d[0] for d in DIFFERING])
+def test_table_refuses_runs_evaluated_with_a_different_setting(tmp_path, key, one, other):
+    """Two runs whose POPE results differ in one setting only (a capped smoke run, other data
+    files, another dtype or variant) never share a column; the error names the setting."""
+    runs = []
+    for name, value in (("a", one), ("b", other)):
+        run = _result(tmp_path, name, "pope", {"mean_over_splits": {"f1": 0.8}})
+        result = json.loads((run / "pope.json").read_text())
+        result["settings"][key] = value
+        (run / "pope.json").write_text(json.dumps(result))
+        runs.append(run)
+    with pytest.raises(ValueError, match=f"different '{key}'"):
+        build_table(runs)
+    assert {key for key, _, _ in DIFFERING} == set(COMPARABLE)  # every one of them is tried here
+
+
+def test_table_refuses_two_runs_of_one_name(tmp_path):
     a = _result(tmp_path, "a", "pope", {"mean_over_splits": {"f1": 0.8}}, limit=10)
-    b = _result(tmp_path, "b", "pope", {"mean_over_splits": {"f1": 0.8}}, limit=20)
-    with pytest.raises(ValueError, match="'limit'"):
-        build_table([a, b])
-    c = _result(tmp_path, "c", "pope", {"mean_over_splits": {"f1": 0.8}}, limit=10)
-    settings = json.loads((c / "pope.json").read_text())
-    settings["settings"]["max_new_tokens_cap"] = 4  # a capped smoke run never shares a column with a full one
-    (c / "pope.json").write_text(json.dumps(settings))
-    with pytest.raises(ValueError, match="'max_new_tokens_cap'"):
-        build_table([a, c])
     (tmp_path / "again").mkdir()
     twin = _result(tmp_path / "again", "a", "pope", {"mean_over_splits": {"f1": 0.7}}, limit=10)
     with pytest.raises(ValueError, match=f"two evaluation directories have run name 'a': {a} and {twin}; "):

@@ -273,13 +273,16 @@ def test_no_logged_throughput_counts_start_up_and_train_loss_spans_every_launch(
     assert summary["train_loss"] == sum(e["loss"] for e in steps) / 3
 
 
-def test_a_checkpoint_without_log_state_gives_train_loss_over_the_steps_after_it(run):
+def test_a_checkpoint_without_log_state_warns_and_gives_train_loss_over_the_steps_after_it(run, caplog):
     launch, out, _ = run
     launch()
     (out / "train_summary.json").unlink()  # as if killed right after checkpoint-2, written before runlog existed
     shutil.rmtree(out / "checkpoint-3")
     (out / "checkpoint-2" / "log_state_rank0.json").unlink()
-    launch()
+    with caplog.at_level("WARNING", logger="llava_norm.train.runlog"):
+        launch()
+    assert f"{out / 'checkpoint-2'} has no log_state_rank0.json: the logs' sums start again at step 2, and " \
+           "train_loss covers the steps after it only" in caplog.text, caplog.text
     summary = _summary(out)
     assert summary["steps_this_launch"] == 1
     assert summary["train_loss"] == next(e["loss"] for e in summary["log_history"] if e.get("step") == 3)

@@ -36,12 +36,12 @@ BENCHMARKS = "pope,ai2d,mmlu"  # mmlu: scored by log-likelihood, so untrained mo
 NAMES = ["none@seed0", "none@seed1", "scale_to_t@seed0", "scale_to_t@seed1"]
 
 
-def _cli(*args: str) -> SimpleNamespace:
+def _cli(*args: str, cwd: Path = REPO) -> SimpleNamespace:
     """``llava-norm ARGS`` run in this process from the checkout, with its exit code and what it
     printed. Why not a process of its own: these commands launch nothing (they write files or
     refuse), so a new process would add only the start-up of the libraries this one has loaded."""
     out, err, code = io.StringIO(), io.StringIO(), 0
-    with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             main(list(args))
         except SystemExit as stop:  # as the interpreter does: a message goes to stderr with status 1
@@ -97,7 +97,7 @@ def test_slurm_files_name_every_chain_and_a_port_per_task(sweep):
     assert '--task "$SLURM_ARRAY_TASK_ID"' in array and f'--output="{sweep.slurm}/logs/task_%a_job_%A.out"' in array
     assert "--table-only" in (sweep.slurm / "table.sbatch").read_text()
     assert f"sweep {REPO / 'configs/recipe-1gpu'} " in array and "--eval-arg=--limit=500" in array
-    # checked before it was written: the tasks run where the command ran, with the plan's host memory
+    # the tasks run where the command ran; a memory request is there (its figure: the test below)
     assert f"\ncd {REPO}\n" in array and "#SBATCH --cpus-per-task=8\n" in array
     mem = re.search(r"#SBATCH --mem=(\d+)G\n", array)
     assert mem and int(mem.group(1)) >= 1
@@ -111,6 +111,30 @@ def test_multi_gpu_tasks_take_a_port_from_their_job_and_task(sweep, tmp_path):
     assert "#SBATCH --cpus-per-task=16\n" in array
     assert "MASTER_PORT=$((20000 + (SLURM_ARRAY_JOB_ID * 97 + SLURM_ARRAY_TASK_ID) % 40000))" in array
     assert "export GPUS_PER_NODE=2" in (tmp_path / "table.sbatch").read_text()  # records are checked at 2
+
+
+def test_slurm_files_ask_the_plans_host_memory_and_a_quarter_and_keep_the_data_roots(sweep, tmp_path, monkeypatch):
+    """--mem from the grid's host memory (check_grid's, here 10 GiB) with MEMORY_MARGIN's quarter
+    more, rounded up; LLAVA_DATA and EVAL_DATA as set when the files are written, in both jobs;
+    and written from another checkout than the package's, nothing is written and both are named."""
+    import llava_norm.sweep as sweeps
+
+    monkeypatch.setattr(sweeps, "check_grid", lambda config, gpus: ([], 10.0))
+    monkeypatch.setenv("LLAVA_DATA", "/data/llava next")
+    monkeypatch.setenv("EVAL_DATA", "/data/eval")
+    done = _cli("sweep", *sweep.args, "--slurm", str(tmp_path / "a"))
+    assert done.returncode == 0, done.stderr
+    for name in ("sweep.sbatch", "table.sbatch"):
+        text = (tmp_path / "a" / name).read_text()
+        assert "export LLAVA_DATA='/data/llava next'\nexport EVAL_DATA=/data/eval\n" in text, text
+    assert "#SBATCH --mem=13G\n" in (tmp_path / "a" / "sweep.sbatch").read_text()  # 10 x 1.25 = 12.5
+    other = tmp_path / "checkout"
+    (other / "llava_norm").mkdir(parents=True)
+    (other / "llava_norm" / "__init__.py").write_text("")
+    refused = _cli("sweep", *sweep.args, "--slurm", str(tmp_path / "b"), cwd=other)
+    assert refused.returncode == 1 and not (tmp_path / "b").exists()
+    assert f"runs in the checkout {other.resolve()}, but the llava_norm package is installed from {REPO}" in \
+        refused.stderr, refused.stderr
 
 
 def test_submit_chains_the_table_after_the_array(sweep, tmp_path):

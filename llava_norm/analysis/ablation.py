@@ -91,6 +91,11 @@ def _score(units: dict[int | None, Units]) -> tuple[Interval, str]:
     return _clipped(found, 0.0, 100.0), method
 
 
+def _delta(pairs, statistic) -> Delta:
+    """An arm's delta against the baseline over the seeds both have, cut to [-100, 100]."""
+    return _clipped(seed_paired_bootstrap(pairs, statistic, level=LEVEL, resamples=RESAMPLES), -100.0, 100.0)
+
+
 def missing_benchmarks(runs: dict[str, Path], benchmarks: list[str] | None = None) -> dict[str, list[str]]:
     """Benchmarks some runs have and others lack: ``{benchmark: [runs without it]}``. The table
     leaves them out (a column must compare every run) and says so."""
@@ -136,9 +141,7 @@ def ablation_cells(runs: dict[str, Path], baseline: str, benchmarks: list[str] |
                 shared = [s for s in mine if s in base]
                 if shared:
                     pairs = [(base[s].rows, mine[s].rows) for s in shared]
-                    delta = _clipped(seed_paired_bootstrap(pairs, reference.statistic, level=LEVEL,
-                                                           resamples=RESAMPLES), -100.0, 100.0)
-                    cell = replace(cell, delta=delta, delta_seeds=tuple(shared))
+                    cell = replace(cell, delta=_delta(pairs, reference.statistic), delta_seeds=tuple(shared))
                 else:
                     cell = replace(cell, note=f"no seed in common with {baseline}: no delta")
             cells.append(cell)
