@@ -154,7 +154,7 @@ def _eval(args) -> None:
     with frozen_imports():
         # lazy: start-up; a subcommand loads only the stages it runs
         from llava_norm.evaluation.arguments import eval_config_from_args
-        from llava_norm.evaluation.predictions import SettingsMismatchError
+        from llava_norm.evaluation.predictions import DamagedFileError, SettingsMismatchError
         from llava_norm.evaluation.runner import BenchmarkDataError, run_evaluation
         from llava_norm.evaluation.table import headline
 
@@ -165,7 +165,8 @@ def _eval(args) -> None:
     main_rank = os.environ.get("RANK", "0") == "0"
     try:
         summary = run_evaluation(config)
-    except (SettingsMismatchError, BenchmarkDataError, FileNotFoundError) as error:  # every rank alike: one says it
+    # every rank meets these alike: one says it
+    except (SettingsMismatchError, BenchmarkDataError, DamagedFileError, FileNotFoundError) as error:
         sys.exit(f"eval: {error}" if main_rank else 1)
     except KeyboardInterrupt:  # Ctrl-C: what is kept and how it goes on, not a traceback per rank
         if main_rank:  # on a line of its own: a progress bar may hold the current one

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import math
 import re
 from pathlib import Path
 
@@ -307,6 +308,8 @@ def validate(config: RunConfig, check_paths: bool = True) -> None:
 
 
 def _in_range(value: float, spec: str) -> bool:
+    if not math.isfinite(value):  # inf passes every ">" bound and trains on to NaN weights; NaN passes none
+        return False
     if spec.startswith("["):
         low, high = (float(x) for x in spec[1:-1].split(","))
         return low <= value < high

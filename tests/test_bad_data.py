@@ -242,6 +242,22 @@ def test_malformed_jsonl_line_skips_only_that_line(bundle, tmp_path):
         read_rows_file(tmp_path / "rows.jsonl")
 
 
+def test_files_without_rows_are_dropped_whole_and_named(bundle, tmp_path):
+    """An empty list, a 0-byte JSONL and one of blank lines beside a good file: each is one
+    whole-file record (under error the first stops the build, named); alone they leave no rows."""
+    empty = {"empty.json": [], "nothing.jsonl": b"", "blank.jsonl": b"\n  \n"}
+    files = {"good.json": [_row("g1")], **empty}
+    with pytest.raises(BadSampleError, match=r"empty\.json: holds no rows") as raised:
+        _build(bundle, tmp_path, files, "error")
+    assert (raised.value.cause, raised.value.row) == ("no_rows", WHOLE_FILE)
+    dataset = _build(bundle, tmp_path, files, "skip")
+    assert [row.row_id for row in dataset.rows] == ["g1"]
+    assert [(r["file"], r["row"], r["cause"]) for r in dataset.rejected] == [
+        (str(tmp_path / name), "*", "no_rows") for name in empty]
+    with pytest.raises(BadSampleError, match=r"no usable rows .*empty\.json: holds no rows"):
+        _build(bundle, tmp_path, {"empty.json": []}, "skip")
+
+
 # --- rows whose content is wrong: found at load time ------------------------------------------
 
 def _turns(*pairs):

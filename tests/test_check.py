@@ -215,6 +215,17 @@ def test_a_malformed_jsonl_line_is_a_warning_under_skip_and_a_problem_under_erro
     assert [p for p in report.problems if p.startswith(f"key 'data.mixture[0]': {jsonl}: none of its ")], report.problems
 
 
+def test_a_data_file_without_rows_is_a_problem(world, tmp_path):
+    """An empty JSONL beside a good source: the launch check names it (it counted 0 rows and
+    passed before, and the index build then ended in datasets' own error)."""
+    _, config, data, images, _ = world
+    (tmp_path / "empty.jsonl").write_text("\n")
+    mixture = f"data.mixture=[{{path: {data}, image_folder: {images}}}, {{path: {tmp_path / 'empty.jsonl'}}}]"
+    report = preflight(config, [mixture], gpus=2, plan=False)
+    assert f"key 'data.mixture[1]': {tmp_path / 'empty.jsonl'}: holds no rows (an empty file or list?)" in \
+        report.problems, report.problems
+
+
 def test_a_hub_card_that_its_shards_do_not_reach_is_said(world, monkeypatch, tmp_path):
     """A partial download of a hub dataset: its card says 20 rows, its two shards hold 8. Under
     data.on_bad_sample skip a warning (the run goes on without them), under error a problem."""

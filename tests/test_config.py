@@ -262,6 +262,8 @@ CASES = [
     (["train.report_to=[none, tensorboard]"], "train.report_to", None),
     *[([f"{key}=bogus"], key, None) for key in CHOICES],  # every enum key
     *[([f"{key}={_bad(spec)}"], key, None) for key, spec in RANGES.items()],  # every bounded number
+    # inf passes every lower bound: a run at optim.lr=inf trained to NaN weights and said it was done
+    *[([f"{key}=inf"], key, None) for key, spec in RANGES.items() if not spec.startswith("[")],
 ]
 
 

@@ -259,3 +259,12 @@ def test_hub_layout_problems_are_named(bundle, corpus, tmp_path, monkeypatch):
     dataset = _dataset(bundle, DataSource(path=str(odd)))
     assert [(r["row"], r["cause"]) for r in dataset.rejected] == [("*", "bad_columns")]
     assert "column 'image' is binary, not the hub's image struct" in dataset.rejected[0]["message"]
+
+    hollow = tmp_path / "hollow"  # a shard of the hub's columns without a row, beside a good one
+    hollow.mkdir()
+    good = sorted((next_dir / "data").glob("*.parquet"))[0]
+    shutil.copy(good, hollow / "a.parquet")
+    pq.write_table(pq.read_schema(good).empty_table(), hollow / "b.parquet")
+    dataset = _dataset(bundle, DataSource(path=str(hollow)))
+    assert [(r["file"], r["row"], r["cause"]) for r in dataset.rejected] == [(str(hollow / "b.parquet"), "*", "no_rows")]
+    assert len(dataset) == pq.ParquetFile(good).metadata.num_rows

@@ -5,6 +5,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -369,3 +370,49 @@ def test_a_run_folder_or_checkpoint_given_as_the_model_names_the_folder_to_evalu
         check_saved_model(str(run))
     with pytest.raises(ValueError, match=rf"is a training checkpoint .*: evaluate the run's {run / 'model'}, written"):
         check_saved_model(str(run / "checkpoint-40"))
+
+
+def test_bad_arguments_an_empty_benchmark_and_damaged_outputs_end_the_command_in_one_line(setup, tmp_path, capsys):
+    """What a hostile new user tried: a batch size or token cap of 0, --out naming a file, a folder
+    without a model, a benchmark whose file holds no items (it scored 0% before), then a result
+    file cut short and a predictions line that is not a record, in an evaluation resumed: each
+    ends the command with one line naming the option or the file; the table names a cut file too."""
+    import pyarrow.parquet as pq
+
+    from llava_norm import cli
+
+    def said(*argv) -> str:
+        with pytest.raises(SystemExit) as stop:
+            cli.main(list(argv))
+        return stop.value.code
+
+    ckpt, out = str(setup / "ckpt"), tmp_path / "out"
+    bench = ["--benchmarks", "pope", "--data-root", str(setup / "world/benchmarks"), "--out", str(out)]
+    for option in ("--batch-size", "--max-new-tokens-cap"):
+        assert said("eval", ckpt, *bench, option, "0") == 2  # argparse's usage error, naming the option
+        assert f"argument {option}: 0 is not at least 1" in capsys.readouterr().err
+    (tmp_path / "a_file").write_text("x")
+    assert said("eval", ckpt, *bench[:-1], str(tmp_path / "a_file")) == \
+        f"eval: --out {tmp_path / 'a_file'}: a file, not a folder for the results"
+    assert said("eval", str(tmp_path), *bench) == \
+        f"eval: {tmp_path}: no saved model here (no config.json); give a saved model directory, RUN/model"
+
+    data = tmp_path / "benchmarks" / "ai2d"
+    shutil.copytree(setup / "world/benchmarks/ai2d", data)
+    for shard in data.rglob("*.parquet"):
+        pq.write_table(pq.read_schema(shard).empty_table(), shard)
+    empty = said("eval", ckpt, "--benchmarks", "ai2d", "--data-root", str(data.parent), "--out", str(out))
+    assert empty.startswith("eval: ai2d: ") and empty.endswith("holds no items: nothing to score"), empty
+    assert not (out / "ai2d.json").exists()
+
+    cli.main(["eval", ckpt, *bench, "--limit", "2", "--max-new-tokens-cap", "2"])
+    result = out / "pope.json"
+    result.write_text(result.read_text()[:40])  # cut short
+    cut = said("eval", ckpt, *bench, "--limit", "2", "--max-new-tokens-cap", "2")
+    assert cut.startswith(f"eval: {result}: not a whole JSON file (") and "\n" not in cut, cut
+    assert said("table", str(out), "--out", str(tmp_path / "table")).startswith(f"table: {result}: not a whole JSON")
+    result.unlink()
+    predictions = out / "predictions" / "pope" / "rank0.jsonl"
+    predictions.write_text(predictions.read_text() + "not a record\n")
+    garbage = said("eval", ckpt, *bench, "--limit", "2", "--max-new-tokens-cap", "2")
+    assert garbage.startswith(f"eval: {predictions}:3: not a prediction record (") and "\n" not in garbage, garbage

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from llava_norm.data.conversation import ConversationTokenizer
 from llava_norm.data.prompts import with_system
-from llava_norm.data.rows import WHOLE_FILE, BadSampleError, check_row, read_entries
+from llava_norm.data.rows import WHOLE_FILE, BadSampleError, check_row, no_rows, read_entries
 from llava_norm.data.sources import ResolvedSource, parquet_rows
 from llava_norm.provenance import FingerprintMemo
 
@@ -110,8 +110,12 @@ def _entries(source: ResolvedSource, files: list[int]):
                 for index, (line, raw) in enumerate(read_entries(path)):
                     yield f, (f"line {line}" if line is not None else ""), raw, NO_GROUP, NO_GROUP
             else:
+                found = False
                 for position, raw, group, group_row in parquet_rows(path):
+                    found = True
                     yield f, position, raw, group, group_row
+                if not found:
+                    raise no_rows(path)
         except BadSampleError as error:  # the whole file
             yield f, WHOLE_FILE, error, NO_GROUP, NO_GROUP
 

@@ -36,6 +36,7 @@ SKIP_CAUSES = (
     "shard_unreadable",  # a parquet shard that cannot be opened or read (row "*", or its row group)
     "bad_columns",  # a parquet shard without the hub layout's columns (row "*")
     "rows_missing",  # a hub dataset's shards hold fewer rows than its card says (row "*": a partial download)
+    "no_rows",  # a file or shard that holds no rows at all (row "*": an empty list, an empty or blank file)
 )
 WHOLE_FILE = "*"  # the ``row`` of a record that drops a whole file
 # data.image_placement (config_schema.IMAGE_PLACEMENTS): "front" moves a row's '<image>' to the
@@ -104,6 +105,8 @@ def read_entries(path: Path) -> list[tuple[int | None, object]]:
             except json.JSONDecodeError as error:
                 entries.append((line_no, BadSampleError(f"{path}: line {line_no}: invalid JSON at column {error.colno} "
                                                         f"({error.msg})", cause="invalid_jsonl_line", **where)))
+        if not entries:
+            raise no_rows(path)
         return entries
     whole = dict(file=str(path), row=WHOLE_FILE)
     try:
@@ -118,7 +121,16 @@ def read_entries(path: Path) -> list[tuple[int | None, object]]:
                              f"{error.pos} ({error.msg})", cause="invalid_json", **whole) from None
     if not isinstance(rows, list):
         raise BadSampleError(f"{path}: expected a JSON list of rows", cause="invalid_json", **whole)
+    if not rows:
+        raise no_rows(path)
     return [(None, raw) for raw in rows]
+
+
+def no_rows(path: Path) -> BadSampleError:
+    """A data file or shard without a single row: its whole file dropped, said as such (an empty
+    source would otherwise end the index build in ``datasets``' own error, naming no file)."""
+    return BadSampleError(f"{path}: holds no rows (an empty file or list?)", cause="no_rows", file=str(path),
+                          row=WHOLE_FILE)
 
 
 def read_rows_file(path: Path) -> list:

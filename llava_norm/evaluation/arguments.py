@@ -20,6 +20,17 @@ from llava_norm.train.rundir import COMPLETE_MARKER
 DEFAULT_DATA_ROOT = "data/eval"  # where scripts/eval.sh and the pipeline look without EVAL_DATA / --data-root
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (argparse names the option when it is not)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
+
+
 def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="a saved model directory (e.g. runs/x/stage2/model)")
     p.add_argument("--benchmarks", default="all", help="comma-separated names, or 'all'")
@@ -32,9 +43,9 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                                  "beside the folder NAME)")
     p.add_argument("--name", help="run name in the results table (default: the training run's train.run_name, "
                                   "else its arm, model.norm_alignment, else the checkpoint folder's name)")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=positive_int, default=8)
     p.add_argument("--limit", type=int, default=None, help="first N items per benchmark (smoke runs)")
-    p.add_argument("--max-new-tokens-cap", type=int, default=None,
+    p.add_argument("--max-new-tokens-cap", type=positive_int, default=None,
                    help="cap every task's max_new_tokens (smoke runs; recorded in the results)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--prompt-format", choices=PROMPT_FORMATS, help="default: the training config's")
@@ -97,6 +108,8 @@ def check_saved_model(path: str) -> None:
                          f"evaluate the run's {folder.parent / 'model'}, written when the run ends")
     if not (folder / "config.json").is_file() and (folder / "model" / "config.json").is_file():
         raise ValueError(f"{path} is a training run's folder: evaluate the model it saved, {folder / 'model'}")
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"{path}: no saved model here (no config.json); give a saved model directory, RUN/model")
 
 
 def eval_config_from_args(args: argparse.Namespace):
@@ -108,6 +121,8 @@ def eval_config_from_args(args: argparse.Namespace):
 
     check_limit(args.limit)  # before any model loads
     check_saved_model(args.checkpoint)
+    if args.out and Path(args.out).expanduser().exists() and not Path(args.out).expanduser().is_dir():
+        raise ValueError(f"--out {args.out}: a file, not a folder for the results")
     options = benchmark_options(args.option)
     requests = resolve_benchmarks(args.benchmarks.split(","), args.data_root, key_values(args.data, "--data"), options)
     prompt = training_prompt_settings(args.checkpoint)

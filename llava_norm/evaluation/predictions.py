@@ -22,6 +22,20 @@ from typing import Any
 from llava_norm.files import write_atomically
 
 
+class DamagedFileError(ValueError):
+    """A file an earlier evaluation wrote in its --out folder that does not read (cut short,
+    edited): the message names it and the ways on."""
+
+
+def read_json_output(path: Path):
+    """An earlier evaluation's JSON file (a result, a settings record), or DamagedFileError."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:  # JSON's and UTF-8's errors both
+        raise DamagedFileError(f"{path}: not a whole JSON file ({error}); delete it (llava-norm eval writes it "
+                               "again) or pass --overwrite to llava-norm eval") from None
+
+
 class SettingsMismatchError(RuntimeError):
     def __init__(self, differing: list[str], message: str):
         super().__init__(message)
@@ -55,7 +69,7 @@ class PredictionStore:
         path = self.dir / "settings.json"
         if not path.exists():
             return
-        old = json.loads(path.read_text())
+        old = read_json_output(path)
         changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
         if changed:
             key = changed[0]
@@ -90,7 +104,7 @@ class PredictionStore:
                         item_id = record["item_id"]
                         prediction = record["prediction"]
                     except (json.JSONDecodeError, KeyError, TypeError) as error:
-                        raise ValueError(f"{path}:{number}: not a prediction record ({error}); "
+                        raise DamagedFileError(f"{path}:{number}: not a prediction record ({error}); "
                                          "delete the file or pass --overwrite") from None
                     if item_id in merged.predictions:
                         merged.duplicates += 1

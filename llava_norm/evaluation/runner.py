@@ -23,7 +23,7 @@ from tqdm import tqdm
 from llava_norm.config_schema import resolve_dtype
 from llava_norm.evaluation.benchmarks import get_benchmark
 from llava_norm.evaluation.distributed import Ranks
-from llava_norm.evaluation.predictions import PredictionStore, SettingsMismatchError
+from llava_norm.evaluation.predictions import PredictionStore, SettingsMismatchError, read_json_output
 from llava_norm.evaluation.settings import BenchmarkRequest, EvalConfig, settings_differences, settings_for
 from llava_norm.evaluation.table import EVAL_SUMMARY, read_results
 from llava_norm.files import write_atomically
@@ -58,7 +58,7 @@ def _evaluate_one(config: EvalConfig, request: BenchmarkRequest, predictor, rank
     result_path = out / f"{request.name}.json"
     settings = settings_for(config, request, bench)
     if result_path.exists() and not config.overwrite:
-        previous = json.loads(result_path.read_text())
+        previous = read_json_output(result_path)
         if not settings_differences(previous.get("settings", {}), settings):
             return previous
     try:
@@ -66,6 +66,8 @@ def _evaluate_one(config: EvalConfig, request: BenchmarkRequest, predictor, rank
     except (ValueError, OSError) as error:  # pyarrow's ArrowInvalid is a ValueError
         where = "" if str(request.path) in str(error) else f"{request.path}: "
         raise BenchmarkDataError(f"{request.name}: {where}{error}") from error
+    if not items:  # a score over no items would read as 0%
+        raise BenchmarkDataError(f"{request.name}: {request.path} holds no items: nothing to score")
     ids = [item.item_id for item in items]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{request.name}: {request.path} has duplicate item ids; predictions could not be matched")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llava_norm.evaluation.benchmarks import BENCHMARKS, Headline
+from llava_norm.evaluation.predictions import read_json_output
 from llava_norm.evaluation.sources import RowSource, csv_fields, markdown_section, row_source
 from llava_norm.provenance import fingerprint, make_record, write_record
 
@@ -54,7 +55,7 @@ def read_results(out_dir: str | Path) -> dict[str, dict]:
     """Every finished ``<benchmark>.json`` in an evaluation directory, in registry order."""
     results = {}
     for path in sorted(Path(out_dir).glob("*.json")):
-        data = json.loads(path.read_text())
+        data = read_json_output(path)
         if isinstance(data, dict) and data.get("benchmark") in BENCHMARKS and "metrics" in data:
             results[data["benchmark"]] = data
     return {name: results[name] for name in BENCHMARKS if name in results}
@@ -67,7 +68,7 @@ def read_run(run_dir: str | Path, benchmarks: list[str] | None = None) -> tuple[
     if not run_dir.is_dir():
         raise FileNotFoundError(f"evaluation directory not found: {run_dir}")
     summary = run_dir / EVAL_SUMMARY
-    name = json.loads(summary.read_text())["run_name"] if summary.exists() else run_dir.name
+    name = read_json_output(summary)["run_name"] if summary.exists() else run_dir.name
     results = {k: v for k, v in read_results(run_dir).items() if benchmarks is None or k in benchmarks}
     if not results:
         raise ValueError(f"{run_dir}: no benchmark result files (<benchmark>.json); run `llava-norm eval` first")
