@@ -248,6 +248,13 @@ def _check_deepspeed(config: RunConfig) -> None:
     for section in ("optimizer", "scheduler"):  # DeepSpeed's would replace the per-module AdamW groups / schedule
         if section in settings:
             raise ConfigError(f"key '{key}': {t.deepspeed} has an '{section}' section; remove it, optim.* sets it")
+    zero = settings.get("zero_optimization", {})
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else None
+    if not isinstance(zero, dict) or stage not in (0, 1, 2, 3) or isinstance(stage, bool):
+        # DeepSpeed's own check fails only once the model is loaded, in a pydantic traceback
+        raise ConfigError(f"key '{key}': {t.deepspeed} sets zero_optimization "
+                          f"{'stage ' + repr(stage) if isinstance(zero, dict) else 'to ' + repr(zero)}; it must be an "
+                          "object whose stage is 0, 1, 2 or 3")
     if importlib.util.find_spec("deepspeed") is None:
         raise ConfigError(f"key '{key}': the deepspeed package is not installed")
     # transformers fills "auto" from the run and rejects any other differing value, but only once

@@ -554,6 +554,23 @@ BREAKS = [
     Break("an infinite number taken for a bounded key", "llava_norm/config.py",
           "    if not math.isfinite(value):", "    if False:",
           "tests/test_config.py::test_config_errors_name_the_file_and_key"),
+    Break("another model evaluated into a folder of results", "llava_norm/evaluation/runner.py",
+          "    if earlier and earlier != here:", "    if False:", "tests/test_eval_runner.py::test_bad_arguments_an_empty_benchmark_and_damaged_outputs_end_the_command_in_one_line"),
+    Break("a shard without the hub layout's columns passed by the launch check", "llava_norm/train/preflight.py",
+          "                check_layout(reader, path)", "                pass",
+          "tests/test_check.py::test_a_shard_without_the_hub_layouts_columns_is_said"),
+    Break("a DeepSpeed JSON's ZeRO stage outside 0-3 taken", "llava_norm/config_checks.py",
+          "    if not isinstance(zero, dict) or stage not in (0, 1, 2, 3) or isinstance(stage, bool):",
+          "    if not isinstance(zero, dict):", "tests/test_config.py::test_config_errors_name_the_file_and_key"),
+    Break("any path with an image_folder said to be parquet", "llava_norm/data/sources.py",
+          "    if Path(path).is_dir():\n        files = sorted(Path(path).rglob(\"*.parquet\"))",
+          "    if source.image_folder:\n        raise ConfigError(f\"key '{key}.image_folder': {path} is parquet, whose images \"\n"
+          "                          \"are embedded; remove it\")\n"
+          "    if Path(path).is_dir():\n        files = sorted(Path(path).rglob(\"*.parquet\"))",
+          "tests/test_data_sources.py::test_a_path_of_the_wrong_kind_is_named_for_what_it_is"),
+    Break("a folder of JSON files said to hold no parquet shards only", "llava_norm/data/sources.py",
+          "    if not files and Path(path).is_dir() and any(", "    if False and Path(path).is_dir() and any(",
+          "tests/test_data_sources.py::test_a_path_of_the_wrong_kind_is_named_for_what_it_is"),
 ]
 
 

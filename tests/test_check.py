@@ -226,6 +226,28 @@ def test_a_data_file_without_rows_is_a_problem(world, tmp_path):
         report.problems, report.problems
 
 
+def test_a_shard_without_the_hub_layouts_columns_is_said(world, tmp_path):
+    """A shard without 'conversations' beside a good one: the run drops it whole (bad_columns), so
+    the launch check says so, from the footer, under skip as a warning and under error as a problem."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _, config, _, _, shards = world
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    good = sorted(shards.glob("*.parquet"))[0]
+    shutil.copy(good, folder / "a.parquet")
+    pq.write_table(pa.table({"id": ["x"], "text": ["hi"]}), folder / "b.parquet")
+    said = f"{folder / 'b.parquet'}: no column 'conversations'"
+    skip = preflight(config, [f"data.mixture=[{{path: {folder}}}]"], gpus=2, plan=False)
+    assert skip.ok and [w for w in skip.warnings if said in w], skip.warnings
+    assert f"data: {pq.ParquetFile(good).metadata.num_rows} rows in 1 source(s)" in "\n".join(skip.summary)
+    stop = preflight(config, [f"data.mixture=[{{path: {folder}}}]", "data.on_bad_sample=error"], gpus=2, plan=False)
+    assert [p for p in stop.problems if said in p], stop.problems
+
+
 def test_a_hub_card_that_its_shards_do_not_reach_is_said(world, monkeypatch, tmp_path):
     """A partial download of a hub dataset: its card says 20 rows, its two shards hold 8. Under
     data.on_bad_sample skip a warning (the run goes on without them), under error a problem."""

@@ -113,6 +113,7 @@ def setup(tmp_path, tiny_dir):
     (d / "a_file").write_text("x")
     ds = json.loads((CONFIGS / "deepspeed/zero2.json").read_text())
     (d / "ds_optimizer.json").write_text(json.dumps({**ds, "optimizer": {"type": "AdamW"}}))
+    (d / "ds_stage7.json").write_text(json.dumps({**ds, "zero_optimization": {**ds["zero_optimization"], "stage": 7}}))
     (d / "ds_micro3.json").write_text(json.dumps({**ds, "train_micro_batch_size_per_gpu": 3}))
     (d / "ds_bf16.json").write_text(json.dumps({**ds, "bf16": {"enabled": True}}))
     (d / "ds_fixed.json").write_text(json.dumps({**ds, "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True}}))
@@ -227,6 +228,7 @@ CASES = [
     (["train.deepspeed={d}/bad.json"], "train.deepspeed", None),  # malformed JSON
     (["train.deepspeed={d}/list.json"], "train.deepspeed", None),
     (["train.deepspeed={d}/ds_optimizer.json"], "train.deepspeed", None),
+    (["train.deepspeed={d}/ds_stage7.json"], "train.deepspeed", None),  # DeepSpeed refuses it once the model loaded
     (["train.deepspeed={d}/ds_micro3.json"], "train.deepspeed", None),  # per-device batch is 2
     (["train.deepspeed={d}/ds_bf16.json", "train.precision=fp32"], "train.deepspeed", None),
     (["train.resume={d}/missing_checkpoint"], "train.resume", None),

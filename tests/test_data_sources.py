@@ -268,3 +268,18 @@ def test_hub_layout_problems_are_named(bundle, corpus, tmp_path, monkeypatch):
     dataset = _dataset(bundle, DataSource(path=str(hollow)))
     assert [(r["file"], r["row"], r["cause"]) for r in dataset.rejected] == [(str(hollow / "b.parquet"), "*", "no_rows")]
     assert len(dataset) == pq.ParquetFile(good).metadata.num_rows
+
+
+def test_a_path_of_the_wrong_kind_is_named_for_what_it_is(corpus, tmp_path):
+    """A new user's tries: a Markdown file, a folder of JSON files and parquet shards, each with an
+    image_folder. Only the shards are said to be parquet (the file and the folder were too)."""
+    from llava_norm.data.sources import resolve
+
+    data, images, next_dir = corpus
+    (tmp_path / "notes.md").write_text("# rows\n")
+    with pytest.raises(ConfigError, match=r"^key 'm.path': \S+notes\.md is neither \.json/\.jsonl nor \.parquet"):
+        resolve(DataSource(path=str(tmp_path / "notes.md"), image_folder=str(images)), "m")
+    with pytest.raises(ConfigError, match=r"holds no parquet shards but JSON files: name each JSON file"):
+        resolve(DataSource(path=str(data.parent), image_folder=str(images)), "m")
+    with pytest.raises(ConfigError, match=r"^key 'm.image_folder': \S+ is parquet, whose images are embedded"):
+        resolve(DataSource(path=str(next_dir), image_folder=str(images)), "m")

@@ -375,8 +375,9 @@ def test_a_run_folder_or_checkpoint_given_as_the_model_names_the_folder_to_evalu
 def test_bad_arguments_an_empty_benchmark_and_damaged_outputs_end_the_command_in_one_line(setup, tmp_path, capsys):
     """What a hostile new user tried: a batch size or token cap of 0, --out naming a file, a folder
     without a model, a benchmark whose file holds no items (it scored 0% before), then a result
-    file cut short and a predictions line that is not a record, in an evaluation resumed: each
-    ends the command with one line naming the option or the file; the table names a cut file too."""
+    file cut short, another model evaluated into this one's folder (its summary merged both) and
+    a predictions line that is not a record, in an evaluation resumed: each ends the command with
+    one line naming the option or the file; the table names a cut file too."""
     import pyarrow.parquet as pq
 
     from llava_norm import cli
@@ -412,6 +413,11 @@ def test_bad_arguments_an_empty_benchmark_and_damaged_outputs_end_the_command_in
     assert cut.startswith(f"eval: {result}: not a whole JSON file (") and "\n" not in cut, cut
     assert said("table", str(out), "--out", str(tmp_path / "table")).startswith(f"table: {result}: not a whole JSON")
     result.unlink()
+    other = tmp_path / "other"  # another model, evaluated into this one's folder
+    shutil.copytree(setup / "ckpt", other)
+    assert said("eval", str(other), *bench[:-2], "--benchmarks", "ai2d", "--out", str(out), "--limit", "2") == \
+        f"eval: {out} holds the results of {setup / 'ckpt'}, not of {other}: give this evaluation another --out " \
+        "(or delete that folder)"
     predictions = out / "predictions" / "pope" / "rank0.jsonl"
     predictions.write_text(predictions.read_text() + "not a record\n")
     garbage = said("eval", ckpt, *bench, "--limit", "2", "--max-new-tokens-cap", "2")

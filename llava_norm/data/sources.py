@@ -50,8 +50,6 @@ def resolve(source: DataSource, key: str) -> ResolvedSource:
         if not Path(path).is_file():
             raise ConfigError(f"key '{key}.path': file not found: {path}")
         return ResolvedSource("llava_json", (Path(path),), source.image_folder)
-    if source.image_folder:
-        raise ConfigError(f"key '{key}.image_folder': {path} is parquet, whose images are embedded; remove it")
     if Path(path).is_dir():
         files = sorted(Path(path).rglob("*.parquet"))
     elif pattern:
@@ -62,9 +60,14 @@ def resolve(source: DataSource, key: str) -> ResolvedSource:
         raise ConfigError(f"key '{key}.path': {path} is neither .json/.jsonl nor .parquet, a folder or a glob")
     else:
         raise ConfigError(f"key '{key}.path': not found: {path}")
+    if not files and Path(path).is_dir() and any(f.suffix in JSON_SUFFIXES for f in Path(path).rglob("*")):
+        raise ConfigError(f"key '{key}.path': {path} holds no parquet shards but JSON files: name each JSON file "
+                          "in a mixture entry of its own")
     if not files or any(f.suffix != ".parquet" for f in files):
         raise ConfigError(f"key '{key}.path': {path} holds no parquet shards" if not files else
                           f"key '{key}.path': {path} matches files that are not .parquet: {[str(f) for f in files][:3]}")
+    if source.image_folder:  # only once the files are known to be parquet
+        raise ConfigError(f"key '{key}.image_folder': {path} is parquet, whose images are embedded; remove it")
     return ResolvedSource("parquet", tuple(files))
 
 
@@ -107,6 +110,24 @@ def _resolve_hub(source: DataSource, key: str) -> ResolvedSource:
     return ResolvedSource("parquet", tuple(files), None, getattr(split, "num_examples", None) or None)
 
 
+def check_layout(reader, shard: Path) -> None:
+    """The hub layout's columns in an opened shard (``pyarrow.parquet.ParquetFile``), from its
+    footer alone; BadSampleError (bad_columns) for the whole shard otherwise. The launch check
+    asks it too, so a shard the run would drop is said before the launch."""
+    import pyarrow as pa
+
+    names = reader.schema_arrow.names
+    missing = [c for c in TEXT_COLUMNS if c not in names]
+    if missing:
+        raise BadSampleError(f"{shard}: no column {missing[0]!r} (columns: {names}); expected the hub layout of "
+                             "lmms-lab/LLaVA-NeXT-Data", file=str(shard), row=WHOLE_FILE, cause="bad_columns")
+    if IMAGE_COLUMN in names:
+        image = reader.schema_arrow.field(IMAGE_COLUMN).type
+        if not pa.types.is_struct(image) or image.get_field_index("bytes") < 0 or image.get_field_index("path") < 0:
+            raise BadSampleError(f"{shard}: column 'image' is {image}, not the hub's image struct<bytes, path>",
+                                 file=str(shard), row=WHOLE_FILE, cause="bad_columns")
+
+
 def parquet_rows(shard: Path) -> Iterator[tuple[str, object, int, int]]:
     """(position, raw row or BadSampleError, row group, row in group) for each row of a shard.
     The raw row's ``image`` is EMBEDDED or None; the image bytes are not read."""
@@ -118,16 +139,8 @@ def parquet_rows(shard: Path) -> Iterator[tuple[str, object, int, int]]:
     except (OSError, pa.ArrowException) as error:  # a truncated download has no footer
         raise BadSampleError(f"{shard}: cannot open the parquet shard ({error})", file=str(shard), row=WHOLE_FILE,
                              cause="shard_unreadable") from None
+    check_layout(reader, shard)
     names = reader.schema_arrow.names
-    missing = [c for c in TEXT_COLUMNS if c not in names]
-    if missing:
-        raise BadSampleError(f"{shard}: no column {missing[0]!r} (columns: {names}); expected the hub layout of "
-                             "lmms-lab/LLaVA-NeXT-Data", file=str(shard), row=WHOLE_FILE, cause="bad_columns")
-    if IMAGE_COLUMN in names:
-        image = reader.schema_arrow.field(IMAGE_COLUMN).type
-        if not pa.types.is_struct(image) or image.get_field_index("bytes") < 0 or image.get_field_index("path") < 0:
-            raise BadSampleError(f"{shard}: column 'image' is {image}, not the hub's image struct<bytes, path>",
-                                 file=str(shard), row=WHOLE_FILE, cause="bad_columns")
     columns = [*TEXT_COLUMNS, *([f"{IMAGE_COLUMN}.path"] if IMAGE_COLUMN in names else [])]
     first = 0
     for group in range(reader.num_row_groups):

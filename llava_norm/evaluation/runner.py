@@ -118,10 +118,23 @@ def _evaluate_one(config: EvalConfig, request: BenchmarkRequest, predictor, rank
     return result
 
 
+def _refuse_another_models_folder(config: EvalConfig) -> None:
+    """An --out folder whose summary names another model: its other benchmarks' results would sit
+    in this model's summary as if they were this model's (each benchmark's own settings only guard
+    that benchmark)."""
+    path = Path(config.out_dir) / EVAL_SUMMARY
+    earlier = read_json_output(path).get("checkpoint") if path.is_file() else None
+    here = str(Path(config.checkpoint).resolve())
+    if earlier and earlier != here:
+        raise SettingsMismatchError(["checkpoint"], f"{config.out_dir} holds the results of {earlier}, not of {here}: "
+                                    "give this evaluation another --out (or delete that folder)")
+
+
 def run_evaluation(config: EvalConfig) -> dict | None:
     """Evaluate; returns the summary on rank 0 (None on other ranks)."""
     ranks = Ranks.setup()
     try:
+        _refuse_another_models_folder(config)
         try:  # before the output folder is made: a model that is nowhere leaves nothing behind
             bundle = load_bundle(config.checkpoint, dtype=resolve_dtype(config.dtype, ranks.device),
                                  trust_remote_code=config.trust_remote_code)

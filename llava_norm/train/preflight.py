@@ -23,7 +23,7 @@ from llava_norm.config import _read_yaml_chain, file_problems, load_config
 from llava_norm.config_checks import path_problems
 from llava_norm.config_schema import ConfigError, DataSource, RunConfig, effective_grad_accum
 from llava_norm.data.rows import BadSampleError, read_entries
-from llava_norm.data.sources import resolve
+from llava_norm.data.sources import check_layout, resolve
 from llava_norm.train.rundir import NO_DATA_STATE, data_state, global_batch_problem, processes
 from llava_norm.worker import environment_variable
 
@@ -101,12 +101,19 @@ def source_problems(source: DataSource, key: str) -> tuple[list[str], int | None
         rows, problems, unreadable = 0, [], 0
         for path in resolved.files:
             try:
-                rows += pq.ParquetFile(path).metadata.num_rows
+                reader = pq.ParquetFile(path)
             except Exception as error:  # noqa: BLE001 - any unreadable footer is the same problem
                 unreadable += 1
                 if unreadable <= MAX_SHARD_LINES:
                     problems.append(f"{SKIPPABLE}key '{key}': {path} cannot be read as parquet ({type(error).__name__}: "
                                     f"{str(error).splitlines()[0]}): a download cut short? Download it again")
+                continue
+            try:
+                check_layout(reader, path)
+            except BadSampleError as error:  # the run would drop the whole shard
+                problems.append(f"{SKIPPABLE}key '{key}': {error}")
+                continue
+            rows += reader.metadata.num_rows
         if unreadable > MAX_SHARD_LINES:
             problems.append(f"{SKIPPABLE}key '{key}': {unreadable - MAX_SHARD_LINES} more unreadable shards")
         if resolved.expected_rows is not None and not problems and rows != resolved.expected_rows:
