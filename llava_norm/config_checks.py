@@ -69,6 +69,25 @@ def _backbone_dirs(config: RunConfig) -> None:
             _must_exist(getattr(m, key), f"model.{key}", kind="dir")
             if not (Path(getattr(m, key)).expanduser() / "config.json").is_file():
                 raise ConfigError(f"key 'model.{key}': {getattr(m, key)} has no config.json (not a model directory)")
+            _backbone_kind(getattr(m, key), key)
+
+
+def _backbone_kind(folder: str, key: str) -> None:
+    """A vision tower where the LLM belongs, or the other way round: said from config.json (the
+    plan and the model builder would fail on a missing attribute, naming no key)."""
+    try:
+        found = json.loads((Path(folder).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # for the loader to report
+    if not isinstance(found, dict):
+        return
+    vision = "vision_config" in found or "image_size" in found
+    kind = found.get("model_type", "unknown")
+    if key == "vision_tower" and not vision:
+        raise ConfigError(f"key 'model.vision_tower': {folder} holds a {kind} model, not a vision tower (its "
+                          "config.json has neither vision_config nor image_size)")
+    if key == "llm" and vision and "vocab_size" not in found:
+        raise ConfigError(f"key 'model.llm': {folder} holds a {kind} model, a vision encoder, not a causal LM")
 
 
 def _attention(config: RunConfig) -> None:

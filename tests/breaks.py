@@ -571,6 +571,14 @@ BREAKS = [
     Break("a folder of JSON files said to hold no parquet shards only", "llava_norm/data/sources.py",
           "    if not files and Path(path).is_dir() and any(", "    if False and Path(path).is_dir() and any(",
           "tests/test_data_sources.py::test_a_path_of_the_wrong_kind_is_named_for_what_it_is"),
+    Break("a source without an image_folder never sampled for its images at launch", "llava_norm/train/preflight.py",
+          "        if not with_image:\n            continue\n", "        if not with_image or not resolved.image_folder:\n            continue\n",
+          "tests/test_check.py::test_every_problem_is_one_line_naming_its_key_file_or_variable"),
+    Break("a backbone of the wrong kind taken by the config checks", "llava_norm/config_checks.py",
+          "            _backbone_kind(getattr(m, key), key)", "            pass", "tests/test_check.py::test_a_backbone_of_the_wrong_kind_is_one_line_naming_its_key"),
+    Break("a plan error said beside a backbone problem it follows from", "llava_norm/train/preflight.py",
+          "        if any(f\"key 'model.{key}'\" in problem for key in (\"vision_tower\", \"llm\") for problem in report.problems):",
+          "        if False:", "tests/test_check.py::test_a_backbone_of_the_wrong_kind_is_one_line_naming_its_key"),
 ]
 
 

@@ -121,6 +121,10 @@ def test_every_problem_is_one_line_naming_its_key_file_or_variable(world, monkey
     assert "key 'model.llm': Org/not-downloaded-7B is not in the Hugging Face cache and HF_HUB_OFFLINE is set" \
         in problems
     assert "key 'train.report_to': ['tensorboardx'] has a name not among transformers'" in problems  # the machine's
+    # without an image_folder the run reads images beside the file: so does the check (it passed them)
+    unset = preflight(config, [f"data.mixture=[{{path: {data}}}]"], gpus=2, plan=False)
+    assert f"key 'data.mixture[0].image_folder': none of 6 sampled images of {data} is under {data.parent} " \
+           "(image_folder is not set: images are read beside the file)" in "\n".join(unset.problems), unset.problems
     # under data.on_bad_sample: skip (the default) the run steps over a cut-short shard: a warning
     report = preflight(config, [mixture], gpus=2, plan=False)
     assert not any("cannot be read as parquet" in p for p in report.problems)
@@ -246,6 +250,17 @@ def test_a_shard_without_the_hub_layouts_columns_is_said(world, tmp_path):
     assert f"data: {pq.ParquetFile(good).metadata.num_rows} rows in 1 source(s)" in "\n".join(skip.summary)
     stop = preflight(config, [f"data.mixture=[{{path: {folder}}}]", "data.on_bad_sample=error"], gpus=2, plan=False)
     assert [p for p in stop.problems if said in p], stop.problems
+
+
+def test_a_backbone_of_the_wrong_kind_is_one_line_naming_its_key(world, tiny_dir, monkeypatch):
+    """The tiny Llama given as the vision tower: one problem naming the key, and no plan error
+    beside it (the plan failed on the Llama config's missing num_channels, naming no key)."""
+    _, config, data, _, _ = world
+    monkeypatch.setenv("CHECK_DATA", str(data.parent))
+    report = preflight(config, [f"model.vision_tower={tiny_dir}/llama"], gpus=2, gpu_memory_gib=80)
+    assert report.problems == [f"{config}: key 'model.vision_tower': {tiny_dir}/llama holds a llama model, not a "
+                               "vision tower (its config.json has neither vision_config nor image_size)"]
+    assert "plan: none until the problems above are fixed" in report.summary
 
 
 def test_a_hub_card_that_its_shards_do_not_reach_is_said(world, monkeypatch, tmp_path):

@@ -212,6 +212,8 @@ CASES = [
     (["data.mixture=[{{path: {data}, image_folder: {data}}}]"], r"data.mixture\[0\].image_folder", None),
     (["model.llm=./missing_local_llm"], "model.llm", None),
     (["model.vision_tower={images}"], "model.vision_tower", None),  # no config.json
+    (["model.vision_tower={tiny}/llama"], "model.vision_tower", None),  # an LLM where the tower belongs
+    (["model.llm={tiny}/siglip"], "model.llm", None),  # a dual encoder where the LLM belongs
     (["model.llm={d}/plain_llm"], "data.prompt_format", None),  # chat format, no chat template
     (["train.stage=1", "lora.enabled=true"], "lora.enabled", None),  # LoRA with a stage-1 config
     (["train.stage=2", "lora.enabled=true", "lora.target_modules=[]"], "lora.target_modules", None),

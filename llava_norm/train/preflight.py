@@ -140,15 +140,18 @@ def source_problems(source: DataSource, key: str) -> tuple[list[str], int | None
                             f"{path}")
         rows_total += len(rows)
         with_image = [r["image"] for r in rows if isinstance(r, dict) and isinstance(r.get("image"), str)]
-        if not with_image or not resolved.image_folder:
+        if not with_image:
             continue
         step = max(1, len(with_image) // IMAGE_SAMPLE)
         sample = with_image[::step][:IMAGE_SAMPLE]
-        folder = Path(resolved.image_folder).expanduser()
+        # without an image_folder the dataset reads images beside the file (data.dataset)
+        folder = Path(resolved.image_folder).expanduser() if resolved.image_folder else Path(path).parent
         missing = [name for name in sample if not (folder / name).is_file()]
         if len(missing) == len(sample):
+            unset = "" if resolved.image_folder else " (image_folder is not set: images are read beside the file)"
             problems.append(f"key '{key}.image_folder': none of {len(sample)} sampled images of {path} is under "
-                            f"{folder} (first looked for: {missing[0]}): the wrong folder, or the images not unpacked")
+                            f"{folder}{unset} (first looked for: {missing[0]}): the wrong folder, or the images not "
+                            "unpacked")
     return problems, rows_total
 
 
@@ -312,8 +315,9 @@ def _plan(report: Report, gpus: int, nodes: int, memory: float | None, name: str
         plan = make_plan(report.config, gpus, nodes, memory, name, alternatives=memory is not None)
     except Exception as error:  # noqa: BLE001 - a plan that cannot be made is said, in one line
         said = f"plan: {type(error).__name__}: {str(error).splitlines()[0]}"
-        backbone = re.search(r"key '(model\.vision_tower|model\.llm)'", said)  # one it could not read
-        if backbone and any(f"key '{backbone.group(1)}'" in problem for problem in report.problems):
+        # a backbone already said to be missing or of the wrong kind: the plan, which reads both, fails
+        # on it too (naming its key, or an attribute the other kind of model lacks)
+        if any(f"key 'model.{key}'" in problem for key in ("vision_tower", "llm") for problem in report.problems):
             report.summary.append("plan: none until the problems above are fixed")
         else:
             report.problems.append(said)
