@@ -38,7 +38,7 @@ def _train(args) -> None:
         from llava_norm.train.preflight import preflight
         from llava_norm.train.relaunch import RelaunchError
         from llava_norm.train.run import LaunchCheckError, run_training
-        from llava_norm.train.trainer import ResumeError
+        from llava_norm.train.trainer import DivergedError, ResumeError
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
@@ -49,6 +49,8 @@ def _train(args) -> None:
         sys.exit("\n".join(f"launch check: {problem}" for problem in str(error).splitlines()))
     except (RelaunchError, ResumeError) as error:  # every rank meets it alike: one says it
         sys.exit(f"relaunch refused: {error}" if os.environ.get("RANK", "0") == "0" else 1)
+    except DivergedError as error:  # every rank at the same step: one says it
+        sys.exit(str(error) if os.environ.get("RANK", "0") == "0" else 1)
     except ConfigError as error:  # what only the backbones' own configs can tell (data.packing's LLM family)
         sys.exit(f"config error: {args.config}: {error}")
     except BadSampleError as error:  # data found unusable before training starts (its file and row named)

@@ -579,6 +579,11 @@ BREAKS = [
     Break("a plan error said beside a backbone problem it follows from", "llava_norm/train/preflight.py",
           "        if any(f\"key 'model.{key}'\" in problem for key in (\"vision_tower\", \"llm\") for problem in report.problems):",
           "        if False:", "tests/test_check.py::test_a_backbone_of_the_wrong_kind_is_one_line_naming_its_key"),
+    Break("a diverged run trains on to a model of NaNs", "llava_norm/train/trainer.py",
+          "            if not math.isfinite(value):", "            if False:", "tests/test_training_single.py::test_a_diverged_run_stops_at_the_first_step_it_logs_or_saves_with_a_non_finite_gradient"),
+    Break("a diverged run ends in a traceback per rank", "llava_norm/cli.py",
+          "    except DivergedError as error:  # every rank at the same step: one says it",
+          "    except ZeroDivisionError as error:  # every rank at the same step: one says it", "tests/test_training_single.py::test_a_diverged_run_stops_at_the_first_step_it_logs_or_saves_with_a_non_finite_gradient"),
 ]
 
 

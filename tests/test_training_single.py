@@ -227,3 +227,29 @@ def test_zero2_gradient_buckets_are_the_ones_the_plan_counts(tmp_path, tiny_dir,
     run_training(_tiny_stage2(tmp_path, tiny_dir, f"max_steps: 1, precision: bf16, deepspeed: {zero2}"))
     hidden = json.loads((tiny_dir / "llama" / "config.json").read_text())["hidden_size"]
     assert made and max(made) == gradient_bucket_bytes(json.loads(zero2.read_text()), hidden, "bf16")
+
+
+def test_a_diverged_run_stops_at_the_first_step_it_logs_or_saves_with_a_non_finite_gradient(tmp_path, tiny_dir):
+    """At a learning rate of 1e30 the weights leave the floats within a step or two; transformers
+    logged the NaN steps' loss as the mean of the others and trained on to a final model of NaNs,
+    saying it was done. The run stops instead, naming the step and its last complete checkpoint,
+    with no final model and every checkpoint it kept finite."""
+    import re
+
+    import pytest
+    from safetensors.torch import load_file
+
+    from llava_norm.cli import main
+
+    _tiny_stage2(tmp_path, tiny_dir, "max_steps: 6, logging_steps: 3", rows=12)
+    with pytest.raises(SystemExit) as stopped:  # the command's own path: one line, exit status 1
+        main(["train", str(tmp_path / "c.yaml"), "optim.lr=1e30", "train.save_steps=1"])
+    said = stopped.value.code
+    assert isinstance(said, str) and re.match(r"training diverged: the gradient norm at step \d is (nan|inf)", said), said
+    out = tmp_path / "out"
+    kept = complete_checkpoints(out)
+    assert f"(the last complete checkpoint: {kept[-1] if kept else 'none'})" in said and "\n" not in said
+    assert not (out / "model").exists() and not (out / "train_summary.json").exists()
+    for checkpoint in kept:
+        weights = load_file(str(checkpoint / "model.safetensors"))
+        assert all(torch.isfinite(w).all() for w in weights.values()), checkpoint

@@ -20,6 +20,7 @@ replayed epoch 0's order (accelerate #4071, #4233; transformers #40691).
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -50,6 +51,10 @@ def _gathered(params):
 
 class ResumeError(RuntimeError):
     """A checkpoint that cannot be continued exactly."""
+
+
+class DivergedError(RuntimeError):
+    """A step whose gradient norm is not finite: its loss, or the weights, no longer are."""
 
 
 class LlavaNormTrainer(Trainer):
@@ -245,6 +250,20 @@ class LlavaNormTrainer(Trainer):
             dist.all_reduce(window)
             self._tr_loss = window / self.args.world_size
         return super()._finalize_training(*args, **kwargs)
+
+    def _maybe_log_save_evaluate(self, tr_loss, grad_norm, *args, **kwargs) -> None:
+        # Before a step's log or checkpoint: transformers logs a NaN step's loss as the mean of the
+        # others (logging_nan_inf_filter) and trains on, so a diverged run ended "done" with NaN
+        # weights. Every rank reads the same global norm, so every rank stops at the same step.
+        if grad_norm is not None and (self.control.should_log or self.control.should_save):
+            value = float(grad_norm)
+            if not math.isfinite(value):
+                found = complete_checkpoints(Path(self.args.output_dir))
+                raise DivergedError(f"training diverged: the gradient norm at step {self.state.global_step} is "
+                                    f"{value}, so its loss or weights are no longer finite; nothing was saved at "
+                                    f"that step (the last complete checkpoint: {found[-1] if found else 'none'}). "
+                                    "Lower optim.lr or raise optim.warmup_ratio")
+        super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial) -> None:
         super()._save_checkpoint(model, trial)  # args.save_total_limit is None: rotation is ours
