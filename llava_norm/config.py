@@ -247,7 +247,8 @@ def value_problems(config: RunConfig) -> list[str]:
     for dotted, spec in RANGES.items():
         value = _get(config, dotted)
         if value is not None and not _in_range(value, spec):
-            problems.append(f"key '{dotted}': must be {spec}, got {value}")
+            finite = "" if math.isfinite(value) else "a finite number "
+            problems.append(f"key '{dotted}': must be {finite}{spec}, got {value}")
     return problems
 
 

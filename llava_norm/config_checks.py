@@ -87,7 +87,8 @@ def _backbone_kind(folder: str, key: str) -> None:
         raise ConfigError(f"key 'model.vision_tower': {folder} holds a {kind} model, not a vision tower (its "
                           "config.json has neither vision_config nor image_size)")
     if key == "llm" and vision and "vocab_size" not in found:
-        raise ConfigError(f"key 'model.llm': {folder} holds a {kind} model, a vision encoder, not a causal LM")
+        raise ConfigError(f"key 'model.llm': {folder} holds a {kind} model, one with a vision_config, not a "
+                          "text-only causal LM")
 
 
 def _attention(config: RunConfig) -> None:

@@ -6,13 +6,13 @@ evaluations; ``llava_norm.pipeline`` runs the chain these decisions drive.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from llava_norm.config import load_config, naming_the_file
 from llava_norm.config_checks import check_inputs, check_paths
 from llava_norm.evaluation.arguments import parse_eval_args
+from llava_norm.evaluation.predictions import read_json_output
 from llava_norm.evaluation.settings import benchmark_settings, settings_differences
 from llava_norm.layout import PROJECTOR_FILE
 from llava_norm.provenance import Record, differences, environment, environment_differences, fingerprint, read_record
@@ -91,7 +91,7 @@ def eval_decision(argv: list[str], out: Path, code_counts: bool) -> Decision:
             reasons.append(f"{request.name}: not evaluated yet")
             finished = False
             continue
-        result = json.loads(path.read_text())
+        result = read_json_output(path)
         keys = settings_differences(result.get("settings", {}), benchmark_settings(config, request))
         env = environment_differences(result.get("environment", {}), now)
         if code_counts:

@@ -230,9 +230,10 @@ def test_a_data_file_without_rows_is_a_problem(world, tmp_path):
         report.problems, report.problems
 
 
-def test_a_shard_without_the_hub_layouts_columns_is_said(world, tmp_path):
-    """A shard without 'conversations' beside a good one: the run drops it whole (bad_columns), so
-    the launch check says so, from the footer, under skip as a warning and under error as a problem."""
+def test_shards_without_the_hub_layouts_columns_or_rows_are_said(world, tmp_path):
+    """A shard without 'conversations' and one without a row beside a good one: the run drops each
+    whole (bad_columns, no_rows), so the launch check says so, from the footers, under skip as
+    warnings and under error as problems."""
     import shutil
 
     import pyarrow as pa
@@ -244,12 +245,13 @@ def test_a_shard_without_the_hub_layouts_columns_is_said(world, tmp_path):
     good = sorted(shards.glob("*.parquet"))[0]
     shutil.copy(good, folder / "a.parquet")
     pq.write_table(pa.table({"id": ["x"], "text": ["hi"]}), folder / "b.parquet")
-    said = f"{folder / 'b.parquet'}: no column 'conversations'"
+    pq.write_table(pq.read_schema(good).empty_table(), folder / "c.parquet")  # the right columns, no row
+    said = [f"{folder / 'b.parquet'}: no column 'conversations'", f"{folder / 'c.parquet'}: holds no rows"]
     skip = preflight(config, [f"data.mixture=[{{path: {folder}}}]"], gpus=2, plan=False)
-    assert skip.ok and [w for w in skip.warnings if said in w], skip.warnings
+    assert skip.ok and all([w for w in skip.warnings if line in w] for line in said), skip.warnings
     assert f"data: {pq.ParquetFile(good).metadata.num_rows} rows in 1 source(s)" in "\n".join(skip.summary)
     stop = preflight(config, [f"data.mixture=[{{path: {folder}}}]", "data.on_bad_sample=error"], gpus=2, plan=False)
-    assert [p for p in stop.problems if said in p], stop.problems
+    assert all([p for p in stop.problems if line in p] for line in said), stop.problems
 
 
 def test_a_backbone_of_the_wrong_kind_is_one_line_naming_its_key(world, tiny_dir, monkeypatch):

@@ -375,8 +375,8 @@ def test_a_run_folder_or_checkpoint_given_as_the_model_names_the_folder_to_evalu
 def test_bad_arguments_an_empty_benchmark_and_damaged_outputs_end_the_command_in_one_line(setup, tmp_path, capsys):
     """What a hostile new user tried: a batch size or token cap of 0, --out naming a file, a folder
     without a model, a benchmark whose file holds no items (it scored 0% before), then a result
-    file cut short, another model evaluated into this one's folder (its summary merged both) and
-    a predictions line that is not a record, in an evaluation resumed: each ends the command with
+    file cut short, another model's result in the folder (the summary merged both) and a
+    predictions line that is not a record, in an evaluation resumed: each ends the command with
     one line naming the option or the file; the table names a cut file too."""
     import pyarrow.parquet as pq
 
@@ -408,16 +408,34 @@ def test_bad_arguments_an_empty_benchmark_and_damaged_outputs_end_the_command_in
 
     cli.main(["eval", ckpt, *bench, "--limit", "2", "--max-new-tokens-cap", "2"])
     result = out / "pope.json"
-    result.write_text(result.read_text()[:40])  # cut short
+    whole = result.read_text()
+    result.write_text(whole[:40])  # cut short
     cut = said("eval", ckpt, *bench, "--limit", "2", "--max-new-tokens-cap", "2")
     assert cut.startswith(f"eval: {result}: not a whole JSON file (") and "\n" not in cut, cut
     assert said("table", str(out), "--out", str(tmp_path / "table")).startswith(f"table: {result}: not a whole JSON")
+    from llava_norm.evaluation.predictions import DamagedFileError
+    from llava_norm.evaluation.units import read_units
+    from llava_norm.reuse import eval_decision
+
+    # the pipeline's reuse decision and the statistics table's units read it too
+    for read in (lambda: eval_decision([ckpt, *bench], out, False), lambda: read_units(result)):
+        with pytest.raises(DamagedFileError, match=re.escape(f"{result}: not a whole JSON file")):
+            read()
+    result.write_text(whole)
+    # a moved copy of the model is the same model: its AI2D joins the POPE result in the summary
+    moved = tmp_path / "moved"
+    shutil.copytree(setup / "ckpt", moved)
+    ai2d = ["--benchmarks", "ai2d", "--out", str(out), "--limit", "2", "--max-new-tokens-cap", "2"]
+    cli.main(["eval", str(moved), *bench[2:4], *ai2d])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["checkpoint"] == str(moved) and list(summary["benchmarks"]) == ["ai2d", "pope"]
+    # another model's POPE result there: evaluating this one's AI2D is refused (the summary would
+    # list that POPE as this model's)
+    result.write_text(json.dumps({"benchmark": "pope", "metrics": {}, "settings": {
+        "checkpoint": "/elsewhere/model", "checkpoint_fingerprint": "another model's"}}))
+    assert said("eval", ckpt, *bench[2:4], *ai2d) == f"eval: {out} holds results of another model: pope (of " \
+        "/elsewhere/model); give this evaluation another --out (or delete that folder)"
     result.unlink()
-    other = tmp_path / "other"  # another model, evaluated into this one's folder
-    shutil.copytree(setup / "ckpt", other)
-    assert said("eval", str(other), *bench[:-2], "--benchmarks", "ai2d", "--out", str(out), "--limit", "2") == \
-        f"eval: {out} holds the results of {setup / 'ckpt'}, not of {other}: give this evaluation another --out " \
-        "(or delete that folder)"
     predictions = out / "predictions" / "pope" / "rank0.jsonl"
     predictions.write_text(predictions.read_text() + "not a record\n")
     garbage = said("eval", ckpt, *bench, "--limit", "2", "--max-new-tokens-cap", "2")

@@ -229,11 +229,12 @@ def test_zero2_gradient_buckets_are_the_ones_the_plan_counts(tmp_path, tiny_dir,
     assert made and max(made) == gradient_bucket_bytes(json.loads(zero2.read_text()), hidden, "bf16")
 
 
-def test_a_diverged_run_stops_at_the_first_step_it_logs_or_saves_with_a_non_finite_gradient(tmp_path, tiny_dir):
-    """At a learning rate of 1e30 the weights leave the floats within a step or two; transformers
+def test_a_diverged_run_stops_at_its_first_non_finite_update(tmp_path, tiny_dir):
+    """At a learning rate of 1e30 the weights leave the floats within a few steps; transformers
     logged the NaN steps' loss as the mean of the others and trained on to a final model of NaNs,
-    saying it was done. The run stops instead, naming the step and its last complete checkpoint,
-    with no final model and every checkpoint it kept finite."""
+    saying it was done. The run stops at that step instead, before its log (every third step) or
+    checkpoint (every step), in one line naming the step and its last complete checkpoint, with no
+    final model and every checkpoint it kept finite."""
     import re
 
     import pytest
@@ -249,7 +250,38 @@ def test_a_diverged_run_stops_at_the_first_step_it_logs_or_saves_with_a_non_fini
     out = tmp_path / "out"
     kept = complete_checkpoints(out)
     assert f"(the last complete checkpoint: {kept[-1] if kept else 'none'})" in said and "\n" not in said
+    step = int(re.search(r"at step (\d)", said).group(1))
+    assert [p.name for p in kept] == [f"checkpoint-{k}" for k in range(1, step)]  # up to the step before
     assert not (out / "model").exists() and not (out / "train_summary.json").exists()
     for checkpoint in kept:
         weights = load_file(str(checkpoint / "model.safetensors"))
         assert all(torch.isfinite(w).all() for w in weights.values()), checkpoint
+
+
+def test_one_nan_batch_stops_a_plain_run_but_not_one_deepspeed_skips(tmp_path, tiny_dir, monkeypatch):
+    """The loss of the second step made NaN, logged every 4 steps, no checkpoint: without
+    DeepSpeed its update turns the weights to NaN and the run stops at step 2; under ZeRO-2 in
+    bf16 DeepSpeed skips that step (its overflow handling, weights untouched) and the run ends
+    with a finite model."""
+    import pytest
+    from safetensors.torch import load_file
+
+    from llava_norm.train import trainer as trainer_module
+    from llava_norm.train.trainer import DivergedError
+
+    computed = trainer_module.LlavaNormTrainer.compute_loss
+
+    def one_nan_batch(self, model, inputs, *args, **kwargs):
+        loss = computed(self, model, inputs, *args, **kwargs)
+        if self.state.global_step != 1:
+            return loss
+        return (loss[0] * float("nan"), *loss[1:]) if isinstance(loss, tuple) else loss * float("nan")
+
+    monkeypatch.setattr(trainer_module.LlavaNormTrainer, "compute_loss", one_nan_batch)
+    with pytest.raises(DivergedError, match=r"^training diverged: the gradient norm at step 2 is nan"):
+        run_training(_tiny_stage2(tmp_path / "plain", tiny_dir, "max_steps: 4, logging_steps: 4", rows=8))
+    zero2 = Path(__file__).resolve().parents[1] / "configs" / "deepspeed" / "zero2.json"
+    run_training(_tiny_stage2(tmp_path / "zero2", tiny_dir, f"max_steps: 4, logging_steps: 4, precision: bf16, "
+                                                           f"deepspeed: {zero2}", rows=8))
+    weights = load_file(str(tmp_path / "zero2" / "out" / "model" / "model.safetensors"))
+    assert all(torch.isfinite(w.float()).all() for w in weights.values())

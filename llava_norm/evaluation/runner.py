@@ -118,23 +118,25 @@ def _evaluate_one(config: EvalConfig, request: BenchmarkRequest, predictor, rank
     return result
 
 
-def _refuse_another_models_folder(config: EvalConfig) -> None:
-    """An --out folder whose summary names another model: its other benchmarks' results would sit
-    in this model's summary as if they were this model's (each benchmark's own settings only guard
-    that benchmark)."""
-    path = Path(config.out_dir) / EVAL_SUMMARY
-    earlier = read_json_output(path).get("checkpoint") if path.is_file() else None
-    here = str(Path(config.checkpoint).resolve())
-    if earlier and earlier != here:
-        raise SettingsMismatchError(["checkpoint"], f"{config.out_dir} holds the results of {earlier}, not of {here}: "
-                                    "give this evaluation another --out (or delete that folder)")
+def _refuse_another_models_results(config: EvalConfig) -> None:
+    """Results in --out, of benchmarks this evaluation does not compute, that another model gave
+    (by content: a moved copy of this model is this model): the folder's summary would list them
+    as this model's. A requested benchmark's own settings check guards that benchmark."""
+    asked = {request.name for request in config.benchmarks}
+    kept = {name: result["settings"] for name, result in read_results(config.out_dir).items() if name not in asked}
+    others = {name: settings.get("checkpoint") for name, settings in kept.items()
+              if settings.get("checkpoint_fingerprint") not in (None, config.checkpoint_fingerprint)}
+    if others:
+        named = ", ".join(f"{name} (of {checkpoint})" for name, checkpoint in others.items())
+        raise SettingsMismatchError(["checkpoint_fingerprint"], f"{config.out_dir} holds results of another model: "
+                                    f"{named}; give this evaluation another --out (or delete that folder)")
 
 
 def run_evaluation(config: EvalConfig) -> dict | None:
     """Evaluate; returns the summary on rank 0 (None on other ranks)."""
     ranks = Ranks.setup()
     try:
-        _refuse_another_models_folder(config)
+        _refuse_another_models_results(config)
         try:  # before the output folder is made: a model that is nowhere leaves nothing behind
             bundle = load_bundle(config.checkpoint, dtype=resolve_dtype(config.dtype, ranks.device),
                                  trust_remote_code=config.trust_remote_code)

@@ -9,7 +9,6 @@ table prints. Nothing is recomputed from files that differ from the ones the res
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import numpy as np
 
 from llava_norm.evaluation.benchmarks import get_benchmark
 from llava_norm.evaluation.benchmarks.base import Benchmark, Item
-from llava_norm.evaluation.predictions import PredictionStore
+from llava_norm.evaluation.predictions import PredictionStore, read_json_output
 from llava_norm.provenance import fingerprint
 from llava_norm.stats import Statistic
 
@@ -57,7 +56,7 @@ def read_units(result_path: str | Path, options: dict | None = None, data: str |
     fingerprint; and the stored predictions must give the recorded headline. Any mismatch is
     an error naming the file."""
     path = Path(result_path)
-    result = json.loads(path.read_text())
+    result = read_json_output(path)
     settings = result["settings"]
     bench = get_benchmark(result["benchmark"], **(options or {}))
     if bench.settings() != settings["benchmark"]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from llava_norm.config import _read_yaml_chain, file_problems, load_config
 from llava_norm.config_checks import path_problems
 from llava_norm.config_schema import ConfigError, DataSource, RunConfig, effective_grad_accum
-from llava_norm.data.rows import BadSampleError, read_entries
+from llava_norm.data.rows import BadSampleError, no_rows, read_entries
 from llava_norm.data.sources import check_layout, resolve
 from llava_norm.train.rundir import NO_DATA_STATE, data_state, global_batch_problem, processes
 from llava_norm.worker import environment_variable
@@ -110,6 +110,8 @@ def source_problems(source: DataSource, key: str) -> tuple[list[str], int | None
                 continue
             try:
                 check_layout(reader, path)
+                if reader.metadata.num_rows == 0:
+                    raise no_rows(path)
             except BadSampleError as error:  # the run would drop the whole shard
                 problems.append(f"{SKIPPABLE}key '{key}': {error}")
                 continue

@@ -252,17 +252,21 @@ class LlavaNormTrainer(Trainer):
         return super()._finalize_training(*args, **kwargs)
 
     def _maybe_log_save_evaluate(self, tr_loss, grad_norm, *args, **kwargs) -> None:
-        # Before a step's log or checkpoint: transformers logs a NaN step's loss as the mean of the
-        # others (logging_nan_inf_filter) and trains on, so a diverged run ended "done" with NaN
-        # weights. Every rank reads the same global norm, so every rank stops at the same step.
-        if grad_norm is not None and (self.control.should_log or self.control.should_save):
-            value = float(grad_norm)
-            if not math.isfinite(value):
-                found = complete_checkpoints(Path(self.args.output_dir))
-                raise DivergedError(f"training diverged: the gradient norm at step {self.state.global_step} is "
-                                    f"{value}, so its loss or weights are no longer finite; nothing was saved at "
-                                    f"that step (the last complete checkpoint: {found[-1] if found else 'none'}). "
-                                    "Lower optim.lr or raise optim.warmup_ratio")
+        # Every step, before its log or checkpoint: transformers logs a NaN step's loss as the mean
+        # of the others (logging_nan_inf_filter) and trains on, so a diverged run ended "done" with
+        # NaN weights. A step DeepSpeed skipped for its non-finite gradients (bf16 overflow
+        # handling) changed no weight: the run goes on. Every rank reads the same global norm.
+        if grad_norm is not None and not math.isfinite(float(grad_norm)):
+            engine = self.model_wrapped
+            skipped = hasattr(engine, "was_step_applied") and not engine.was_step_applied()
+            if not skipped:
+                found = complete_checkpoints(Path(self._get_output_dir(trial=None)))
+                raise DivergedError(
+                    f"training diverged: the gradient norm at step {self.state.global_step} is {float(grad_norm)}, "
+                    f"and the update it made leaves weights that are not finite; nothing was saved at that step "
+                    f"(the last complete checkpoint: {found[-1] if found else 'none'}). Lower optim.lr or raise "
+                    "optim.warmup_ratio, then relaunch with train.restart=true (or train.allow_config_change=true "
+                    "to continue from that checkpoint)")
         super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial) -> None:
