@@ -595,6 +595,10 @@ BREAKS = [
           "        if grad_norm is not None and not math.isfinite(float(grad_norm)):", "        if False:", "tests/test_training_single.py::test_a_diverged_run_stops_at_its_first_non_finite_update"),
     Break("a step DeepSpeed skipped for its non-finite gradients stops the run", "llava_norm/train/trainer.py",
           "            if not skipped:", "            if True:", "tests/test_training_single.py::test_one_nan_batch_stops_a_plain_run_but_not_one_deepspeed_skips"),
+    Break("a run trains under the DeepSpeed of an earlier run in its process", "llava_norm/train/deepspeed_setup.py",
+          "    AcceleratorState._reset_state(reset_partial_state=True)\n    unset_hf_deepspeed_config()\n"
+          "    os.environ.pop(\"ACCELERATE_USE_DEEPSPEED\", None)",
+          "    pass", "tests/test_training_single.py::test_one_nan_batch_stops_a_plain_run_but_not_one_deepspeed_skips"),
     Break("non-finite updates looked for at log and save steps only", "llava_norm/train/trainer.py",
           "        if grad_norm is not None and not math.isfinite(float(grad_norm)):",
           "        if grad_norm is not None and not math.isfinite(float(grad_norm)) and (self.control.should_log or "

@@ -262,7 +262,8 @@ def test_one_nan_batch_stops_a_plain_run_but_not_one_deepspeed_skips(tmp_path, t
     """The loss of the second step made NaN, logged every 4 steps, no checkpoint: without
     DeepSpeed its update turns the weights to NaN and the run stops at step 2; under ZeRO-2 in
     bf16 DeepSpeed skips that step (its overflow handling, weights untouched) and the run ends
-    with a finite model."""
+    with a finite model; the plain run once more in this process, after the DeepSpeed one, stops
+    at step 2 again (accelerate's state had made it a DeepSpeed run too)."""
     import pytest
     from safetensors.torch import load_file
 
@@ -285,3 +286,6 @@ def test_one_nan_batch_stops_a_plain_run_but_not_one_deepspeed_skips(tmp_path, t
                                                            f"deepspeed: {zero2}", rows=8))
     weights = load_file(str(tmp_path / "zero2" / "out" / "model" / "model.safetensors"))
     assert all(torch.isfinite(w.float()).all() for w in weights.values())
+    # the plain run again, in the process the DeepSpeed run left its state in: still not DeepSpeed's
+    with pytest.raises(DivergedError, match=r"^training diverged: the gradient norm at step 2 is nan"):
+        run_training(_tiny_stage2(tmp_path / "again", tiny_dir, "max_steps: 4, logging_steps: 4", rows=8))

@@ -1,7 +1,8 @@
 """What a launch sets in DeepSpeed before it initialises: the process group of a launcher-less
 run, checkpoint loads that unpickle no code, and two start-up costs DeepSpeed pays for features
 training never uses (its CPU inference op's build, its Muon kernels' compile wrappers), and
-the deprecation warning its ZeRO gathers raise every step."""
+the deprecation warning its ZeRO gathers raise every step; and what an earlier run in the same
+process left behind of DeepSpeed, cleared before the next."""
 
 from __future__ import annotations
 
@@ -14,6 +15,20 @@ import warnings
 import torch
 
 from llava_norm.train.universal import deepspeed_records
+
+
+def forget_earlier_runs() -> None:
+    """Clear what an earlier run in this process left in accelerate's and transformers'
+    process-wide state: accelerate's state, the DeepSpeed config transformers keeps a reference to,
+    and ACCELERATE_USE_DEEPSPEED (which accelerate sets for a DeepSpeed run and never unsets).
+    Without it a later run in the process (a test's, a notebook's) trained under the earlier
+    one's DeepSpeed engine whatever its own config said. A launched process trains one run."""
+    from accelerate.state import AcceleratorState
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    unset_hf_deepspeed_config()
+    os.environ.pop("ACCELERATE_USE_DEEPSPEED", None)  # set again by accelerate for a DeepSpeed run
 
 
 def prepare_deepspeed() -> None:

@@ -33,7 +33,7 @@ from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE, PROJECTOR_PREFIX
 from llava_norm.model.builder import ModelSpec, build_model
 from llava_norm.model.compile import compile_layers
 from llava_norm.plan import format_plan, make_plan
-from llava_norm.train.deepspeed_setup import prepare_deepspeed
+from llava_norm.train.deepspeed_setup import forget_earlier_runs, prepare_deepspeed
 from llava_norm.train.final import save_final
 from llava_norm.train.params import freeze_backbones, freeze_for_lora
 from llava_norm.train.profile import StepProfiler
@@ -171,6 +171,7 @@ def run_training(config: RunConfig, check=None) -> Path | None:
         return None
     if t.restart:
         clear_outputs(config)
+    forget_earlier_runs()
     for difference in plan.differences:
         log.warning("resuming with a changed config: %s", difference)
     if t.deepspeed:
