@@ -105,7 +105,7 @@ class PredictionStore:
                         prediction = record["prediction"]
                     except (json.JSONDecodeError, KeyError, TypeError) as error:
                         raise DamagedFileError(f"{path}:{number}: not a prediction record ({error}); "
-                                         "delete the file or pass --overwrite") from None
+                                               "delete the file or pass --overwrite") from None
                     if item_id in merged.predictions:
                         merged.duplicates += 1
                     else:
