@@ -147,6 +147,33 @@ def test_a_gated_backbone_without_a_token_is_named(world, monkeypatch, tmp_path)
         report.problems
 
 
+def test_a_deepspeed_key_that_deepspeed_never_reads_or_refuses_is_named(world, monkeypatch, tmp_path):
+    """DeepSpeed reads only the top-level keys it knows: a misspelt section trains without it, and
+    says nothing. A section's own refusal (a key unknown under zero_optimization) comes only inside
+    deepspeed.initialize, after the model has loaded. Both are said at the check."""
+    import deepspeed
+
+    _, config, data, _, _ = world
+    monkeypatch.setenv("CHECK_DATA", str(data.parent))
+    for shipped in ("zero2", "zero3"):
+        report = preflight(config, [f"train.deepspeed={REPO}/configs/deepspeed/{shipped}.json"], gpus=2, plan=False)
+        assert report.ok, report.problems
+    shipped = json.loads((REPO / "configs/deepspeed/zero3.json").read_text())
+    misspelt = tmp_path / "misspelt.json"
+    misspelt.write_text(json.dumps({**{key: value for key, value in shipped.items() if key != "zero_optimization"},
+                                    "zero_optimisation": shipped["zero_optimization"]}))
+    report = preflight(config, [f"train.deepspeed={misspelt}"], gpus=2, plan=False)
+    assert report.problems == [
+        f"{config}: key 'train.deepspeed': {misspelt} sets 'zero_optimisation', which DeepSpeed {deepspeed.__version__} "
+        "never reads (did you mean 'zero_optimization'?); remove it or correct its name"], report.problems
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({**shipped, "zero_optimization": {**shipped["zero_optimization"], "overlap_com": True}}))
+    report = preflight(config, [f"train.deepspeed={unknown}"], gpus=2, plan=False)
+    assert len(report.problems) == 1 and "\n" not in report.problems[0], report.problems
+    assert f"key 'train.deepspeed': {unknown}: DeepSpeed {deepspeed.__version__} refuses it: 1 validation error for " \
+           "DeepSpeedZeroConfig; overlap_com; Extra inputs are not permitted" in report.problems[0], report.problems
+
+
 def test_the_command_exits_non_zero_and_train_stops_before_loading(world, tmp_path):
     root, config, data, _, _ = world
     command = [sys.executable, "-m", "llava_norm.cli", "check", str(config), "--gpus", "3"]

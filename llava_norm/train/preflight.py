@@ -4,7 +4,8 @@ Owns the preflight of one config on a given launch shape: the config itself and 
 environment variables its YAML files read; the world size against the global batch; the
 DeepSpeed JSON and the paths the config names; each data source (a sample of a JSON source's
 images in their folder, every parquet shard's footer, a hub card's row count); each backbone
-(a local folder, or the hub cache when offline, and a gated id without a token); and the plan's
+(a local folder, or the hub cache when offline, and a gated id without a token); the DeepSpeed
+JSON as DeepSpeed itself reads it (``llava_norm.train.deepspeed_keys``); and the plan's
 verdict on the GPU named. Every problem is one line naming the key, file or variable.
 ``llava-norm train`` runs it on rank 0 before anything loads, and ``llava-norm sweep --slurm``
 for every stage config of its grid before it writes a file.
@@ -255,6 +256,12 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
         for problem in path_problems(config):
             if not _said_already(report, problem):
                 report.problems.append(f"{path}: {problem}")
+    if t.deepspeed and accum is not None and not any("key 'train.deepspeed'" in said for said in report.problems):
+        from llava_norm.train.deepspeed_keys import deepspeed_json_problems  # lazy: imports DeepSpeed
+
+        settings = json.loads(Path(t.deepspeed).expanduser().read_text())  # read as JSON by the check above
+        report.problems += [f"{path}: {problem}" for problem in
+                            deepspeed_json_problems(settings, t.deepspeed, t.per_device_batch_size, accum)]
     where = {}
     for key in ("vision_tower", "llm"):
         problems, where[key] = backbone_problems(getattr(config.model, key), f"model.{key}")
