@@ -39,6 +39,7 @@ def _train(args) -> None:
         from llava_norm.train.relaunch import RelaunchError
         from llava_norm.train.run import LaunchCheckError, run_training
         from llava_norm.train.trainer import DivergedError, ResumeError
+        from llava_norm.train.universal import UnsafeFileError
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
@@ -47,7 +48,7 @@ def _train(args) -> None:
                                                       plan=False))
     except LaunchCheckError as error:  # one line per problem, as `llava-norm check` lists them before a launch
         sys.exit("\n".join(f"launch check: {problem}" for problem in str(error).splitlines()))
-    except (RelaunchError, ResumeError) as error:  # every rank meets it alike: one says it
+    except (RelaunchError, ResumeError, UnsafeFileError) as error:  # every rank meets it alike: one says it
         sys.exit(f"relaunch refused: {error}" if os.environ.get("RANK", "0") == "0" else 1)
     except DivergedError as error:  # every rank at the same step: one says it
         sys.exit(str(error) if os.environ.get("RANK", "0") == "0" else 1)

@@ -612,6 +612,14 @@ BREAKS = [
     Break("DeepSpeed's copy of the JSON counted as reading every key", "llava_norm/train/deepspeed_keys.py",
           "    def __copy__(self):", "    def _copy_unused(self):",
           "tests/test_check.py::test_a_deepspeed_key_that_deepspeed_never_reads_or_refuses_is_named"),
+    Break("a checkpoint file refused by the weights-only load without its name", "llava_norm/train/run.py",
+          "            with loads_naming_refusals():\n                result = trainer.train(",
+          "            with contextlib.nullcontext():\n                result = trainer.train(",
+          "tests/test_relaunch.py::test_a_checkpoint_file_that_would_run_code_is_refused_in_one_line_naming_it"),
+    Break("a refused checkpoint file ends in a traceback", "llava_norm/cli.py",
+          "    except (RelaunchError, ResumeError, UnsafeFileError) as error:",
+          "    except (RelaunchError, ResumeError) as error:",
+          "tests/test_relaunch.py::test_a_checkpoint_file_that_would_run_code_is_refused_in_one_line_naming_it"),
 ]
 
 

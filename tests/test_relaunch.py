@@ -182,6 +182,25 @@ def _stopped_after_checkpoint_2(launch, out):
     return state, json.loads(state.read_text())
 
 
+def test_a_checkpoint_file_that_would_run_code_is_refused_in_one_line_naming_it(run, capsys):
+    """A pickled payload in the RNG state the Trainer loads itself on resume: never run, and the
+    command's one line names the file (torch's own refusal names only the object)."""
+    from llava_norm.cli import main
+
+    launch, out, path = run
+    _stopped_after_checkpoint_2(launch, out)
+    rng = out / "checkpoint-2" / "rng_state.pth"
+    assert rng.is_file()
+    torch.save({"python": _Payload()}, rng)  # as torch writes its files, so the refusal names the payload
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        main(["train", str(path)])
+    assert str(stop.value.code).startswith(
+        f"relaunch refused: {rng}: a weights-only load refused it (Unsupported global: GLOBAL print was "
+        "not an allowed global by default"), stop.value.code
+    assert "\n" not in str(stop.value.code) and "unpickled code ran" not in capsys.readouterr().out
+
+
 def test_llava_norm_check_says_a_launch_resumes_on_another_number_of_processes(run):
     """The preflight reads the checkpoint a launch would resume: on another number of processes it
     says so; where the global batch would change it is a problem naming the value to set, and where

@@ -42,8 +42,8 @@ from llava_norm.train.relaunch import clear_outputs, plan_launch
 from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY, data_state
 from llava_norm.train.runlog import kept_wandb_run, main_process_messages
 from llava_norm.train.trainer import LlavaNormTrainer
-from llava_norm.train.universal import (UNIVERSAL_WAIT_S, remove_universal_copies, universal_checkpoint,
-                                         weights_only_loads)
+from llava_norm.train.universal import (UNIVERSAL_WAIT_S, loads_naming_refusals, remove_universal_copies,
+                                         universal_checkpoint, weights_only_loads)
 
 log = logging.getLogger(__name__)
 CALIBRATION_IMAGES = 16  # model.scale_value auto: the images c is measured on
@@ -251,7 +251,8 @@ def run_training(config: RunConfig, check=None) -> Path | None:
     resume_from = plan.checkpoint
     if universal:  # the global process 0 converts, into this run's folder; the others wait, then check
         with args.main_process_first(local=False, desc="universal checkpoint"):
-            resume_from = universal_checkpoint(plan.checkpoint, out, convert=args.process_index == 0)
+            with loads_naming_refusals():
+                resume_from = universal_checkpoint(plan.checkpoint, out, convert=args.process_index == 0)
     if trainer.args.should_save:
         out.mkdir(parents=True, exist_ok=True)
         write_atomically(out / CONFIG_FILE, to_yaml(config), sole_writer=True)  # process 0 alone
@@ -261,7 +262,8 @@ def run_training(config: RunConfig, check=None) -> Path | None:
     # report_to "all" is resolved by TrainingArguments
     with kept_wandb_run(out if trainer.args.should_save and "wandb" in trainer.args.report_to else None):
         with weights_only_loads() if universal else contextlib.nullcontext():  # DeepSpeed's universal load
-            result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+            with loads_naming_refusals():
+                result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     model_dir = save_final(trainer, bundle, config)
     if universal and trainer.args.should_save:  # a resume at the last step saved no checkpoint to clear it
         remove_universal_copies(out)

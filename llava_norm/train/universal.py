@@ -9,6 +9,9 @@ never changed, and the new folder counts only once its own completion marker (na
 was made from) is written, so a kill during the conversion leaves nothing a later launch would
 read. One process converts; the others only check its marker. It is removed when the resumed run
 writes its first checkpoint of its own, or finishes.
+
+Also owns how a resume loads the pickled files of a checkpoint (DeepSpeed's, the Trainer's RNG,
+optimizer and scheduler states): weights-only, and a refusal names the file refused.
 """
 
 from __future__ import annotations
@@ -103,6 +106,38 @@ def weights_only_loads():
         kwargs["weights_only"] = True
         with torch.serialization.safe_globals(allowed):
             return original(*args, **kwargs)
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = original
+
+
+class UnsafeFileError(pickle.UnpicklingError):
+    """A checkpoint file that a weights-only load refused: it holds more than tensors and plain
+    containers, so loading it would run code. Names the file."""
+
+
+@contextmanager
+def loads_naming_refusals():
+    """Every ``torch.load`` inside: a refusal by torch's weights-only unpickler (which says what it
+    refused, not in which file) raised as ``UnsafeFileError`` naming the file and the object."""
+    original = torch.load
+
+    def load(f, *args, **kwargs):
+        try:
+            return original(f, *args, **kwargs)
+        except UnsafeFileError:
+            raise
+        except pickle.UnpicklingError as error:
+            # torch's message: what to do about the default, then "WeightsUnpickler error:" and the object
+            said = str(error).partition("WeightsUnpickler error:")[2] or str(error)
+            why = next((line.strip().split(". ")[0].rstrip(".") for line in said.splitlines() if line.strip()),
+                       "refused")
+            raise UnsafeFileError(f"{f}: a weights-only load refused it ({why}): loading it would run code, and "
+                                  "a checkpoint this code writes holds only tensors and plain values. Delete that "
+                                  "checkpoint to resume from the one before it, or set train.resume") from None
 
     torch.load = load
     try:
