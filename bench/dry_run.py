@@ -123,7 +123,9 @@ def check_stack(vision_dir: Path, llm_dir: Path, dtype: str = "bfloat16") -> lis
     (reference,) = torch.autograd.grad(plain, x, captured["norm_out"].grad)
     s = norm.compensation_scale()
     expected = (reference * (1.0 / norm._scale())).to(reference.dtype)
-    torch.testing.assert_close(captured["norm_in"].grad, expected, rtol=0, atol=0)
+    torch.testing.assert_close(captured["norm_in"].grad, expected, rtol=0, atol=0,
+                               msg=lambda said: f"GWC check: the gradient into the projector is not the plain "
+                                                f"LayerNorm's / W ({said})")
     lines.append(f"GWC at width {norm.hidden_size}: the gradient into the projector is the plain LayerNorm's / "
                  f"s = {s:.6f} (bit-identical in {dtype})")
     return lines

@@ -32,8 +32,9 @@ def runs(tiny_dir, tmp_path_factory):
     for arm, extra in ARMS.items():
         for seed in SEEDS:
             bundle = build_model(ModelSpec(f"{tiny_dir}/siglip", f"{tiny_dir}/llama", seed=seed))
-            # Each seed its own random LLM (the tiny one is untrained anyway): its own predictions.
-            generator = torch.Generator().manual_seed(seed)
+            # Each seed and arm its own random LLM (the tiny one is untrained anyway): its own
+            # predictions. (One generator per seed for both arms gave the noisy arm base's answers.)
+            generator = torch.Generator().manual_seed(seed + (100 if extra else 0))
             with torch.no_grad():
                 for weight in bundle.model.model.language_model.parameters():
                     weight.add_(torch.randn(weight.shape, generator=generator) * (1.0 + extra) * weight.std())
@@ -64,7 +65,7 @@ def test_scores_are_the_mean_over_seeds_of_each_runs_headline(runs):
 
 
 def test_the_delta_pairs_seed_k_with_seed_k(runs):
-    mattered = []
+    mattered, differs = [], []
     for cell in ablation_cells(runs, "base"):
         if cell.arm == "base":
             assert cell.delta is None
@@ -76,11 +77,13 @@ def test_the_delta_pairs_seed_k_with_seed_k(runs):
         per_seed = [_units(runs, f"noisy@seed{s}", cell.benchmark).headline
                     - _units(runs, f"base@seed{s}", cell.benchmark).headline for s in SEEDS]
         assert cell.delta.estimate == pytest.approx(np.mean(per_seed))
+        differs.append(cell.delta.estimate != 0)
         # Pairing the wrong seeds gives another delta where seeds differ: the pairing matters.
         shifted = seed_paired_bootstrap([(a, pairs[(i + 1) % 3][1]) for i, (a, _) in enumerate(pairs)],
                                         _units(runs, "base@seed0", cell.benchmark).statistic)
         mattered.append(shifted != expected)
     assert any(mattered), "no benchmark where the seeds' predictions differ: nothing is tested"
+    assert any(differs), "no benchmark where the arms' scores differ: the estimate is not tested"
 
 
 def test_missing_seeds_pair_only_what_both_arms_have(runs, tmp_path):
@@ -99,12 +102,21 @@ def test_missing_seeds_pair_only_what_both_arms_have(runs, tmp_path):
 
 
 def test_markdown_says_no_detectable_difference_exactly_where_the_interval_covers_zero(runs):
+    """The noisy arm's two deltas given an interval that excludes 0 and one that covers it: only
+    the second's cell says "no detectable difference"."""
+    from dataclasses import replace
+
     cells = ablation_cells(runs, "base")
+    spans = iter([(1.0, 2.0), (-1.0, 1.0)])
+    cells = [replace(c, delta=replace(c.delta, low=low, high=high)) if c.arm == "noisy" else c
+             for c in cells for low, high in ([next(spans)] if c.arm == "noisy" else [(None, None)])]
+    noisy = [c for c in cells if c.arm == "noisy"]
+    assert [c.delta.covers_zero for c in noisy] == [False, True]
     lines = {line.split(" | ")[0].strip("| "): line for line in to_markdown(cells, "base").splitlines()
              if line.startswith("| noisy | 0,1,2 | ") and "[" in line and "p" in line}
     row = lines["noisy"].split(" | ")[2:]
-    for text, cell in zip(row, [c for c in cells if c.arm == "noisy"], strict=True):
-        assert ("no detectable difference" in text) == cell.delta.covers_zero
+    for text, cell in zip(row, noisy, strict=True):
+        assert ("no detectable difference" in text) == cell.delta.covers_zero, text
 
 
 def test_the_count_of_deltas_excluding_zero_is_set_against_chance(runs):

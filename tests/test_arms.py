@@ -109,6 +109,9 @@ def test_new_arms_build_save_and_load_through_the_real_classes(tiny_dir, tmp_pat
                                    scale_value=0.5 if arm.startswith("scale_f") else "auto"))
     layer = bundle.model.norm_layer
     assert isinstance(layer, VisualScale if arm.startswith("scale") else GlobalWeightCompensatedLayerNorm)
+    with torch.no_grad():  # values no initialisation gives: the load must read them, not make them again
+        for value in layer.state_dict().values():
+            value.copy_(torch.rand_like(value) + 0.5)
     bundle.save(tmp_path / "m")
     loaded = load_bundle(tmp_path / "m").model
     assert {k: v for k, v in loaded.norm_layer.state_dict().items()}.keys() == layer.state_dict().keys()

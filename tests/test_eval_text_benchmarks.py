@@ -140,8 +140,9 @@ def test_mmlu_continuation_formulation_prompt_and_scoring(tmp_path):
     )
     assert items[0].continuations == [" w1", " x1", " y1", " z1"] and items[0].gold == 2
     assert items[2].continuations == [" w3", " x3", " y3", " z3"] and items[2].gold == 1
-    lengths = {item.item_id: [len(c) for c in item.continuations] for item in items}
-    assert lengths["high_school_biology#0"] == [3, 3, 3, 3]
+    # acc_norm's lengths as the loader gives them: the answer texts' characters, as lm-eval counts
+    # them, without the leading space (" w1" counts 2)
+    assert [item.meta["choice_lengths"] for item in items] == [[2, 2, 2, 2]] * 3
     predictions = {
         "high_school_biology#0": [-4.0, -3.0, -1.0, -2.0],  # right either way
         "high_school_biology#1": [-2.0, -1.0, -3.0, -4.0],  # wrong either way (gold A)
@@ -167,8 +168,9 @@ def test_mmlu_continuation_acc_norm_divides_by_characters():
     # summed log-probs favour the short " a"; per character the long right answer wins
     metrics = bench.score([item(["a", "longer answer", "b", "c"], 1)], {"s#0": [-1.0, -2.8, -3.0, -3.0]})
     assert metrics["acc"] == 0.0 and metrics["acc_norm"] == 1.0
-    # lm-eval counts the choice's characters without the leading space: -0.9/1 < -2.0/3
-    # (with the space, -0.9/2 > -2.0/4 would pick "a")
+    # per character of the lengths given (the loader's, without the leading space, are checked in
+    # test_mmlu_continuation_formulation_prompt_and_scoring): -0.9/1 < -2.0/3, where lengths with
+    # the space, -0.9/2 > -2.0/4, would pick "a"
     metrics = bench.score([item(["a", "bbb", "cccccc", "dddddd"], 1)], {"s#0": [-0.9, -2.0, -9.0, -9.0]})
     assert metrics["acc_norm"] == 1.0
 
