@@ -628,6 +628,9 @@ BREAKS = [
           '    core = f"{core}, no detectable difference" if delta.covers_zero else core',
           '    core = f"{core}, no detectable difference"',
           "tests/test_ablation.py::test_markdown_says_no_detectable_difference_exactly_where_the_interval_covers_zero"),
+    Break("the launch check passes a relaunch the launch refuses", "llava_norm/train/preflight.py",
+          '        report.problems.append(f"{path}: relaunch refused: {error}")\n        return',
+          "        return", "tests/test_relaunch.py::test_llava_norm_check_says_a_relaunch_would_be_refused"),
 ]
 
 

@@ -99,10 +99,11 @@ def run_launches(launches: list[tuple[list[str], dict]], out: Path, timeout: int
     return summary
 
 
-def processes_of(out: Path, among: list[int] | None = None) -> list[int]:
+def processes_of(out: Path, among: list[int] | None = None, argument: str | None = None) -> list[int]:
     """Live processes (not zombies) whose command line names this output dir: the run's launchers and
-    workers; of ``among`` only, when given (no scan of every process)."""
-    needle = f"train.output_dir={out}".encode()
+    workers; of ``among`` only, when given (no scan of every process). ``argument``: those with
+    that argument instead (an evaluation's ``--out`` folder)."""
+    needle = (argument or f"train.output_dir={out}").encode()
     found = []
     for proc in (Path("/proc") / str(pid) for pid in among) if among is not None else Path("/proc").iterdir():
         if not proc.name.isdigit():

@@ -19,7 +19,7 @@ from llava_norm.evaluation.table import COMPARABLE, build_table, to_csv, to_mark
 from llava_norm.model.builder import ModelSpec, build_model
 from llava_norm_demo.synth import build_world
 
-from launch import REPO, env
+from launch import REPO, env, processes_of, snapshot
 
 NINE = ["mmbench_en_dev", "mmstar", "ocrbench", "seedbench2_plus", "scienceqa_img", "ai2d", "pope",
         "hellaswag", "mmlu"]
@@ -173,8 +173,14 @@ def test_killed_evaluation_resumes_to_the_same_metrics_without_double_counting(s
         time.sleep(0.05)
     assert proc.poll() is None, "the evaluation ended before it could be killed"
     assert _unfinished(cut, totals), "200 s passed without a benchmark half done"
+    assert processes_of(cut, argument=str(cut)) == [proc.pid]  # found while it runs: the check below is not vacuous
     os.killpg(proc.pid, signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL  # the kill ended it
+    time.sleep(0.25)  # a survivor would still be predicting
+    assert not processes_of(cut, argument=str(cut)), "a process of the evaluation outlived the kill"
+    before = snapshot(cut)
+    time.sleep(1.0)
+    assert snapshot(cut) == before, "files changed after the kill"
     assert not (cut / "summary.json").exists(), "the run finished before it could be killed"
     assert len(_records(cut)) >= 25 and _unfinished(cut, totals), "the kill fell between benchmarks"
     # Each complete record the killed run wrote gets a field the runner never writes (a line the

@@ -226,6 +226,24 @@ def test_llava_norm_check_says_a_launch_resumes_on_another_number_of_processes(r
     assert [p for p in report.problems if "checkpoint-2: no data_state.json; its position in the data is unknown" in p]
 
 
+def test_llava_norm_check_says_a_relaunch_would_be_refused(run):
+    """A finished run, or a checkpoint, with another config: the launch refuses it
+    (llava_norm.train.relaunch), so the check says so before a job is queued."""
+    from llava_norm.train.preflight import preflight
+
+    launch, out, path = run
+    launch()
+    report = preflight(path, ["train.max_steps=4"], gpus=1, plan=False)
+    assert len(report.problems) == 1 and report.problems[0].startswith(
+        f"{path}: relaunch refused: {out}: a finished run (step 3) with a different config: train.max_steps: 3 -> 4"), \
+        report.problems
+    _stopped_after_checkpoint_2(launch, out)
+    assert preflight(path, [], gpus=1, plan=False).ok
+    report = preflight(path, ["optim.lr=0.5"], gpus=1, plan=False)
+    assert len(report.problems) == 1 and "relaunch refused: " in report.problems[0] and \
+        "but its config differs: optim.lr" in report.problems[0], report.problems
+
+
 def test_deepspeeds_conversion_and_universal_load_read_without_unpickling_code(tmp_path, capsys):
     """DeepSpeed's universal conversion and loading call torch.load with weights_only=False; under
     weights_only_loads (how llava_norm.train.universal runs them) a pickled payload is refused."""

@@ -5,6 +5,7 @@ extra step after the last one would change the weights; under cosine its rate is
 
 import json
 import math
+from pathlib import Path
 
 import torch
 from transformers import get_scheduler
@@ -44,7 +45,8 @@ def test_a_run_killed_mid_window_and_in_its_final_save_ends_as_an_uninterrupted_
 
     position = kill_at_checkpoint(launches, out, 3)  # inside the window logged at step 4
     assert (position["epoch"], position["batches_consumed"]) == (1, 0)
-    _, printed = kill_during_final_save(launches, out)  # resumes from checkpoint-3, trains 4 and 5
+    stopped_in, printed = kill_during_final_save(launches, out)  # resumes from checkpoint-3, trains 4 and 5
+    assert Path(stopped_in) == out / "model/model.safetensors"
     assert (out / f"checkpoint-{MAX_STEPS}" / "checkpoint_complete").is_file()
     for message in (f"resuming from {out / 'checkpoint-3'}", "stage 2: llm"):  # once, not once per rank
         assert printed.count(message) == 1, (message, printed[-3000:])

@@ -88,7 +88,7 @@ def sweep(tmp_path_factory, tiny_dir):
     return SimpleNamespace(root=root, runs=runs, slurm=slurm, args=args, table=table)
 
 
-def test_slurm_files_name_every_chain_and_a_port_per_task(sweep):
+def test_slurm_files_name_every_chain(sweep):
     array = (sweep.slurm / "sweep.sbatch").read_text()
     assert "#SBATCH --array=0-3" in array and "#SBATCH --partition=gpu" in array and "#SBATCH --requeue" in array
     listed = [line.split(": ", 1)[1] for line in array.splitlines() if line.startswith("#   ")]

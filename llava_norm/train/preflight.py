@@ -283,14 +283,19 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
 
 
 def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: int) -> None:
-    """A launch that would resume a checkpoint saved on another number of processes: said in the
-    summary, or a problem where the trainer would refuse it (``global_batch_problem``); a
-    checkpoint without its data position is a problem on any number."""
+    """A relaunch that ``llava_norm.train.relaunch`` would refuse (a finished run or a checkpoint
+    with another config, an unfinished checkpoint asked for): a problem. A launch that would
+    resume a checkpoint saved on another number of processes: said in the summary, or a problem
+    where the trainer would refuse it (``global_batch_problem``); a checkpoint without its data
+    position is a problem on any number."""
     from llava_norm.train.relaunch import RelaunchError, plan_launch  # lazy: relaunch reads the run's files
 
     try:
         checkpoint = plan_launch(config).checkpoint
-    except (RelaunchError, OSError, ValueError):  # the launch says why; not a question of its shape
+    except RelaunchError as error:  # the launch would refuse it: said before the job is queued
+        report.problems.append(f"{path}: relaunch refused: {error}")
+        return
+    except (OSError, ValueError):  # files the launch reads again and says why
         return
     if checkpoint is None:
         return
