@@ -631,6 +631,12 @@ BREAKS = [
     Break("the launch check passes a relaunch the launch refuses", "llava_norm/train/preflight.py",
           '        report.problems.append(f"{path}: relaunch refused: {error}")\n        return',
           "        return", "tests/test_relaunch.py::test_llava_norm_check_says_a_relaunch_would_be_refused"),
+    Break("a row the plain format cannot encode crashes the index build", "llava_norm/data/index.py",
+          "            problem = encoder.format.row_problem(row.messages)", "            problem = None",
+          "tests/test_bad_data.py::test_a_row_the_plain_format_cannot_encode_errors_or_is_dropped_and_recorded"),
+    Break("a row index reused across prompt formats", "llava_norm/data/index.py",
+          '           "format": type(encoder.format).__name__}', "           }",
+          "tests/test_bad_data.py::test_a_row_the_plain_format_cannot_encode_errors_or_is_dropped_and_recorded"),
 ]
 
 

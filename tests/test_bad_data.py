@@ -55,22 +55,24 @@ def _png_bytes(image: Image.Image, **options) -> bytes:
     return buffer.getvalue()
 
 
-def _build(bundle, tmp_path, files: dict, policy: str, max_length: int = 512):
+def _build(bundle, tmp_path, files: dict, policy: str, max_length: int = 512, prompt_format: str = "chat",
+           length_estimate: str = "tokens"):
     """A dataset over ``files`` (name -> rows, or raw bytes written as they are), in order,
-    with images from tmp_path/images (0000.png and 0001.png are good ones)."""
+    with images from tmp_path/images (0000.png and 0001.png are good ones). A file already
+    there with the same bytes is left as it is, so a second build can find its index cached."""
     _, folder = write_dataset(tmp_path, n=2)
     mixture = []
     for name, content in files.items():
         path = tmp_path / name
-        if isinstance(content, bytes):
+        if not isinstance(content, bytes):
+            content = ("".join(json.dumps(row) + "\n" for row in content) if name.endswith(".jsonl")
+                       else json.dumps(content)).encode()
+        if not path.is_file() or path.read_bytes() != content:
             path.write_bytes(content)
-        elif name.endswith(".jsonl"):
-            path.write_text("".join(json.dumps(row) + "\n" for row in content))
-        else:
-            path.write_text(json.dumps(content))
         mixture.append(DataSource(path=str(path), image_folder=str(folder)))
-    encoder = conversation_tokenizer(bundle, "chat", {"date_string": "26 Jul 2024"})
-    return SupervisedDataset(mixture, encoder, bundle.image_processor, max_length, on_bad_sample=policy)
+    encoder = conversation_tokenizer(bundle, prompt_format, {"date_string": "26 Jul 2024"})
+    return SupervisedDataset(mixture, encoder, bundle.image_processor, max_length, on_bad_sample=policy,
+                             length_estimate=length_estimate)
 
 
 def _drawn(dataset) -> tuple[list[str], list[dict]]:
@@ -305,6 +307,26 @@ def test_bad_rows_error_or_are_dropped_and_recorded(bundle, tmp_path, case, suff
     assert re.search(message, dataset.rejected[0]["message"]), dataset.rejected  # the record says what was wrong
     assert cause in SKIP_CAUSES
     assert _drawn(dataset) == (["g1", "g2"], [])
+
+
+def test_a_row_the_plain_format_cannot_encode_errors_or_is_dropped_and_recorded(bundle, tmp_path):
+    """Stage 1's plain format takes the gpt turn right after the first human turn as the caption.
+    A row with two human turns first passes the row checks (a chat template renders it), not this
+    format: named under error, dropped and recorded under skip, never a crash of the index build."""
+    two = {"id": "two-humans", "image": "0000.png", "conversations": [
+        {"from": "human", "value": "<image>\nCaption it."}, {"from": "human", "value": "Again."},
+        {"from": "gpt", "value": "A red square."}]}
+    rows = [_row("ok1"), two]
+    # lengths estimated from words: the index then depends on no tokenizer, but still on the format
+    with pytest.raises(BadSampleError, match=r"rows\.json: row two-humans: plain format needs an assistant caption "
+                                             r"right after the first user turn"):
+        _build(bundle, tmp_path, {"rows.json": rows}, "error", prompt_format="plain", length_estimate="words")
+    plain = _build(bundle, tmp_path, {"rows.json": rows}, "skip", prompt_format="plain", length_estimate="words")
+    assert [(r["row"], r["cause"]) for r in plain.rejected] == [("two-humans", "bad_conversation")]
+    assert _drawn(plain)[0] == ["ok1"]
+    # the same files: a chat template renders the row
+    chat = _build(bundle, tmp_path, {"rows.json": rows}, "skip", length_estimate="words")
+    assert not chat.rejected and _drawn(chat)[0] == ["ok1", "two-humans"]
 
 
 def test_over_long_sample_is_replaced_and_recorded(bundle, tmp_path):

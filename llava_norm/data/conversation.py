@@ -52,6 +52,11 @@ class ChatTemplateFormat:
         probe = self.render([{"role": "user", "content": " " + _SENTINEL.format(0) + " "}], False)
         self.trims_content = " " + _SENTINEL.format(0) + " " not in probe
 
+    def row_problem(self, messages: list[dict]) -> str | None:
+        """What would keep a checked row (``data.rows.check_row``) from this format: nothing; the
+        template renders any order of roles."""
+        return None
+
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, **self.template_kwargs
@@ -108,16 +113,27 @@ class PlainFormat:
         self.tokenizer = tokenizer
         self.bos = tokenizer.bos_token or ""
 
-    def segments(self, messages: list[dict], add_generation_prompt: bool = False) -> list[Segment]:
+    def row_problem(self, messages: list[dict]) -> str | None:
+        """What keeps a checked row from this format (the data index skips such a row as a bad
+        conversation, naming it): the caption must be the turn right after the first user turn."""
         turns = [m for m in messages if m["role"] != "system"]
         if not turns or turns[0]["role"] != "user":
-            raise ValueError("plain format needs a user turn first")
+            return "plain format needs a user turn first"
+        if len(turns) < 2 or turns[1]["role"] != "assistant":
+            return "plain format needs an assistant caption right after the first user turn"
+        return None
+
+    def segments(self, messages: list[dict], add_generation_prompt: bool = False) -> list[Segment]:
+        turns = [m for m in messages if m["role"] != "system"]
+        # a prompt to generate from has no caption yet: only the user turn is asked for
+        problem = self.row_problem(turns[:1] + [{"role": "assistant", "content": ""}] if add_generation_prompt
+                                   else messages)
+        if problem:
+            raise ValueError(problem)
         image = IMAGE_PLACEHOLDER if IMAGE_PLACEHOLDER in turns[0]["content"] else ""
         out = [Segment(self.bos + image, False, True)]
         if add_generation_prompt:
             return out
-        if len(turns) < 2 or turns[1]["role"] != "assistant":
-            raise ValueError("plain format needs an assistant caption after the user turn")
         return out + [Segment(turns[1]["content"].strip(), True, True), Segment(self.END, True, False)]
 
 

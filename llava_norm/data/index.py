@@ -61,13 +61,16 @@ def features():
 def counting_key(encoder: ConversationTokenizer, system_prompt: str | None, count_tokens: bool,
                  exact_lengths: bool = False) -> dict:
     """What the counts depend on: the tokenizer (its full serialisation), its templates and
-    the prompt settings; the words-only estimate depends on the image size alone."""
-    key = {"tokens_per_image": encoder.tokens_per_image, "count_tokens": count_tokens, "exact_lengths": exact_lengths}
+    the prompt settings; the words-only estimate depends on the image size alone. Which rows the
+    prompt format can encode depends on the format."""
+    # the format always: which rows it can encode is decided in the index (row_problem)
+    key = {"tokens_per_image": encoder.tokens_per_image, "count_tokens": count_tokens, "exact_lengths": exact_lengths,
+           "format": type(encoder.format).__name__}
     if count_tokens or exact_lengths:
         tokenizer, form = encoder.tokenizer, encoder.format
         backend = getattr(tokenizer, "backend_tokenizer", None)
         serialised = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
-        key.update(tokenizer=hashlib.sha256(serialised.encode()).hexdigest(), format=type(form).__name__,
+        key.update(tokenizer=hashlib.sha256(serialised.encode()).hexdigest(),
                    chat_template=getattr(tokenizer, "chat_template", None), bos=tokenizer.bos_token,
                    eos=tokenizer.eos_token, end_of_turn=getattr(form, "end_of_turn", None),
                    template_kwargs=getattr(form, "template_kwargs", None), system_prompt=system_prompt,
@@ -158,6 +161,11 @@ def _generate(files: list[int], source: ResolvedSource, encoder: ConversationTok
             if isinstance(raw, BadSampleError):
                 raise raw
             row = check_row(raw, str(source.files[f]), index_in_file, position or None, image_placement)
+            problem = encoder.format.row_problem(row.messages)
+            if problem:  # a row the prompt format cannot encode: bad like any other, not an index build's crash
+                raise BadSampleError(f"{source.files[f]}: row {row.row_id}"
+                                     f"{f' ({position})' if position else ''}: {problem}",
+                                     file=str(source.files[f]), row=row.row_id, cause="bad_conversation")
             entry.update(row_id=row.row_id, messages=row.messages, image=row.image or "",
                          words=row.words + (encoder.tokens_per_image if row.image else 0),
                          adjusted=",".join(row.adjustments))
