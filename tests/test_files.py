@@ -1,6 +1,8 @@
 """llava_norm.files.write_atomically: the one way the package replaces a small file whole."""
 
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -9,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from llava_norm.files import clear_partial_writes, write_atomically
+from llava_norm.files import clear_partial_writes, finish_removals, remove_tree, write_atomically
 
 SIZE = 200_000
 READS = 50  # of each writer's file
@@ -91,6 +93,46 @@ def test_clearing_partial_writes_removes_only_that_files_temporaries(tmp_path):
     assert sorted(tmp_path.iterdir()) == sorted(kept)
 
 
+def test_a_write_removes_the_temporaries_its_files_dead_writers_left_and_no_other(tmp_path):
+    """A writer killed before its rename leaves its temporary file, named by host and pid: the next
+    write of that file removes it where the pid has ended on this host, and keeps a running
+    writer's and another host's (whose pid says nothing here)."""
+    target, host = tmp_path / "provenance.json", socket.gethostname()
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                           text=True, check=True)
+    dead = tmp_path / f".provenance.json.{host}.{int(ended.stdout)}.tmp"
+    running = tmp_path / f".provenance.json.{host}.{os.getppid()}.tmp"
+    elsewhere = tmp_path / f".provenance.json.other-node.{int(ended.stdout)}.tmp"
+    for partial in (dead, running, elsewhere):
+        partial.write_text("half")
+    write_atomically(target, "{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, running.name, elsewhere.name])
+
+
+def test_a_folder_is_removed_aside_and_a_killed_removal_is_finished_later(tmp_path, monkeypatch):
+    """remove_tree renames the folder aside in one step, so a kill during the deletion leaves no
+    half folder under its own name (a checkpoint without its marker, kept for good); the next
+    launch's finish_removals deletes what is left aside."""
+    folder = tmp_path / "checkpoint-5"
+    (folder / "global_step5").mkdir(parents=True)
+    (folder / "global_step5" / "optim_states.pt").write_bytes(b"x" * 100)
+    (folder / "checkpoint_complete").write_text("5")
+
+    def killed(path, ignore_errors=False):  # the deletion cut short, as by a kill
+        (Path(path) / "checkpoint_complete").unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        remove_tree(folder)
+    monkeypatch.undo()
+    assert not folder.exists()
+    left = [p.name for p in tmp_path.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".removing-checkpoint-5."), left
+    finish_removals(tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
 def test_the_bytes_reach_the_disk_before_the_rename(tmp_path, monkeypatch):
     """fsync of the temporary file, whole, then the rename: after a crash the name never points at
     bytes still in the page cache."""
@@ -108,5 +150,5 @@ def test_the_bytes_reach_the_disk_before_the_rename(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
     write_atomically(target, "x" * 1000)
-    partial = str(tmp_path / f".train_summary.json.{os.getpid()}.tmp")
+    partial = str(tmp_path / f".train_summary.json.{socket.gethostname()}.{os.getpid()}.tmp")
     assert events == [("fsync", partial, 1000), ("replace", partial, str(target))]

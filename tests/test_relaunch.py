@@ -226,6 +226,17 @@ def test_llava_norm_check_says_a_launch_resumes_on_another_number_of_processes(r
     assert [p for p in report.problems if "checkpoint-2: no data_state.json; its position in the data is unknown" in p]
 
 
+def test_a_launch_finishes_the_deletions_a_kill_left(run):
+    """A checkpoint rotated out, or a restart's trash, renamed aside and then killed mid-deletion
+    (llava_norm.files.remove_tree): the next launch in the folder deletes it."""
+    launch, out, path = run
+    left = out / ".removing-checkpoint-1.node0.123" / "global_step1"
+    left.mkdir(parents=True)
+    (left / "optim_states.pt").write_bytes(b"x" * 100)
+    launch()
+    assert _summary(out)["complete"] and not list(out.glob(".removing-*"))
+
+
 def test_llava_norm_check_says_a_relaunch_would_be_refused(run):
     """A finished run, or a checkpoint, with another config: the launch refuses it
     (llava_norm.train.relaunch), so the check says so before a job is queued."""

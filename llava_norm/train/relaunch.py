@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from llava_norm.config import RunConfig, to_yaml
+from llava_norm.files import REMOVING
 from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE
 from llava_norm.provenance import RECORD, flatten
 from llava_norm.train.rundir import (COMPLETE_MARKER, PROFILE_DIR, RUN_CONFIG, SKIPPED, SUMMARY, WANDB_RUN_ID,
@@ -147,7 +148,7 @@ def clear_outputs(config: RunConfig) -> None:
     if int(os.environ.get("RANK", "0")) != 0 or not out.is_dir():
         return
     targets = [out / name for name in RUN_OUTPUTS] + [p for p in out.glob("checkpoint-*")]
-    trash = out / f".restart-{int(time.time() * 1000)}"
+    trash = out / f"{REMOVING}restart-{int(time.time() * 1000)}"  # finish_removals: what a kill left of it
     trash.mkdir()
     for target in targets:
         if target.exists():

@@ -28,7 +28,7 @@ from llava_norm.data.conversation import conversation_tokenizer
 from llava_norm.data.dataset import SupervisedDataset, count_by_cause
 from llava_norm.data.packing import PackedDataset, collate_packed
 from llava_norm.data.rows import WHOLE_FILE
-from llava_norm.files import write_atomically
+from llava_norm.files import finish_removals, write_atomically
 from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE, PROJECTOR_PREFIX
 from llava_norm.model.builder import ModelSpec, build_model
 from llava_norm.model.compile import compile_layers
@@ -255,6 +255,7 @@ def run_training(config: RunConfig, check=None) -> Path | None:
                 resume_from = universal_checkpoint(plan.checkpoint, out, convert=args.process_index == 0)
     if trainer.args.should_save:
         out.mkdir(parents=True, exist_ok=True)
+        finish_removals(out)  # checkpoints rotated out, or a restart's trash, that a kill left half deleted
         write_atomically(out / CONFIG_FILE, to_yaml(config), sole_writer=True)  # process 0 alone
         record = start_record(config, plan.differences, resuming=plan.checkpoint is not None)
     if plan.checkpoint:

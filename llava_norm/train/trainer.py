@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import torch
@@ -30,7 +29,7 @@ from transformers import Trainer
 
 from llava_norm.data.packing import PackedDataset, PackSampler
 from llava_norm.data.sampler import EpochSampler, ModalityLengthGroupedSampler, ShuffledSampler
-from llava_norm.files import write_atomically
+from llava_norm.files import remove_tree, write_atomically
 from llava_norm.train.params import make_optimizer
 from llava_norm.train.rundir import (COMPLETE_MARKER, DATA_STATE, NO_DATA_STATE, complete_checkpoints, data_state,
                                      global_batch_problem, processes)
@@ -284,7 +283,7 @@ class LlavaNormTrainer(Trainer):
             write_atomically(folder / COMPLETE_MARKER, str(self.state.global_step), sole_writer=True)
             complete = complete_checkpoints(self._get_output_dir(trial=trial))
             for old in complete[: max(len(complete) - self.keep_checkpoints, 0)]:
-                shutil.rmtree(old, ignore_errors=True)
+                remove_tree(old)  # renamed aside first: a kill mid-deletion leaves no half checkpoint
             remove_universal_copies(Path(self._get_output_dir(trial=trial)))
 
     def carried_ranks(self) -> list[int]:
