@@ -651,6 +651,9 @@ BREAKS = [
     Break("a launch leaves what a killed deletion set aside", "llava_norm/train/run.py",
           "        finish_removals(out)  # checkpoints rotated out", "        pass  # checkpoints rotated out",
           "tests/test_relaunch.py::test_a_launch_finishes_the_deletions_a_kill_left"),
+    Break("a chain's evaluation words first met after both stages trained", "llava_norm/cli.py",
+          "        check_eval_words(args.eval_arg)\n", "        pass\n",
+          "tests/test_check.py::test_a_chains_evaluation_words_are_checked_before_anything_trains"),
 ]
 
 

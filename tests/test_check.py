@@ -226,6 +226,25 @@ def test_a_sweep_is_checked_before_its_slurm_files_are_written(tmp_path):
     assert not out.exists()
 
 
+def test_a_chains_evaluation_words_are_checked_before_anything_trains(tmp_path, monkeypatch):
+    """--eval-arg is passed on to each evaluation, after both stages trained: a misspelt flag or a
+    bad value is said first, by the sweep (Slurm files included) and the pipeline, and nothing is
+    written or launched."""
+    from llava_norm.cli import main
+
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "slurm"
+    for command, bad, said in (
+            (["sweep", "configs/tiny", "--arms", "none", "--slurm", str(out)], "--limt=5",
+             "sweep: --eval-arg: unrecognized arguments: --limt=5"),
+            (["pipeline", "configs/tiny/none", "--runs", str(tmp_path / "runs")], "--limit=0",
+             "pipeline: --eval-arg: limit must be a positive int")):
+        with pytest.raises(SystemExit) as stop:
+            main([*command, f"--eval-arg={bad}"])
+        assert str(stop.value.code).startswith(said), stop.value.code
+    assert not out.exists() and not (tmp_path / "runs").exists()
+
+
 def test_a_malformed_jsonl_line_is_a_warning_under_skip_and_a_problem_under_error(world, tmp_path):
     """One JSONL line that does not read is one bad row (the dataset skips it under skip, the
     default), not a launch-stopping problem; under error it stops the launch, naming the line."""

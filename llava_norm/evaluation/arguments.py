@@ -137,5 +137,21 @@ def eval_config_from_args(args: argparse.Namespace):
         overwrite=args.overwrite, replace_stale=args.replace_stale, trust_remote_code=args.trust_remote_code)
 
 
+class _Refusing(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own would print the usage and exit
+        raise ValueError(message)
+
+
+def check_eval_words(words: list[str]) -> None:
+    """The words a pipeline or sweep adds to each ``llava-norm eval`` (``--eval-arg``), checked
+    before anything trains: what argparse refuses (an unknown or misspelt flag, a value of the
+    wrong type) and the values eval checks before loading a model. Raises ValueError."""
+    from llava_norm.evaluation.benchmarks.base import check_limit  # lazy: the benchmarks load torch
+
+    args = add_eval_arguments(_Refusing(prog="llava-norm eval")).parse_args(["MODEL", *words])
+    check_limit(args.limit)
+    benchmark_options(args.option)
+
+
 def parse_eval_args(argv: list[str]):
     return eval_config_from_args(add_eval_arguments(argparse.ArgumentParser(prog="llava-norm eval")).parse_args(argv))
