@@ -293,6 +293,17 @@ def test_ocrbench_parquet_list_answers_and_hme_source(tmp_path):
     assert metrics["final_score"] == 1  # "a+b" lacks the capital B; "cat" matches
 
 
+@pytest.mark.parametrize("answer", [[""], ["cat", "  "], []])
+def test_ocrbench_a_blank_or_missing_gold_answer_is_refused(tmp_path, answer):
+    """Right means a gold answer is a substring of the reply: a blank one is in every reply."""
+    path = write_parquet(tmp_path / "test-00000-of-00001.parquet", [
+        {"dataset": "IIIT5K", "question": "Word?", "question_type": "Regular Text Recognition", "answer": answer,
+         "image": hf_image(RED)}])
+    with pytest.raises(ValueError, match=r"test-00000-of-00001.parquet: row 0: column 'answer' must list at least one "
+                                         r"answer, none of them blank"):
+        get_benchmark("ocrbench").load(path)
+
+
 def test_ocrbench_answer_is_parsed_never_evaluated(tmp_path):
     path = write_tsv(tmp_path / "OCRBench.tsv", [
         {"index": 5, "image": b64(RED), "question": "q", "answer": "[__import__('os').getcwd()]",

@@ -72,9 +72,13 @@ class OCRBench(RowBenchmark):
             raise row.bad_value(question_type_column, f"must be one of the ten OCRBench question types {list(QUESTION_TYPE_CAPS)}")
         source = row.optional_text("dataset")
         image = required_image(row, by_index)
+        answers = row.string_list("answer")
+        if not answers or not all(answer.strip() for answer in answers):
+            # a blank answer is a substring of every reply: the item would count as right whatever it said
+            raise row.bad_value("answer", "must list at least one answer, none of them blank")
         return self.generation_item(
             item_id, build_prompt(row.text("question")), image,
-            answers=row.string_list("answer"),
+            answers=answers,
             question_type=question_type,
             source=source,
             # HME100k is exactly the HMER type; the TSV has no source column, so VLMEvalKit
