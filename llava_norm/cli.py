@@ -186,7 +186,7 @@ def _eval(args) -> None:
 def _table(args) -> None:
     with frozen_imports():
         # lazy: start-up; a subcommand loads only the stages it runs
-        from llava_norm.analysis.ablation import split_name, write_ablation
+        from llava_norm.analysis.ablation import ablation_cells, split_name, write_ablation
         from llava_norm.evaluation.arguments import benchmark_options
         from llava_norm.evaluation.table import read_run, write_table
 
@@ -195,9 +195,11 @@ def _table(args) -> None:
         baseline = args.baseline or next(iter(names))
         arm = split_name(baseline)[0]
         first_run = baseline if baseline in names else next((n for n in names if split_name(n)[0] == arm), baseline)
+        runs, options = {n: Path(d) for n, d in names.items()}, benchmark_options(args.option)
+        # every run's predictions read and checked against its results before any table is written
+        cells = ablation_cells(runs, arm, options=options)
         md, csv_path = write_table(args.eval_dirs, args.out, baseline=first_run)
-        stats = write_ablation({n: Path(d) for n, d in names.items()}, args.out, baseline=arm,
-                               options=benchmark_options(args.option), paper=args.paper)
+        stats = write_ablation(runs, args.out, baseline=arm, options=options, paper=args.paper, cells=cells)
     except (ValueError, FileNotFoundError) as error:
         sys.exit(f"table: {error}")
     print(stats.read_text())

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from llava_norm.analysis.ablation import run_name, write_ablation
+from llava_norm.analysis.ablation import ablation_cells, run_name, write_ablation
 from llava_norm.config import load_config, stage_problem
 from llava_norm.evaluation.arguments import DEFAULT_DATA_ROOT, parse_eval_args
 from llava_norm.evaluation.table import EVAL_SUMMARY, write_table
@@ -303,13 +303,16 @@ def table_step(config: PipelineConfig, marks: dict[str, list[str]]) -> Step:
         # records (the paths at evaluation time) cannot know after a move.
         requests = parse_eval_args(eval_argv(config, first, first_name)).benchmarks
         prefix = Path(config.table or Path(config.runs_dir) / "results")
+        evals, names = {name: d.eval for name, d in dirs.items()}, [r.name for r in requests]
+        options, baseline = {r.name: r.options for r in requests}, arm_name(config.arms[0])
+        # every run's predictions read and checked against its results before any table is written
+        cells = ablation_cells(evals, baseline, names, options)
         md, _ = write_table([d.eval for d in dirs.values()], prefix, baseline=first_name, marks=marks,
-                            benchmarks=[r.name for r in requests],
-                            checkpoints={name: d.stage2 / "model" for name, d in dirs.items()},
+                            benchmarks=names, checkpoints={name: d.stage2 / "model" for name, d in dirs.items()},
                             data={r.name: Path(r.path) for r in requests})
-        stats = write_ablation({name: d.eval for name, d in dirs.items()}, prefix, baseline=arm_name(config.arms[0]),
-                               benchmarks=[r.name for r in requests], options={r.name: r.options for r in requests},
-                               marks={name: found for name, found in marks.items() if name in dirs and found})
+        stats = write_ablation(evals, prefix, baseline=baseline, benchmarks=names, options=options,
+                               marks={name: found for name, found in marks.items() if name in dirs and found},
+                               cells=cells)
         tqdm.write(stats.read_text())
         tqdm.write(f"per-run table: {md}")
 

@@ -134,6 +134,27 @@ def test_the_count_of_deltas_excluding_zero_is_set_against_chance(runs):
     assert "about 0.2 of 4 would exclude 0 by chance alone" in md
 
 
+def test_a_table_over_a_result_its_predictions_do_not_give_is_refused_before_anything_is_written(runs, tmp_path):
+    """A result file whose headline its own stored predictions do not give (edited by hand, or
+    mixed up): `llava-norm table` refuses it, and writes no table that shows it."""
+    import json
+    import shutil
+
+    from llava_norm.cli import main
+
+    edited = tmp_path / "noisy@seed0"
+    shutil.copytree(runs["noisy@seed0"], edited)
+    result = edited / "mmlu.json"
+    stored = json.loads(result.read_text())
+    stored["metrics"]["acc"] = 0.99
+    result.write_text(json.dumps(stored))
+    prefix = tmp_path / "tables" / "t"
+    with pytest.raises(SystemExit) as stop:
+        main(["table", str(runs["base@seed0"]), str(edited), "--out", str(prefix)])
+    assert str(stop.value.code).startswith(f"table: {result}: its stored predictions score"), stop.value.code
+    assert not prefix.parent.exists() or not list(prefix.parent.iterdir())
+
+
 def test_run_names_split_into_arm_and_seed():
     assert split_name("ln_textnorm@seed12") == ("ln_textnorm", 12)
     assert split_name("ln_textnorm") == ("ln_textnorm", None)

@@ -236,13 +236,16 @@ def to_csv(cells: list[Cell], marks: dict[str, list[str]] | None = None,
 
 def write_ablation(runs: dict[str, Path], prefix: str | Path, baseline: str, benchmarks: list[str] | None = None,
                    options: dict[str, dict] | None = None, data: dict[str, Path] | None = None,
-                   marks: dict[str, list[str]] | None = None, paper: bool = False) -> Path:
+                   marks: dict[str, list[str]] | None = None, paper: bool = False,
+                   cells: list[Cell] | None = None) -> Path:
     """Write ``<prefix>_stats.md``, ``<prefix>_stats.csv`` and ``<prefix>_forest.png``; returns the Markdown path.
-    ``paper`` adds the paper's published numbers beside the arms it reports (not to the figure)."""
+    ``paper`` adds the paper's published numbers beside the arms it reports (not to the figure).
+    ``cells``: ``ablation_cells`` of the same arguments, computed already (a caller that reads and
+    checks every run's predictions before it writes any table)."""
     # lazy: matplotlib loads only where a figure is drawn
     from llava_norm.analysis.plots import forest_grid
 
-    cells = ablation_cells(runs, baseline, benchmarks, options, data)
+    cells = ablation_cells(runs, baseline, benchmarks, options, data) if cells is None else cells
     md, csv_path, png = (Path(f"{prefix}_stats.md"), Path(f"{prefix}_stats.csv"), Path(f"{prefix}_forest.png"))
     md.parent.mkdir(parents=True, exist_ok=True)
     text = to_markdown(cells, baseline, marks, missing_benchmarks(runs, benchmarks))
