@@ -234,6 +234,10 @@ def _run_chain(config, command: str, dry_run: bool) -> None:
             print(f"{name:40s} {status:9s} {seconds:7.1f} s")
     except (RuntimeError, FileNotFoundError, ValueError, ConfigError) as error:
         sys.exit(f"{command}: {error}")
+    except KeyboardInterrupt:  # Ctrl-C reaches the launched step too, which says where it stands
+        print(f"\n{command}: interrupted; finished steps are kept, and the same command goes on from them",
+              file=sys.stderr, flush=True)
+        sys.exit(130)
 
 
 def _pipeline(args) -> None:

@@ -245,6 +245,29 @@ def test_a_chains_evaluation_words_are_checked_before_anything_trains(tmp_path, 
     assert not out.exists() and not (tmp_path / "runs").exists()
 
 
+def test_ctrl_c_on_a_chain_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """Ctrl-C reaches the step a pipeline or sweep launched (which says where it stands) and the
+    chain itself, which waits on it: one line and the shell's interrupt status."""
+    from llava_norm import pipeline
+    from llava_norm.cli import main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(pipeline, "plan", lambda config: ([], {}))
+    monkeypatch.setattr(pipeline, "run_steps", interrupted)
+    try:  # a KeyboardInterrupt escaping would stop pytest itself: caught here, as a failure
+        main(["pipeline", "configs/tiny/none", "--runs", str(tmp_path / "runs")])
+    except SystemExit as stop:
+        code = stop.code
+    except KeyboardInterrupt:
+        code = "the interrupt escaped as a traceback"
+    assert code == 130
+    assert capsys.readouterr().err.strip() == \
+        "pipeline: interrupted; finished steps are kept, and the same command goes on from them"
+
+
 def test_a_malformed_jsonl_line_is_a_warning_under_skip_and_a_problem_under_error(world, tmp_path):
     """One JSONL line that does not read is one bad row (the dataset skips it under skip, the
     default), not a launch-stopping problem; under error it stops the launch, naming the line."""
