@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 
 from llava_norm.config_schema import resolve_dtype
+from llava_norm.data.conversation import IMAGE_PLACEHOLDER
 from llava_norm.data.prompts import training_prompt_settings
 from llava_norm.inference import Predictor, Prompt
 from llava_norm.model.builder import load_bundle
@@ -24,6 +25,8 @@ def chat(args) -> None:
     ``args.image`` with the saved model in ``args.model_dir``, streaming the reply."""
     if not args.interactive and not args.question:
         sys.exit("chat: give a question, or --interactive")
+    if args.question and _placeholder_problem(args.question):
+        sys.exit(f"chat: {_placeholder_problem(args.question)}")
     image = None
     if args.image:
         try:
@@ -54,5 +57,16 @@ def chat(args) -> None:
             break
         if question in ("exit", "quit"):
             break
-        if question:
+        if question and _placeholder_problem(question):  # said, and the session goes on
+            print(_placeholder_problem(question), flush=True)
+        elif question:
             ask(question)
+
+
+def _placeholder_problem(question: str) -> str | None:
+    """The image goes in with --image, where the prompt puts it; a typed placeholder would ask for a
+    second image that is not there."""
+    if IMAGE_PLACEHOLDER in question:
+        return f"the question holds {IMAGE_PLACEHOLDER!r}, the image's placeholder: give the image with --image " \
+               "and ask without it"
+    return None

@@ -72,3 +72,22 @@ def test_a_folder_without_a_saved_model_is_named_before_anything_loads(saved):
     command = [sys.executable, "-m", "llava_norm.cli", "chat", str(saved), "a question"]
     done = subprocess.run(command, cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and f"chat: {saved}: no saved model here; its model is {saved / 'model'}" in done.stderr
+
+
+def test_a_typed_image_placeholder_is_said_in_one_line_and_the_session_goes_on(saved, monkeypatch, capsys):
+    """'<image>' typed in a question (the image goes with --image): one line, before the model
+    loads for a single question; in a session, said, and the next question is answered."""
+    from argparse import Namespace
+
+    from llava_norm.chat import chat
+
+    args = Namespace(model_dir=str(saved / "model"), image=str(saved / "red.png"), question="Describe <image> please",
+                     interactive=False, max_new_tokens=4, dtype="float32")
+    with pytest.raises(SystemExit) as stop:
+        chat(args)
+    assert str(stop.value.code).startswith("chat: the question holds '<image>', the image's placeholder")
+    typed = iter(["What is <image>?", QUESTIONS[0], "exit"])
+    monkeypatch.setattr("builtins.input", lambda prompt: next(typed))
+    chat(Namespace(**{**vars(args), "question": None, "interactive": True}))
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("the question holds '<image>'") and len(printed) >= 2 and printed[1].strip(), printed
