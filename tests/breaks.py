@@ -666,6 +666,12 @@ BREAKS = [
     Break("a typed image placeholder reaches the prompt in chat", "llava_norm/chat.py",
           "    if IMAGE_PLACEHOLDER in question:", "    if False:",
           "tests/test_chat.py::test_a_typed_image_placeholder_is_said_in_one_line_and_the_session_goes_on"),
+    Break("a parquet source with no usable shard passes the launch check under skip", "llava_norm/train/preflight.py",
+          "        if resolved.files and rows == 0:", "        if False:",
+          "tests/test_check.py::test_shards_without_the_hub_layouts_columns_or_rows_are_said"),
+    Break("a shard whose conversations are text taken as the hub layout", "llava_norm/data/sources.py",
+          "    if not (pa.types.is_list(turns) or pa.types.is_large_list(turns)):", "    if False:",
+          "tests/test_check.py::test_shards_without_the_hub_layouts_columns_or_rows_are_said"),
 ]
 
 

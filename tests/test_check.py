@@ -321,6 +321,18 @@ def test_shards_without_the_hub_layouts_columns_or_rows_are_said(world, tmp_path
     assert f"data: {pq.ParquetFile(good).metadata.num_rows} rows in 1 source(s)" in "\n".join(skip.summary)
     stop = preflight(config, [f"data.mixture=[{{path: {folder}}}]", "data.on_bad_sample=error"], gpus=2, plan=False)
     assert all([p for p in stop.problems if line in p] for line in said), stop.problems
+    # without the good shard no row is left: a problem under skip too (the run would stop); and
+    # 'conversations' stored as JSON text is as unusable as none
+    (folder / "a.parquet").unlink()
+    table = pq.read_table(good)
+    pq.write_table(table.set_column(table.schema.get_field_index("conversations"), "conversations",
+                                    pa.array([str(v) for v in table.column("conversations").to_pylist()])),
+                   folder / "d.parquet")
+    none = preflight(config, [f"data.mixture=[{{path: {folder}}}]"], gpus=2, plan=False)
+    assert [p for p in none.problems if f"key 'data.mixture[0]': none of its 3 shard(s) holds a row the run can read"
+            in p], none.problems
+    assert [w for w in none.warnings if f"{folder / 'd.parquet'}: column 'conversations' is string, not the hub's "
+            "list of turns" in w], none.warnings
 
 
 def test_a_backbone_of_the_wrong_kind_is_one_line_naming_its_key(world, tiny_dir, monkeypatch):

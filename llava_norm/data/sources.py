@@ -121,6 +121,10 @@ def check_layout(reader, shard: Path) -> None:
     if missing:
         raise BadSampleError(f"{shard}: no column {missing[0]!r} (columns: {names}); expected the hub layout of "
                              "lmms-lab/LLaVA-NeXT-Data", file=str(shard), row=WHOLE_FILE, cause="bad_columns")
+    turns = reader.schema_arrow.field("conversations").type
+    if not (pa.types.is_list(turns) or pa.types.is_large_list(turns)):  # a JSON string, say: no row would read
+        raise BadSampleError(f"{shard}: column 'conversations' is {turns}, not the hub's list of turns",
+                             file=str(shard), row=WHOLE_FILE, cause="bad_columns")
     if IMAGE_COLUMN in names:
         image = reader.schema_arrow.field(IMAGE_COLUMN).type
         if not pa.types.is_struct(image) or image.get_field_index("bytes") < 0 or image.get_field_index("path") < 0:

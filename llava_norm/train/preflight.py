@@ -119,6 +119,9 @@ def source_problems(source: DataSource, key: str) -> tuple[list[str], int | None
             rows += reader.metadata.num_rows
         if unreadable > MAX_SHARD_LINES:
             problems.append(f"{SKIPPABLE}key '{key}': {unreadable - MAX_SHARD_LINES} more unreadable shards")
+        if resolved.files and rows == 0:  # every shard dropped or empty: skipping cannot help
+            problems.append(f"key '{key}': none of its {len(resolved.files)} shard(s) holds a row the run can "
+                            "read (above); the run would stop with no usable rows")
         if resolved.expected_rows is not None and not problems and rows != resolved.expected_rows:
             problems.append(f"{SKIPPABLE}key '{key}': the dataset card says {resolved.expected_rows} rows, the "
                             f"{len(resolved.files)} shards hold {rows}: a partial download? Download it again")
