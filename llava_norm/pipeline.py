@@ -282,8 +282,12 @@ def _mark_unmatched(config: PipelineConfig, specs: list[RunSpec], marks: dict[st
     it, and what would not be reused (or was made by another version) marks the run's row."""
     for spec in specs:
         for step in arm_steps(config, spec.config_dir, spec.seed):
-            decision = step.decide()
             what = step.name.split(": ", 1)[-1]
+            try:
+                decision = step.decide()
+            except (ValueError, OSError) as error:  # its config no longer loads (a stage 1 restarted, say)
+                marks[spec.name].append(f"{what} does not match a rerun: {error}")
+                continue
             if not decision.reuse:
                 marks[spec.name].append(f"{what} does not match a rerun: {'; '.join(decision.reasons)}")
             marks[spec.name] += [f"{what} made by another version: {note}" for note in decision.notes]

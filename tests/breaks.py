@@ -672,6 +672,10 @@ BREAKS = [
     Break("a shard whose conversations are text taken as the hub layout", "llava_norm/data/sources.py",
           "    if not (pa.types.is_list(turns) or pa.types.is_large_list(turns)):", "    if False:",
           "tests/test_check.py::test_shards_without_the_hub_layouts_columns_or_rows_are_said"),
+    Break("a table job stopped by a chain whose stage-2 config no longer loads", "llava_norm/pipeline.py",
+          "            except (ValueError, OSError) as error:  # its config no longer loads",
+          "            except ZeroDivisionError as error:  # its config no longer loads",
+          "tests/test_sweep.py::test_the_table_job_marks_runs_a_rerun_would_not_reuse"),
 ]
 
 

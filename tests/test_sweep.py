@@ -237,6 +237,17 @@ def test_the_table_job_marks_runs_a_rerun_would_not_reuse(sweep, tmp_path):
     assert "- † none: none@seed0: stage 2 does not match a rerun: train.max_steps: 2 -> 3" in text
     rows = list(csv.DictReader((tmp_path / "new_stats.csv").open()))
     assert all("does not match a rerun" in r["note"] for r in rows)
+    # a chain whose stage 1 was restarted and interrupted: its projector is gone, so stage 2's
+    # config no longer loads; the table still comes out, the run marked
+    projector = sweep.runs / "none" / "seed0" / "stage1" / "projector.safetensors"
+    moved = projector.rename(tmp_path / "projector.safetensors")
+    try:
+        gone = _cli("sweep", *sweep.args, "--table-only", "--table", str(tmp_path / "gone"))
+    finally:
+        moved.rename(projector)
+    assert gone.returncode == 0, gone.stderr
+    text = (tmp_path / "gone_stats.md").read_text()
+    assert "- † none: none@seed0: stage 2 does not match a rerun: " in text and "path does not exist" in text, text
 
 
 def test_bad_grids_are_refused_before_anything_runs(sweep):
