@@ -232,7 +232,7 @@ def _run_chain(config, command: str, dry_run: bool) -> None:
         steps, marks = plan(config)
         for name, status, seconds in run_steps(steps, reuse_stale=config.reuse_stale, marks=marks, dry_run=dry_run):
             print(f"{name:40s} {status:9s} {seconds:7.1f} s")
-    except (RuntimeError, FileNotFoundError, ValueError, ConfigError) as error:
+    except (RuntimeError, OSError, ValueError, ConfigError) as error:  # OSError: a file where a folder goes, say
         sys.exit(f"{command}: {error}")
     except KeyboardInterrupt:  # Ctrl-C reaches the launched step too, which says where it stands
         print(f"\n{command}: interrupted; finished steps are kept, and the same command goes on from them",

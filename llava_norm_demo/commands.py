@@ -58,7 +58,7 @@ def _ablation(args) -> None:
         seeds = tuple(parse_seeds(args.seeds))
         arms = tuple(args.arms.split(",")) if args.arms != "all" else None
         print(run_ablation(args.root, seeds, arms=arms, code_counts=args.code_counts).read_text())
-    except (FileNotFoundError, ValueError, RuntimeError) as error:
+    except (OSError, ValueError, RuntimeError) as error:  # OSError: a file where a folder goes, say
         raise SystemExit(f"ablation: {error}") from None
 
 

@@ -676,6 +676,13 @@ BREAKS = [
           "            except (ValueError, OSError) as error:  # its config no longer loads",
           "            except ZeroDivisionError as error:  # its config no longer loads",
           "tests/test_sweep.py::test_the_table_job_marks_runs_a_rerun_would_not_reuse"),
+    Break("a missing backbone ends analyze in a traceback", "llava_norm/analysis/cli.py",
+          "        except (ValueError, OSError) as error:  # OSError: a missing backbone",
+          "        except ValueError as error:  # OSError: a missing backbone",
+          "tests/test_analysis.py::test_a_missing_llm_and_a_count_below_one_are_refused_in_one_line"),
+    Break("analyze takes a count below 1", "llava_norm/analysis/cli.py",
+          '        p.add_argument("--limit", type=positive_int, default=16,', '        p.add_argument("--limit", type=int, default=16,',
+          "tests/test_analysis.py::test_a_missing_llm_and_a_count_below_one_are_refused_in_one_line"),
 ]
 
 

@@ -267,3 +267,16 @@ def test_unlabelled_checkpoints_get_labels_that_tell_them_apart():
         main(["analyze", "gain-stats", "--checkpoint", "/nowhere/stage2/model"])
     said = stop.value.code
     assert said == "analyze gain-stats: /nowhere/stage2/model: no config.json; expected a saved model dir or a checkpoint-N dir"
+
+
+def test_a_missing_llm_and_a_count_below_one_are_refused_in_one_line(capsys):
+    """An LLM that is neither a folder nor a hub id (the loader's OSError), and --limit below 1
+    (once taken as 'all but 3')."""
+    from llava_norm.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["analyze", "top-norm-rows", "--llm", "/nowhere/llm"])
+    assert str(stop.value.code).startswith("analyze top-norm-rows: ") and "/nowhere/llm" in str(stop.value.code)
+    with pytest.raises(SystemExit) as stop:  # argparse's own refusal, naming the option
+        main(["analyze", "interface-norms", "--samples", "x", "--limit=-3"])
+    assert stop.value.code == 2 and "argument --limit: -3 is not at least 1" in capsys.readouterr().err

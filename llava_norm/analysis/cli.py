@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from llava_norm.config_schema import PROMPT_FORMATS
+from llava_norm.evaluation.arguments import positive_int
 
 DEFAULT_OUT = "runs/analysis"
 
@@ -142,7 +143,7 @@ def _done(result: dict, out) -> None:
 def _common(p, samples: bool = False, checkpoints: bool = True) -> None:
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda if available)")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=positive_int, default=8)
     p.add_argument("--prompt-format", choices=PROMPT_FORMATS, default=None,
                    help="override the prompt format (default: each checkpoint's training run's, as eval uses)")
     if checkpoints:
@@ -152,7 +153,7 @@ def _common(p, samples: bool = False, checkpoints: bool = True) -> None:
         p.add_argument("--samples", required=True,
                        help="a folder of images, a synthetic world dir, or a LLaVA .json/.jsonl")
         p.add_argument("--image-folder", default=None, help="image root for a LLaVA json (default: its folder)")
-        p.add_argument("--limit", type=int, default=16, help="at most this many images (and prompts)")
+        p.add_argument("--limit", type=positive_int, default=16, help="at most this many images (and prompts)")
         p.add_argument("--prompt", action="append", default=[], help="text prompt (repeatable; replaces defaults)")
 
 
@@ -224,6 +225,6 @@ def _said_in_one_line(name: str, handler):
     def run(args) -> None:
         try:
             handler(args)
-        except (ValueError, FileNotFoundError) as error:
+        except (ValueError, OSError) as error:  # OSError: a missing backbone, a file where a folder goes
             raise SystemExit(f"analyze {name}: {error}") from None
     return run
