@@ -264,6 +264,9 @@ def _sweep(args) -> None:
         from llava_norm.sweep import GridProblems, SlurmSettings, arm_dirs, parse_seeds, write_slurm
 
     try:
+        seeded = [o for o in [*args.stage1, *args.stage2] if o.split("=", 1)[0].strip() == "train.seed"]
+        if seeded:  # each run's seed is the sweep's, given last: this one would be dropped without a word
+            raise ValueError(f"{seeded[0]}: the sweep sets train.seed from --seeds; give --seeds instead")
         config = _chain_config(args, arm_dirs(args.backbone, args.arms, args.baseline), seeds=parse_seeds(args.seeds),
                                task=args.task, table_only=args.table_only)
         if args.slurm:

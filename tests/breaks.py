@@ -683,6 +683,12 @@ BREAKS = [
     Break("analyze takes a count below 1", "llava_norm/analysis/cli.py",
           '        p.add_argument("--limit", type=positive_int, default=16,', '        p.add_argument("--limit", type=int, default=16,',
           "tests/test_analysis.py::test_a_missing_llm_and_a_count_below_one_are_refused_in_one_line"),
+    Break("a setting for a benchmark not evaluated dropped silently", "llava_norm/evaluation/settings.py",
+          "    if unused:  # a setting for a benchmark", "    if False:  # a setting for a benchmark",
+          "tests/test_declarations.py::test_a_setting_for_a_benchmark_not_evaluated_is_refused_and_an_unknown_name_said_once"),
+    Break("a seed override in a sweep replaced silently", "llava_norm/cli.py",
+          "        if seeded:  # each run's seed is the sweep's", "        if False:  # each run's seed is the sweep's",
+          "tests/test_sweep.py::test_bad_grids_are_refused_before_anything_runs"),
 ]
 
 

@@ -88,6 +88,19 @@ def test_runner_and_synth_use_the_declared_data_directories(world):
     assert sorted(p.name for p in (world / FOLDER).iterdir()) == sorted(b.declaration.data_dir for b in BENCHMARKS.values())
 
 
+def test_a_setting_for_a_benchmark_not_evaluated_is_refused_and_an_unknown_name_said_once(world):
+    """--option or --data for a benchmark the run does not evaluate would be dropped silently; a
+    name given as a benchmark and under --data is one unknown name."""
+    root = str(world / FOLDER)
+    with pytest.raises(ValueError, match=r"--data or --option for ai2d, which is not among the benchmarks evaluated "
+                                         r"\(mmlu\)"):
+        resolve_benchmarks(["mmlu"], root, {}, {"ai2d": {"variant": "no_mask"}})
+    with pytest.raises(ValueError, match=r"--data or --option for pope"):
+        resolve_benchmarks(["mmlu"], root, {"pope": root}, {})
+    with pytest.raises(ValueError, match=r"unknown benchmark\(s\) \['mmbench'\]; valid names"):
+        resolve_benchmarks(["mmbench"], root, {"mmbench": root}, {})
+
+
 def _result(out: Path, run: str, name: str, metrics: dict, settings: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps({"benchmark": name, "run_name": run, "metrics": metrics,

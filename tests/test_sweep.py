@@ -257,6 +257,8 @@ def test_bad_grids_are_refused_before_anything_runs(sweep):
     assert no_arm.returncode != 0 and "nonexistent" in no_arm.stderr
     no_baseline = _cli("sweep", *sweep.args[:1], "--arms", "scale_to_t")
     assert no_baseline.returncode != 0 and "baseline arm 'none'" in no_baseline.stderr
+    seeded = _cli("sweep", *sweep.args, "--stage1=train.seed=7")  # the sweep's own seed would replace it silently
+    assert seeded.returncode != 0 and "train.seed=7: the sweep sets train.seed from --seeds" in seeded.stderr
     assert parse_seeds("0-2") == [0, 1, 2] and parse_seeds("3,5") == [3, 5]
     for bad in ("a,b", "2-0", "", ",", "-1", "0,-1"):
         with pytest.raises(ValueError, match="--seeds"):

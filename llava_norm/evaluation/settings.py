@@ -61,9 +61,13 @@ def resolve_benchmarks(names: list[str], data_root: str | None, paths: dict[str,
     where given, else ``data_root`` / the benchmark's declared ``data_dir``."""
     if names in (["all"], []):
         names = list(BENCHMARKS)
-    unknown = [n for n in [*names, *paths, *options] if n not in BENCHMARKS]
+    unknown = list(dict.fromkeys(n for n in [*names, *paths, *options] if n not in BENCHMARKS))
     if unknown:
         raise ValueError(f"unknown benchmark(s) {unknown}; valid names: {', '.join(BENCHMARKS)}")
+    unused = [n for n in [*paths, *options] if n not in names]
+    if unused:  # a setting for a benchmark this run does not evaluate would be dropped without a word
+        raise ValueError(f"--data or --option for {unused[0]}, which is not among the benchmarks evaluated "
+                         f"({', '.join(names)})")
     requests = []
     for name in names:
         if name in paths:
