@@ -268,3 +268,13 @@ def test_zero2_gradient_bucket_term_for_each_setting(zero, buckets):
     settings = {"zero_optimization": {"stage": 2, **zero}}
     assert gradient_bucket_bytes(settings, 96, "auto") == 2 * buckets
     assert gradient_bucket_bytes(settings, 96, "fp32") == 4 * buckets
+
+
+def test_rows_too_short_for_one_image_are_said_naming_the_key():
+    """data.max_length (or data.pack_max_tokens when packing) below one image's tokens: training
+    would skip every row with an image; the plan says which key, not the trace's row arithmetic."""
+    config = ROOT / "configs/recipe-1gpu/none/stage2.yaml"
+    for overrides, key in ((["data.max_length=5"], "key 'data.max_length': 5 tokens"),
+                           (["data.packing=true", "data.pack_max_tokens=100"], "key 'data.pack_max_tokens': 100 tokens")):
+        with pytest.raises(ValueError, match=f"{key} per row do not hold 1 image\\(s\\) of 196 tokens"):
+            make_plan(load_config(config, overrides, check_paths=False), alternatives=False)
