@@ -48,7 +48,10 @@ def _train(args) -> None:
                                                       plan=False))
     except LaunchCheckError as error:  # one line per problem, as `llava-norm check` lists them before a launch
         sys.exit("\n".join(f"launch check: {problem}" for problem in str(error).splitlines()))
-    except (RelaunchError, ResumeError, UnsafeFileError) as error:  # every rank meets it alike: one says it
+    except UnsafeFileError as error:  # a rank's own file (its RNG state, its optimizer partition): it says so
+        rank = os.environ.get("RANK", "0")
+        sys.exit(f"relaunch refused{'' if rank == '0' else f' (rank {rank})'}: {error}")
+    except (RelaunchError, ResumeError) as error:  # every rank meets it alike: one says it
         sys.exit(f"relaunch refused: {error}" if os.environ.get("RANK", "0") == "0" else 1)
     except DivergedError as error:  # every rank at the same step: one says it
         sys.exit(str(error) if os.environ.get("RANK", "0") == "0" else 1)
@@ -186,7 +189,7 @@ def _eval(args) -> None:
 def _table(args) -> None:
     with frozen_imports():
         # lazy: start-up; a subcommand loads only the stages it runs
-        from llava_norm.analysis.ablation import ablation_cells, split_name, write_ablation
+        from llava_norm.analysis.ablation import IncompleteGrid, ablation_cells, split_name, write_ablation
         from llava_norm.evaluation.arguments import benchmark_options
         from llava_norm.evaluation.table import read_run, write_table
 
@@ -196,8 +199,10 @@ def _table(args) -> None:
         arm = split_name(baseline)[0]
         first_run = baseline if baseline in names else next((n for n in names if split_name(n)[0] == arm), baseline)
         runs, options = {n: Path(d) for n, d in names.items()}, benchmark_options(args.option)
-        # every run's predictions read and checked against its results before any table is written
-        cells = ablation_cells(runs, arm, options=options)
+        try:  # every run's predictions read and checked against its results before any table is written
+            cells = ablation_cells(runs, arm, options=options)
+        except IncompleteGrid:
+            cells = None  # the per-run table still comes out; the statistics then say why they cannot
         md, csv_path = write_table(args.eval_dirs, args.out, baseline=first_run)
         stats = write_ablation(runs, args.out, baseline=arm, options=options, paper=args.paper, cells=cells)
     except (ValueError, FileNotFoundError) as error:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from llava_norm.analysis.ablation import ablation_cells, run_name, write_ablation
+from llava_norm.analysis.ablation import IncompleteGrid, ablation_cells, run_name, write_ablation
 from llava_norm.config import load_config, stage_problem
 from llava_norm.evaluation.arguments import DEFAULT_DATA_ROOT, parse_eval_args
 from llava_norm.evaluation.table import EVAL_SUMMARY, write_table
@@ -309,8 +309,10 @@ def table_step(config: PipelineConfig, marks: dict[str, list[str]]) -> Step:
         prefix = Path(config.table or Path(config.runs_dir) / "results")
         evals, names = {name: d.eval for name, d in dirs.items()}, [r.name for r in requests]
         options, baseline = {r.name: r.options for r in requests}, arm_name(config.arms[0])
-        # every run's predictions read and checked against its results before any table is written
-        cells = ablation_cells(evals, baseline, names, options)
+        try:  # every run's predictions read and checked against its results before any table is written
+            cells = ablation_cells(evals, baseline, names, options)
+        except IncompleteGrid:
+            cells = None  # the per-run table still comes out; the statistics then say why they cannot
         md, _ = write_table([d.eval for d in dirs.values()], prefix, baseline=first_name, marks=marks,
                             benchmarks=names, checkpoints={name: d.stage2 / "model" for name, d in dirs.items()},
                             data={r.name: Path(r.path) for r in requests})

@@ -103,7 +103,9 @@ def check_grid(config: PipelineConfig, gpus: int) -> tuple[list[str], float | No
             # stage 2 starts from the projector its chain's stage 1 writes: checked when stage 2 starts
             overrides = [*config.stage1_overrides] if stage == 1 else [*config.stage2_overrides,
                                                                      "model.pretrained_projector=null"]
-            report = preflight(Path(arm) / f"stage{stage}.yaml", overrides, gpus, plan=i == 0, sources=sources)
+            # each chain writes under --runs, not where the YAML's own train.output_dir points
+            report = preflight(Path(arm) / f"stage{stage}.yaml", overrides, gpus, plan=i == 0, sources=sources,
+                               output_dir=False)
             mismatch = report.config and stage_problem(Path(arm) / f"stage{stage}.yaml", report.config, stage)
             for problem in [*report.problems, *([mismatch] if mismatch else [])]:  # a stage its script refuses
                 found.setdefault(problem, {}).setdefault(Path(arm).name, []).append(stage)

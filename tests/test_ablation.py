@@ -155,6 +155,26 @@ def test_a_table_over_a_result_its_predictions_do_not_give_is_refused_before_any
     assert not prefix.parent.exists() or not list(prefix.parent.iterdir())
 
 
+def test_runs_with_no_benchmark_in_common_are_said_in_one_line(runs, tmp_path):
+    """Two runs that share no benchmark: one line naming what each has, no table written (the
+    per-run table's average over no column was a ZeroDivisionError)."""
+    import shutil
+
+    from llava_norm.cli import main
+
+    one, two = tmp_path / "base@seed0", tmp_path / "noisy@seed0"
+    shutil.copytree(runs["base@seed0"], one)
+    shutil.copytree(runs["noisy@seed0"], two)
+    (one / "hellaswag.json").unlink()
+    (two / "mmlu.json").unlink()
+    prefix = tmp_path / "tables" / "t"
+    with pytest.raises(SystemExit) as stop:
+        main(["table", str(one), str(two), "--out", str(prefix)])
+    assert stop.value.code == \
+        "table: no benchmark was evaluated for every run: base@seed0: ['mmlu'], noisy@seed0: ['hellaswag']"
+    assert not (tmp_path / "tables").exists()
+
+
 def test_run_names_split_into_arm_and_seed():
     assert split_name("ln_textnorm@seed12") == ("ln_textnorm", 12)
     assert split_name("ln_textnorm") == ("ln_textnorm", None)

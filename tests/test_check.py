@@ -159,6 +159,9 @@ def test_a_deepspeed_key_that_deepspeed_never_reads_or_refuses_is_named(world, m
         report = preflight(config, [f"train.deepspeed={REPO}/configs/deepspeed/{shipped}.json"], gpus=2, plan=False)
         assert report.ok, report.problems
     shipped = json.loads((REPO / "configs/deepspeed/zero3.json").read_text())
+    elsewhere = tmp_path / "mesh.json"  # keys deepspeed.initialize (and accelerate) read themselves
+    elsewhere.write_text(json.dumps({**shipped, "data_parallel_size": 2, "sequence_parallel_size": 1}))
+    assert preflight(config, [f"train.deepspeed={elsewhere}"], gpus=2, plan=False).ok
     misspelt = tmp_path / "misspelt.json"
     misspelt.write_text(json.dumps({**{key: value for key, value in shipped.items() if key != "zero_optimization"},
                                     "zero_optimisation": shipped["zero_optimization"]}))
@@ -329,8 +332,8 @@ def test_shards_without_the_hub_layouts_columns_or_rows_are_said(world, tmp_path
                                     pa.array([str(v) for v in table.column("conversations").to_pylist()])),
                    folder / "d.parquet")
     none = preflight(config, [f"data.mixture=[{{path: {folder}}}]"], gpus=2, plan=False)
-    assert [p for p in none.problems if f"key 'data.mixture[0]': none of its 3 shard(s) holds a row the run can read"
-            in p], none.problems
+    assert [p for p in none.problems if f"key 'data.mixture[0]': none of its 3 shard(s) holds a row the run can read "
+            "(above): this source would train nothing" in p], none.problems
     assert [w for w in none.warnings if f"{folder / 'd.parquet'}: column 'conversations' is string, not the hub's "
             "list of turns" in w], none.warnings
 

@@ -196,7 +196,7 @@ def test_a_checkpoint_file_that_would_run_code_is_refused_in_one_line_naming_it(
     with pytest.raises(SystemExit) as stop:
         main(["train", str(path)])
     assert str(stop.value.code).startswith(
-        f"relaunch refused: {rng}: a weights-only load refused it (Unsupported global: GLOBAL print was "
+        f"relaunch refused: {rng}: refused by the weights-only load (Unsupported global: GLOBAL print was "
         "not an allowed global by default"), stop.value.code
     assert "\n" not in str(stop.value.code) and "unpickled code ran" not in capsys.readouterr().out
 
@@ -248,6 +248,8 @@ def test_llava_norm_check_says_a_relaunch_would_be_refused(run):
     assert len(report.problems) == 1 and report.problems[0].startswith(
         f"{path}: relaunch refused: {out}: a finished run (step 3) with a different config: train.max_steps: 3 -> 4"), \
         report.problems
+    # a sweep's grid check: its chains write elsewhere, so the YAML's own output dir says nothing
+    assert preflight(path, ["train.max_steps=4"], gpus=1, plan=False, output_dir=False).ok
     _stopped_after_checkpoint_2(launch, out)
     assert preflight(path, [], gpus=1, plan=False).ok
     report = preflight(path, ["optim.lr=0.5"], gpus=1, plan=False)

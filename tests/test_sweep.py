@@ -248,6 +248,19 @@ def test_the_table_job_marks_runs_a_rerun_would_not_reuse(sweep, tmp_path):
     assert gone.returncode == 0, gone.stderr
     text = (tmp_path / "gone_stats.md").read_text()
     assert "- † none: none@seed0: stage 2 does not match a rerun: " in text and "path does not exist" in text, text
+    # no finished evaluation of the baseline arm yet: the per-run table comes out, the statistics
+    # say why they cannot
+    summaries = list(sweep.runs.glob("none/seed*/eval/summary.json"))
+    assert summaries
+    for summary in summaries:
+        summary.rename(summary.with_name("summary.json.aside"))
+    try:
+        early = _cli("sweep", *sweep.args, "--table-only", "--table", str(tmp_path / "early"))
+    finally:
+        for summary in summaries:
+            summary.with_name("summary.json.aside").rename(summary)
+    assert early.returncode != 0 and "baseline arm 'none' not among the runs' arms" in early.stderr, early.stderr
+    assert (tmp_path / "early.md").is_file() and not (tmp_path / "early_stats.md").exists()
 
 
 def test_bad_grids_are_refused_before_anything_runs(sweep):

@@ -154,7 +154,7 @@ def test_the_conversion_and_the_universal_load_unpickle_no_code(tmp_path, tiny_d
     text = done.stdout + done.stderr
     assert done.returncode != 0, text[-3000:]
     # one line naming the file refused (torch's own message names only what it refused)
-    assert any(f"relaunch refused: {state}: a weights-only load refused it" in text for state in tampered), text[-3000:]
+    assert any(f"relaunch refused: {state}: refused by the weights-only load" in text for state in tampered), text[-3000:]
     assert "unpickled code ran" not in text
 
 

@@ -105,6 +105,11 @@ def missing_benchmarks(runs: dict[str, Path], benchmarks: list[str] | None = Non
             if b in every and not all(b in names for names in found.values())}
 
 
+class IncompleteGrid(ValueError):
+    """Runs the statistics cannot be made of (no baseline run, no benchmark every run has): the
+    per-run table is still written, then this is said."""
+
+
 def ablation_cells(runs: dict[str, Path], baseline: str, benchmarks: list[str] | None = None,
                    options: dict[str, dict] | None = None, data: dict[str, Path] | None = None) -> list[Cell]:
     """The cells of the statistics table for evaluated runs ``{run name: eval dir}``.
@@ -116,11 +121,11 @@ def ablation_cells(runs: dict[str, Path], baseline: str, benchmarks: list[str] |
         arm, seed = split_name(name)
         grouped.setdefault(arm, {})[seed] = Path(eval_dir)
     if baseline not in grouped:
-        raise ValueError(f"baseline arm {baseline!r} not among the runs' arms {sorted(grouped)}")
+        raise IncompleteGrid(f"baseline arm {baseline!r} not among the runs' arms {sorted(grouped)}")
     found = {name: set(read_run(d, benchmarks)[1]) for name, d in runs.items()}
     columns = [b for b in BENCHMARKS if all(b in names for names in found.values())]
     if not columns:
-        raise ValueError("no benchmark was evaluated for every run")
+        raise IncompleteGrid("no benchmark was evaluated for every run")
     arms = [baseline] + [a for a in grouped if a != baseline]
     cells = []
     for benchmark in columns:

@@ -92,6 +92,8 @@ def build_table(run_dirs: list[str | Path], baseline: str | None = None,
     # Order: baseline first, the rest as given.
     names = [baseline] + [n for n in names if n != baseline]
     columns = [b for b in BENCHMARKS if all(b in runs[n] for n in names)]
+    if not columns:  # nothing to set side by side (the average over no column was a ZeroDivisionError)
+        raise ValueError(f"no benchmark was evaluated for every run: {', '.join(f'{n}: {sorted(runs[n])}' for n in names)}")
     labels = {}
     for column in columns:
         for key in COMPARABLE:

@@ -13,6 +13,10 @@ from __future__ import annotations
 import difflib
 import logging
 
+# Read outside DeepSpeed's config class: by deepspeed.initialize itself (the data x sequence
+# parallel mesh), and by accelerate (its MS-AMP section).
+READ_ELSEWHERE = frozenset({"data_parallel_size", "sequence_parallel_size", "msamp"})
+
 
 class _ReadKeys(dict):
     """A dict that records the keys asked for. Where a reader walks every key it records them
@@ -107,7 +111,7 @@ def deepspeed_json_problems(settings: dict, path: str, micro_batch: int, grad_ac
     finally:
         deepspeed_log.removeFilter(drop)
     problems = []
-    for key in sorted(set(settings) - seen.read):
+    for key in sorted(set(settings) - seen.read - READ_ELSEWHERE):
         near = difflib.get_close_matches(key, sorted(seen.read), n=1)
         problems.append(f"key 'train.deepspeed': {path} sets '{key}', which DeepSpeed {version} never "
                         f"reads{f' (did you mean {near[0]!r}?)' if near else ''}; remove it or correct its name")

@@ -121,7 +121,7 @@ def source_problems(source: DataSource, key: str) -> tuple[list[str], int | None
             problems.append(f"{SKIPPABLE}key '{key}': {unreadable - MAX_SHARD_LINES} more unreadable shards")
         if resolved.files and rows == 0:  # every shard dropped or empty: skipping cannot help
             problems.append(f"key '{key}': none of its {len(resolved.files)} shard(s) holds a row the run can "
-                            "read (above); the run would stop with no usable rows")
+                            "read (above): this source would train nothing")
         if resolved.expected_rows is not None and not problems and rows != resolved.expected_rows:
             problems.append(f"{SKIPPABLE}key '{key}': the dataset card says {resolved.expected_rows} rows, the "
                             f"{len(resolved.files)} shards hold {rows}: a partial download? Download it again")
@@ -220,10 +220,13 @@ def _each_config_error(path: str | Path, overrides: list[str], first: ConfigErro
 
 
 def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1, gpu_memory_gib: float | None = None,
-              gpu_name: str | None = None, plan: bool = True, sources: dict | None = None) -> Report:
+              gpu_name: str | None = None, plan: bool = True, sources: dict | None = None,
+              output_dir: bool = True) -> Report:
     """The problems a launch of ``path`` with ``overrides`` on ``nodes`` x ``gpus`` processes
     would meet, and a summary; ``plan``: also the plan's verdict (training prints its own);
-    ``sources``: results of data sources already read, by source (a grid's configs share them)."""
+    ``sources``: results of data sources already read, by source (a grid's configs share them);
+    ``output_dir``: whether the config's ``train.output_dir`` is where the launch writes, so what
+    a relaunch there would do is checked (a sweep's chains write elsewhere)."""
     report = Report()
     try:
         config = load_config(path, overrides, check_paths=False)
@@ -278,7 +281,7 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
     if t.save_steps == 0:
         report.warnings.append(f"{path}: key 'train.save_steps': 0 writes no checkpoint: a killed or requeued run "
                                "starts over from step 0")
-    if accum is not None:
+    if accum is not None and output_dir:
         _resume_shape(report, path, config, world, accum)
     if plan and accum is not None:  # without a world size that divides the batch there is no launch to plan
         _plan(report, gpus, nodes, gpu_memory_gib, gpu_name)

@@ -135,9 +135,10 @@ def loads_naming_refusals():
             said = str(error).partition("WeightsUnpickler error:")[2] or str(error)
             why = next((line.strip().split(". ")[0].rstrip(".") for line in said.splitlines() if line.strip()),
                        "refused")
-            raise UnsafeFileError(f"{f}: a weights-only load refused it ({why}): loading it would run code, and "
-                                  "a checkpoint this code writes holds only tensors and plain values. Delete that "
-                                  "checkpoint to resume from the one before it, or set train.resume") from None
+            raise UnsafeFileError(f"{f}: refused by the weights-only load ({why}): it is damaged, or holds objects "
+                                  "whose loading would run code, where a checkpoint this code writes holds only "
+                                  "tensors and plain values. Delete that checkpoint to resume from the one before "
+                                  "it, or set train.resume") from None
 
     torch.load = load
     try:
