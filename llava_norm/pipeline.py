@@ -29,10 +29,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from llava_norm.analysis.ablation import IncompleteGrid, ablation_cells, run_name, write_ablation
+from llava_norm.analysis.ablation import run_name, write_tables
 from llava_norm.config import load_config, stage_problem
 from llava_norm.evaluation.arguments import DEFAULT_DATA_ROOT, parse_eval_args
-from llava_norm.evaluation.table import EVAL_SUMMARY, write_table
+from llava_norm.evaluation.table import EVAL_SUMMARY
 from llava_norm.layout import PROJECTOR_FILE
 from llava_norm.provenance import Record, fingerprint, read_record, write_record
 from llava_norm.reuse import Decision, compare, eval_decision, stage_decision
@@ -307,18 +307,11 @@ def table_step(config: PipelineConfig, marks: dict[str, list[str]]) -> Step:
         # records (the paths at evaluation time) cannot know after a move.
         requests = parse_eval_args(eval_argv(config, first, first_name)).benchmarks
         prefix = Path(config.table or Path(config.runs_dir) / "results")
-        evals, names = {name: d.eval for name, d in dirs.items()}, [r.name for r in requests]
-        options, baseline = {r.name: r.options for r in requests}, arm_name(config.arms[0])
-        try:  # every run's predictions read and checked against its results before any table is written
-            cells = ablation_cells(evals, baseline, names, options)
-        except IncompleteGrid:
-            cells = None  # the per-run table still comes out; the statistics then say why they cannot
-        md, _ = write_table([d.eval for d in dirs.values()], prefix, baseline=first_name, marks=marks,
-                            benchmarks=names, checkpoints={name: d.stage2 / "model" for name, d in dirs.items()},
-                            data={r.name: Path(r.path) for r in requests})
-        stats = write_ablation(evals, prefix, baseline=baseline, benchmarks=names, options=options,
-                               marks={name: found for name, found in marks.items() if name in dirs and found},
-                               cells=cells)
+        names = [r.name for r in requests]
+        md, _, stats = write_tables({name: d.eval for name, d in dirs.items()}, prefix, arm_name(config.arms[0]),
+                                    first_name, names, {r.name: r.options for r in requests},
+                                    {r.name: Path(r.path) for r in requests}, marks,
+                                    {name: d.stage2 / "model" for name, d in dirs.items()})
         tqdm.write(stats.read_text())
         tqdm.write(f"per-run table: {md}")
 

@@ -248,6 +248,19 @@ def test_the_table_job_marks_runs_a_rerun_would_not_reuse(sweep, tmp_path):
     assert gone.returncode == 0, gone.stderr
     text = (tmp_path / "gone_stats.md").read_text()
     assert "- † none: none@seed0: stage 2 does not match a rerun: " in text and "path does not exist" in text, text
+    # the benchmark files moved since the evaluations (the data root copied to another disk, say):
+    # both tables read them where --data-root says now
+    root = sweep.root / "world" / "benchmarks"
+    elsewhere = root.rename(tmp_path / "benchmarks-now")
+    try:
+        args = [str(elsewhere) if a == str(root) else a for a in sweep.args]
+        assert args != sweep.args
+        now = _cli("sweep", *args, "--table-only", "--table", str(tmp_path / "now"))
+    finally:
+        elsewhere.rename(root)
+    assert now.returncode == 0, now.stderr
+    assert (tmp_path / "now.md").read_text().split("\n## ")[0] == (tmp_path / "same.md").read_text().split("\n## ")[0]
+    assert (tmp_path / "now_stats.csv").read_text() == (tmp_path / "same_stats.csv").read_text()
     # no finished evaluation of the baseline arm yet: the per-run table comes out, the statistics
     # say why they cannot
     summaries = list(sweep.runs.glob("none/seed*/eval/summary.json"))

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from llava_norm.analysis.beside_paper import CSV_FIELDS, csv_values, markdown_section, paper_comparisons
 from llava_norm.evaluation.benchmarks import BENCHMARKS
-from llava_norm.evaluation.table import headline, read_run
+from llava_norm.evaluation.table import headline, read_run, write_table
 from llava_norm.evaluation.units import Units, read_units
 from llava_norm.stats import Delta, Interval, seed_paired_bootstrap, seeds_interval
 
@@ -271,3 +271,28 @@ def write_ablation(runs: dict[str, Path], prefix: str | Path, baseline: str, ben
         fig = forest_grid(panels, f"arm minus {baseline}, points (95% interval); grey: covers 0")
         fig.savefig(png, dpi=110)
     return md
+
+
+def write_tables(runs: dict[str, Path], prefix: str | Path, baseline: str, first_run: str,
+                 benchmarks: list[str] | None = None, options: dict[str, dict] | None = None,
+                 data: dict[str, Path] | None = None, marks: dict[str, list[str]] | None = None,
+                 checkpoints: dict[str, Path] | None = None, paper: bool = False,
+                 run_dirs: list[str | Path] | None = None) -> tuple[Path, Path, Path]:
+    """The per-run table (``write_table``, its deltas against ``first_run``) and the statistics
+    (``write_ablation``, against the arm ``baseline``) of evaluated runs ``{run name: eval dir}``.
+    Returns the per-run Markdown, its CSV and the statistics' Markdown.
+
+    Every run's predictions are read and checked against its results before any table is
+    written, so a refused result leaves no table showing it. A grid the statistics cannot be
+    made of (``IncompleteGrid``: no baseline run yet) still gets its per-run table, then raises.
+    ``run_dirs``: the folders as the caller was given them (duplicates included, which the
+    per-run table refuses), by default ``runs``' own."""
+    try:
+        cells = ablation_cells(runs, baseline, benchmarks, options, data)
+    except IncompleteGrid:
+        cells = None  # write_ablation meets it again, after the per-run table
+    md, csv_path = write_table(list(runs.values()) if run_dirs is None else run_dirs, prefix, baseline=first_run,
+                               marks=marks, benchmarks=benchmarks, checkpoints=checkpoints, data=data)
+    marked = {name: found for name, found in (marks or {}).items() if name in runs and found}
+    stats = write_ablation(runs, prefix, baseline, benchmarks, options, data, marked, paper, cells)
+    return md, csv_path, stats
