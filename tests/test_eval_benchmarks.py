@@ -12,6 +12,7 @@ import io
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,6 +20,7 @@ import pytest
 from PIL import Image
 
 from llava_norm.evaluation.benchmarks import BENCHMARKS, GenerationItem, get_benchmark
+from llava_norm.evaluation.benchmarks.base import first_argmax, per_character
 from llava_norm.evaluation.benchmarks.mcq import infer_option_letter
 from llava_norm.evaluation.benchmarks.mmstar import split_inline_options
 
@@ -101,6 +103,48 @@ def test_registry_names_and_unknown_name():
 )
 def test_infer_option_letter_follows_can_infer(reply, expected):
     assert infer_option_letter(reply, {"A": "cat", "B": "dog", "C": "bird"}) == expected
+
+
+ANIMALS = {"A": "dog", "B": "cat", "C": "bird", "D": "fish"}
+
+
+@pytest.mark.parametrize(
+    "reply, expected",
+    [
+        # the letter must be among the last four tokens (VLMEvalKit #1175), and text matching
+        # then finds two options
+        ("B. The cat is sitting on the mat next to the window.", None),
+        ("B is correct because the cat sits on the mat in the picture", None),
+        ("The cat. B", "B"),
+        # a reply over twice the options' text is not read by text (#1175)
+        ("I think it is the dog, since the animal has floppy ears and a wagging tail", None),
+        ("I think it is the dog", "A"),
+        # two letters, then "answer is X" (#1552), in any case: the article reads as A
+        ("The answer is B, not A.", "B"),
+        ("The correct answer is **C**, not A or B.", "C"),
+        ("the answer is a cat", "A"),
+        # refusals, and a lone Z, are no option before any text is read
+        ("Cannot determine the answer. B", None),
+        ("Z", None),
+        ("Z dog", None),
+    ],
+)
+def test_infer_option_letter_has_vlmevalkits_position_length_and_answer_is_rules(reply, expected):
+    """Each reply read by VLMEvalKit's ``can_infer`` at e8e78f0 (vlmeval/utils/matching_util.py), run
+    on these options, gives ``expected``."""
+    assert infer_option_letter(reply, ANIMALS) == expected
+
+
+@pytest.mark.parametrize("scores, lengths, picked", [
+    ([-0.5, -30.0, -31.0, -32.0], [0, 49, 40, 40], 1),  # an ending cleaned to nothing: -inf, never picked
+    ([-30.0, 0.0, -31.0], [49, 0, 40], 1),  # 0/0 is nan, which numpy's argmax picks first
+    ([-4.0, -6.0], [2, 4], 1),
+])
+def test_acc_norm_divides_as_lm_eval_does_a_choice_of_no_characters_included(scores, lengths, picked):
+    """lm-eval's ``np.argmax(lls / completion_len)``, with numpy's division by zero."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        assert int(np.argmax(np.array(scores) / np.array(lengths, dtype=float))) == picked
+    assert first_argmax(per_character(scores, lengths)) == picked
 
 
 # ---------------------------------------------------------------------------- MMBench

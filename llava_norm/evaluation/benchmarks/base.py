@@ -338,13 +338,18 @@ def accuracy(correct: Iterable[bool]) -> float:
 
 
 def first_argmax(values: Sequence[float]) -> int:
-    """Index of the largest value; the first maximum wins, like numpy.argmax (lm-eval's rule)."""
-    return max(range(len(values)), key=lambda i: (values[i], -i))
+    """Index of the largest value; the first maximum wins, and a nan before any, like
+    numpy.argmax (lm-eval's rule)."""
+    nan = [i for i, value in enumerate(values) if math.isnan(value)]
+    return nan[0] if nan else max(range(len(values)), key=lambda i: (values[i], -i))
 
 
 def per_character(scores: Sequence[float], lengths: Sequence[int]) -> list[float]:
-    """lm-eval's acc_norm scores: each summed log-prob divided by its choice's character count."""
-    return [score / max(length, 1) for score, length in zip(scores, lengths)]
+    """lm-eval's acc_norm scores: each summed log-prob divided by its choice's character count.
+    A choice of no characters (a HellaSwag ending its cleaning empties) gets numpy's quotient:
+    -inf for a log-prob below 0 (never picked), nan for 0."""
+    return [score / length if length else (math.copysign(math.inf, score) if score else math.nan)
+            for score, length in zip(scores, lengths)]
 
 
 def picked_gold(items: Sequence[LoglikelihoodItem], logprobs: Sequence[Sequence[float]],

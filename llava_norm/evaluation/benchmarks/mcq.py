@@ -66,21 +66,46 @@ def format_options(options: Mapping[str, str]) -> str:
 _OPTION_TOKEN_PUNCTUATION = str.maketrans({c: " " for c in ".()[],:;!*#{}"})
 
 
-def infer_option_letter(reply: str, options: Mapping[str, str]) -> str | None:
-    """VLMEvalKit's rule-based ``can_infer`` (the rule its ``exact_matching`` judge uses).
+# VLMEvalKit's can_infer (vlmeval/utils/matching_util.py at e8e78f0): replies it reads as "no option"
+# (its letter Z) before any letter or text is looked for.
+_REFUSALS = ("Sorry, I can't help with images of people yet.", "I can't process this file.",
+             "I'm sorry, but without the image provided", "Cannot determine the answer")
+# Its "answer is X" fallback (#1552): case-insensitive, so "the answer is a cat" reads as A.
+_ANSWER_IS = re.compile(r"(?:correct\s+)?answer\s+is\s+\**([ABCD])\**", re.IGNORECASE)
 
-    1. Blank out ``.()[],:;!*#{}`` and split on whitespace; if exactly one option letter
-       appears as a whole token ("B", "B.", "(B)", "B:", ...), that is the answer.
-    2. Otherwise, if the text of exactly one option occurs in the reply (case-insensitive),
-       that is the answer.
-    3. Otherwise the reply is unparsable: ``None`` (scored wrong; no LLM judge here).
+
+def infer_option_letter(reply: str, options: Mapping[str, str]) -> str | None:
+    """VLMEvalKit's rule-based ``can_infer`` (the rule its ``exact_matching`` judge uses), as of
+    its commit e8e78f0.
+
+    1. A reply holding one of its refusal phrases, or no option letter but a lone token "Z",
+       is read as no option (VLMEvalKit's "Z"): ``None``, before any text is looked at.
+    2. Blank out ``.()[],:;!*#{}`` and split on whitespace. If exactly one option letter is a
+       whole token ("B", "B.", "(B)", "B:", ...) and its first place is among the last four
+       tokens, that is the answer (since #1175).
+    3. Otherwise, "answer is X" / "correct answer is **X**" (any case; X in A-D) gives X.
+    4. Otherwise, if the reply is at most twice as long as all option texts together (#1175)
+       and the text of exactly one option occurs in it (case-insensitive), that is the answer.
+    5. Otherwise the reply is unparsable: ``None`` (scored wrong; no LLM judge here).
+
+    Not taken over: the text of a judge's failed API call, which no model reply here holds,
+    and the article check VLMEvalKit makes only with ``VERBOSE`` set.
     """
-    tokens = set(reply.translate(_OPTION_TOKEN_PUNCTUATION).split())
+    if any(refusal in reply for refusal in _REFUSALS):
+        return None
+    tokens = reply.translate(_OPTION_TOKEN_PUNCTUATION).split()
     letters = [letter for letter in options if letter in tokens]
-    if len(letters) == 1:
+    if len(letters) == 1 and tokens.index(letters[0]) > len(tokens) - 5:
         return letters[0]
+    if not letters and "Z" in tokens:
+        return None
+    said = _ANSWER_IS.search(reply)
+    if said and said.group(1).upper() in options:
+        return said.group(1).upper()
     lowered = reply.lower()
-    by_text = [letter for letter, text in options.items() if text.strip() and text.lower() in lowered]
+    if len(lowered) > 2 * sum(len(str(text)) for text in options.values()):
+        return None
+    by_text = [letter for letter, text in options.items() if str(text).lower() in lowered]
     return by_text[0] if len(by_text) == 1 else None
 
 

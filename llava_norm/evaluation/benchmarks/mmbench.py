@@ -120,6 +120,8 @@ class MMBenchEnDev(RowBenchmark):
             "prompt_template": build_prompt("{question}", "{hint}", {"A": "..", "B": ".."}, self.prompt_variant),
             "hint": "omitted when empty or NaN",
             "scoring": "CircularEval: a question (index < 1e6) is right only if every row with index % 1e6 == it is right",
-            "letter_extraction": "VLMEvalKit can_infer: one standalone option-letter token, else exactly one option text in the reply; no GPT judge",
+            "letter_extraction": "VLMEvalKit can_infer (e8e78f0): a refusal or a lone Z is no option; one standalone "
+                                 "option-letter token among the last four; else 'answer is X'; else exactly one option text "
+                                 "in a reply at most twice the options' length; no GPT judge",
             "unparsable_reply": "scored wrong and counted in unparsable_replies",
         }

@@ -146,7 +146,7 @@ class MMStar(RowBenchmark):
             "scoring": self.scoring,
             "scoring_rule": {
                 "lmms_eval_paper_era": "lowercase; right if the first char is the letter or the reply starts '(x', 'option x', 'the answer is x' (lmms-eval before #1274)",
-                "vlmevalkit_can_infer": "VLMEvalKit can_infer letter/option-text extraction; unparsable = wrong",
+                "vlmevalkit_can_infer": "VLMEvalKit can_infer (e8e78f0) letter/answer-is/option-text extraction; unparsable = wrong",
             }[self.scoring],
             "aggregation": "average_macro_l2 = lmms-eval 'average' (mean of the 18 L2-axis accuracies); "
             "per_category_macro_l2 = lmms-eval per-category metrics; accuracy_micro = VLMEvalKit Overall (/100)",
