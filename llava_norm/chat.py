@@ -25,8 +25,8 @@ def chat(args) -> None:
     ``args.image`` with the saved model in ``args.model_dir``, streaming the reply."""
     if not args.interactive and not args.question:
         sys.exit("chat: give a question, or --interactive")
-    if args.question and _placeholder_problem(args.question):
-        sys.exit(f"chat: {_placeholder_problem(args.question)}")
+    if args.question and (problem := _placeholder_problem(args.question)):
+        sys.exit(f"chat: {problem}")
     image = None
     if args.image:
         try:
@@ -57,8 +57,8 @@ def chat(args) -> None:
             break
         if question in ("exit", "quit"):
             break
-        if question and _placeholder_problem(question):  # said, and the session goes on
-            print(_placeholder_problem(question), flush=True)
+        if question and (problem := _placeholder_problem(question)):  # said, and the session goes on
+            print(problem, flush=True)
         elif question:
             ask(question)
 
