@@ -731,6 +731,9 @@ BREAKS = [
     Break("acc_norm's argmax passing over a nan", "llava_norm/evaluation/benchmarks/base.py",
           "    return nan[0] if nan else max(", "    return max(",
           "tests/test_eval_benchmarks.py::test_acc_norm_divides_as_lm_eval_does_a_choice_of_no_characters_included"),
+    Break("--overwrite stopped by the cut result it would recompute", "llava_norm/evaluation/runner.py",
+          "read_results(config.out_dir, unread=asked)", "read_results(config.out_dir)",
+          "tests/test_eval_runner.py::test_bad_arguments_an_empty_benchmark_and_damaged_outputs_end_the_command_in_one_line"),
 ]
 
 

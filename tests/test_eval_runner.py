@@ -383,7 +383,8 @@ def test_bad_arguments_an_empty_benchmark_and_damaged_outputs_end_the_command_in
     without a model, a benchmark whose file holds no items (it scored 0% before), then a result
     file cut short, another model's result in the folder (the summary merged both) and a
     predictions line that is not a record, in an evaluation resumed: each ends the command with
-    one line naming the option or the file; the table names a cut file too."""
+    one line naming the option or the file; the table names a cut file too, and --overwrite
+    recomputes a cut result."""
     import pyarrow.parquet as pq
 
     from llava_norm import cli
@@ -427,6 +428,9 @@ def test_bad_arguments_an_empty_benchmark_and_damaged_outputs_end_the_command_in
     for read in (lambda: eval_decision([ckpt, *bench], out, False), lambda: read_units(result)):
         with pytest.raises(DamagedFileError, match=re.escape(f"{result}: not a whole JSON file")):
             read()
+    # the way on the message names: --overwrite recomputes the cut result
+    cli.main(["eval", ckpt, *bench, "--limit", "2", "--max-new-tokens-cap", "2", "--overwrite"])
+    assert json.loads(result.read_text())["metrics"] == json.loads(whole)["metrics"]
     result.write_text(whole)
     # a moved copy of the model is the same model: its AI2D joins the POPE result in the summary
     moved = tmp_path / "moved"

@@ -123,7 +123,8 @@ def _refuse_another_models_results(config: EvalConfig) -> None:
     (by content: a moved copy of this model is this model): the folder's summary would list them
     as this model's. A requested benchmark's own settings check guards that benchmark."""
     asked = {request.name for request in config.benchmarks}
-    kept = {name: result["settings"] for name, result in read_results(config.out_dir).items() if name not in asked}
+    # The asked ones' files unread: --overwrite recomputes a cut one instead of stopping at it.
+    kept = {name: result["settings"] for name, result in read_results(config.out_dir, unread=asked).items()}
     others = {name: settings.get("checkpoint") for name, settings in kept.items()
               if settings.get("checkpoint_fingerprint") not in (None, config.checkpoint_fingerprint)}
     if others:

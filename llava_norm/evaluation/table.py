@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,10 +52,13 @@ class Table:
         return self.values[run][column] - self.values[self.baseline][column]
 
 
-def read_results(out_dir: str | Path) -> dict[str, dict]:
-    """Every finished ``<benchmark>.json`` in an evaluation directory, in registry order."""
-    results = {}
+def read_results(out_dir: str | Path, unread: Iterable[str] = ()) -> dict[str, dict]:
+    """Every finished ``<benchmark>.json`` in an evaluation directory, in registry order, but
+    those of the benchmarks named in ``unread`` (not read at all: they are being recomputed)."""
+    results, unread = {}, set(unread)
     for path in sorted(Path(out_dir).glob("*.json")):
+        if path.stem in unread:
+            continue
         data = read_json_output(path)
         if isinstance(data, dict) and data.get("benchmark") in BENCHMARKS and "metrics" in data:
             results[data["benchmark"]] = data
