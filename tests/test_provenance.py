@@ -134,3 +134,47 @@ def test_the_code_version_covers_the_projects_sibling_packages():
     finally:
         probe.unlink()
     assert source_digest() == before
+
+
+def test_a_table_row_is_marked_where_its_checkpoint_data_or_training_record_no_longer_holds(tmp_path):
+    """``llava-norm table`` re-checks each row (README, Provenance): the checkpoint and the
+    benchmark files still have the fingerprints the result was computed from, and the training
+    record beside the checkpoint is complete and names it. Each is broken here in turn."""
+    from llava_norm.evaluation.sources import row_source
+
+    run, data = tmp_path / "run", tmp_path / "pope.parquet"
+    model, weights = run / "model", run / "model" / "model.safetensors"
+    model.mkdir(parents=True)
+    weights.write_bytes(b"weights")
+    data.write_bytes(b"items")
+    record = make_record("stage2", {"train": {"max_steps": 2}}, {})
+    record.complete, record.outputs = True, {"model": fingerprint(model)}
+    provenance.write_record(run, record)
+    results = {"pope": {"settings": {"checkpoint": str(model), "checkpoint_fingerprint": fingerprint(model),
+                                     "data_path": str(data), "data_fingerprint": fingerprint(data)},
+                        "environment": {}, "finished": "2026-11-29"}}
+
+    def marks(**where) -> list[str]:
+        return row_source("run", results, **where).marks
+
+    assert marks() == []
+    weights.write_bytes(b"weights, trained on")
+    assert marks() == ["stale: the checkpoint changed after it was evaluated"]
+    weights.write_bytes(b"weights")
+    data.write_bytes(b"other items")
+    assert marks() == ["stale: pope data changed after it was evaluated"]
+    data.write_bytes(b"items")
+    moved = data.rename(tmp_path / "moved.parquet")
+    assert marks() == [f"pope data {data} not found: cannot be verified"]
+    assert marks(data={"pope": moved}) == []  # where the pipeline says the files are now
+    moved.rename(data)
+    record.complete = False
+    provenance.write_record(run, record)
+    assert marks() == ["the training record is incomplete (an interrupted run)"]
+    record.complete, record.outputs = True, {"model": "another"}
+    provenance.write_record(run, record)
+    assert marks() == ["stale: the training record names another checkpoint"]
+    (run / provenance.RECORD).unlink()
+    assert marks() == [f"no training record ({run / 'provenance.json'})"]
+    shutil.move(model, tmp_path / "elsewhere")
+    assert marks() == [f"checkpoint {model} not found: cannot be verified"]
