@@ -86,7 +86,7 @@ def test_the_delta_pairs_seed_k_with_seed_k(runs):
     assert any(differs), "no benchmark where the arms' scores differ: the estimate is not tested"
 
 
-def test_missing_seeds_pair_only_what_both_arms_have(runs, tmp_path):
+def test_missing_seeds_pair_only_what_both_arms_have(runs, tmp_path, monkeypatch):
     partial = {k: v for k, v in runs.items() if k != "noisy@seed2"}
     cells = {(c.arm, c.benchmark): c for c in ablation_cells(partial, "base")}
     noisy = cells[("noisy", "mmlu")]
@@ -96,9 +96,17 @@ def test_missing_seeds_pair_only_what_both_arms_have(runs, tmp_path):
     lonely = {(c.arm, c.benchmark): c for c in ablation_cells(only_one, "base")}[("noisy", "mmlu")]
     assert lonely.delta is None and "no seed in common" in lonely.note
     assert lonely.score_method == "bootstrap over units (one seed)"
+    import llava_norm.analysis.plots as plots
+
+    drawn, draw = {}, plots.forest_grid
+    monkeypatch.setattr(plots, "forest_grid", lambda panels, title: drawn.update(panels) or draw(panels, title))
     md = write_ablation(partial, tmp_path / "t", "base")
     assert md.read_text() == to_markdown(list(cells.values()), "base")
     assert (tmp_path / "t_forest.png").stat().st_size > 0 and (tmp_path / "t_stats.csv").is_file()
+    # the figure draws each delta with its own interval (greyed where it covers 0: the test below)
+    assert drawn == {b: [(c.arm, c.delta.estimate, c.delta.low, c.delta.high)
+                         for c in cells.values() if c.benchmark == b and c.delta] for b in BENCHMARKS}
+    assert any(low < high for rows in drawn.values() for _, _, low, high in rows), drawn  # an interval to lose
 
 
 def test_markdown_says_no_detectable_difference_exactly_where_the_interval_covers_zero(runs):

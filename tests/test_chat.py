@@ -91,3 +91,6 @@ def test_a_typed_image_placeholder_is_said_in_one_line_and_the_session_goes_on(s
     chat(Namespace(**{**vars(args), "question": None, "interactive": True}))
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith("the question holds '<image>'") and len(printed) >= 2 and printed[1].strip(), printed
+    typed = iter(["quit"])  # ends the session as 'exit' does (README): nothing asked, nothing read after it
+    chat(Namespace(**{**vars(args), "question": None, "interactive": True}))
+    assert capsys.readouterr().out.strip() == ""

@@ -1,6 +1,7 @@
 """Masking property tests: labels are right by construction for every template."""
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -199,3 +200,18 @@ def test_qwen3_eval_prompt_is_the_training_prefix(tiny_dir, name):
     if name == "single":  # the Prompt path evaluation uses
         prompt = Prompt("What colour is the circle?", image)
         assert prompts.prompt_example(prompt).input_ids == asked.input_ids
+
+
+def test_a_default_configs_llama_prompt_carries_the_pinned_date_not_todays(tiny_dir):
+    """Llama-3's template stamps today's date unless given one, so without the default a run's
+    training and evaluation prompts would differ from day to day (README: default `26 Jul 2024`)."""
+    from llava_norm.config_schema import DataConfig
+
+    tokenizer, _ = _chat(tiny_dir, "llama")
+    image_id = tokenizer.convert_tokens_to_ids("<image>")
+    encoder = ConversationTokenizer(tokenizer, ChatTemplateFormat(tokenizer, DataConfig().template_kwargs), image_id,
+                                    tokens_per_image=5)
+    text = encoder.render_text([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    assert "Today Date: 26 Jul 2024\n" in text
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert "`data.template_kwargs.date_string` pins it (default `26 Jul 2024`)" in readme

@@ -52,8 +52,12 @@ def test_smoke_demo_writes_the_report_then_reuses_every_step(tmp_path):
     assert next(r for r in rows if r.startswith("| POPE")).count("says yes to") == 2  # F1 is unreadable without it
     # MMStar's headline is a mean over categories, which its count of items right is not
     assert "MMStar's headline is the average over categories (macro over L2 categories)" in benchmarks
-    deltas = json.loads((tmp_path / "demo/verdicts.json").read_text())["deltas"]
+    verdicts = json.loads((tmp_path / "demo/verdicts.json").read_text())  # every verdict of the report
+    deltas = verdicts["deltas"]
     assert len(deltas) == 9 and all(d["low"] <= d["high"] and 0 < d["p"] <= 1 for d in deltas.values())
+    assert [c["held"] for c in verdicts["claims"]] == ["**held**" in c for c in claims]
+    guessing = verdicts["against_guessing"]
+    assert len(guessing) == 9 and all(set(by) == {"none", "ln_textnorm_gwc"} for by in guessing.values())
     deltas = report[report.index("\n## Arm deltas"):]
     assert sum(v in deltas for v in ("no detectable difference", "| higher |", "| lower |")) >= 1
     machine = report[report.index("\n## Machine"):report.index("\n## Time")]
@@ -109,3 +113,52 @@ def test_smoke_demo_writes_the_report_then_reuses_every_step(tmp_path):
     with pytest.raises(ValueError, match="gone or changed"):
         read_units(result)
 
+
+
+def test_the_demos_code_counts_reaches_its_plan_and_reruns_a_step_another_version_recorded(tmp_path, monkeypatch):
+    """`llava-norm demo --code-counts` (README): a step recorded by another code version is noted
+    and kept without it, and rerun with it."""
+    import llava_norm_demo.driver as driver
+    from llava_norm.cli import main
+    from llava_norm.provenance import fingerprint, make_record, write_record
+
+    asked = []
+    monkeypatch.setattr(driver, "run_demo", lambda root, profile, code_counts: asked.append(code_counts))
+    main(["demo", "--root", str(tmp_path), "--profile", "smoke", "--code-counts"])
+    main(["demo", "--root", str(tmp_path), "--profile", "smoke"])
+    assert asked == [True, False]
+    paths = DemoPaths(tmp_path.resolve())
+    paths.world.mkdir(parents=True)
+    step = plan_demo(paths, PROFILES["smoke"])[0]  # the synthetic world, recorded as if by other code
+    record = make_record("world", {"build_world": dict(PROFILES["smoke"].world)}, {}, seed=driver.SEED)
+    (paths.world / "manifest.json").write_text("{}")
+    record.complete, record.outputs = True, {"folder": fingerprint(paths.world)}
+    record.environment = {**record.environment, "source": "another"}
+    write_record(paths.world, record)
+    for counts in (False, True):
+        decisions = {}
+        run_steps(plan_demo(paths, PROFILES["smoke"], code_counts=counts)[:1], dry_run=True, decisions=decisions)
+        world = decisions[step.name]
+        assert world.reuse is not counts, world
+        assert any(line.startswith("code: ") for line in (world.reasons if counts else world.notes)), world
+
+
+def test_the_ablation_runs_every_arm_over_three_seeds_on_half_the_demos_schedule(tmp_path, monkeypatch):
+    """`llava-norm ablation` (docs/ablation.md): the demo's shared steps, then 9 arms x 3 seeds,
+    the baseline first, each stage at half the demo's steps; planned here, nothing run."""
+    import llava_norm_demo.ablation as ablation
+
+    planned = []
+    monkeypatch.setattr(ablation, "run_steps", lambda steps, **kwargs: planned.extend(steps) or [])
+    ablation.run_ablation(tmp_path)
+    names = [step.name for step in planned]
+    assert names[:3] == ["synthetic world", "tiny backbones", "backbone warm-up"] and names[-1] == "results table"
+    arms = list(dict.fromkeys(name.split("@")[0] for name in names[3:-1]))
+    assert len(arms) == 9 and arms[0] == "none" and set(arms) == set(ablation.NORM_ARMS)
+    chains = {name.split(":")[0] for name in names[3:-1]}
+    assert chains == {f"{arm}@seed{seed}" for arm in arms for seed in (0, 1, 2)}
+    from llava_norm.config import load_config
+
+    for stage, given in ((1, ablation.ABLATION.stage1), (2, ablation.ABLATION.stage2)):
+        demo = load_config(REPO / f"configs/tiny/none/stage{stage}.yaml", check_paths=False).train.max_steps
+        assert f"train.max_steps={demo // 2}" in given and not PROFILES["full"].__dict__[f"stage{stage}"]

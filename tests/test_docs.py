@@ -4,6 +4,7 @@ Each figure is produced by the command its doc names; a change to the plan, the 
 FLOP model that moves a figure fails here until the doc says the new one.
 """
 
+import json
 import math
 import re
 import sys
@@ -61,6 +62,7 @@ def test_the_recipes_memory_is_the_plans_worst_arm(monkeypatch):
         peaks = [_plan(f"configs/recipe-1gpu/{arm}/stage{stage}.yaml", 1, "h100-80gb").peak() / 2 ** 30
                  for arm in RECIPE_ARMS]
         assert figure == round(max(peaks), 1), (stage, peaks)
+        assert max(peaks) - min(peaks) < 0.1 and "(the arms differ by under 0.1 GiB)" in line, (stage, peaks)
 
 
 def test_the_readmes_host_memory_and_output_weight_figures_are_the_plans(monkeypatch):
@@ -256,3 +258,51 @@ def test_the_modules_scheduled_first_exist():
     from conftest import LONGEST_FIRST
 
     assert all((ROOT / "tests" / name).is_file() for name in LONGEST_FIRST), LONGEST_FIRST
+
+
+def test_the_ablation_notes_figures_are_its_committed_tables():
+    """docs/ablation.md's statements, from the tables and timings committed beside it."""
+    import csv
+    import statistics
+
+    folder, text = ROOT / "docs/ablation", " ".join((ROOT / "docs/ablation.md").read_text().split())
+    widths = []
+    for name, arm, said in (("results_stats.csv", "rms_textnorm_gwc", "+{d:.1f} [+{lo:.1f}, +{hi:.1f}], p = {p:.3f}"),
+                            ("avx2_results_stats.csv", "rms_textnorm", "+{d:.1f}, p = {p:.3f}")):
+        rows = list(csv.DictReader((folder / name).open()))
+        deltas = [r for r in rows if r["delta"]]
+        outside = [r for r in deltas if not float(r["delta_low"]) <= 0 <= float(r["delta_high"])]
+        assert len(deltas) == 72 and len(outside) == 1 and "Of 72 deltas (8 arms × 9 benchmarks), 71 have" in text
+        (r,) = outside
+        figures = said.format(d=float(r["delta"]), lo=float(r["delta_low"]), hi=float(r["delta_high"]),
+                              p=float(r["p_value"]))
+        assert (r["arm"], r["benchmark"]) == (arm, "ai2d") and f"`{arm}` on AI2D, {figures}" in text, figures
+        widths.append(statistics.median(float(r["delta_high"]) - float(r["delta_low"]) for r in deltas))
+        means = {b: [float(r["score"]) for r in rows if r["benchmark"] == b] for b in ("mmbench_en_dev", "pope", "ocrbench")}
+        assert max(means["ocrbench"]) <= 0.9
+        if name.startswith("avx2"):
+            assert f"MMBench's mean over seeds is 0 for {means['mmbench_en_dev'].count(0.0)} of the 9 arms" in text
+            assert f"POPE's for {means['pope'].count(0.0)} (AVX-512: {pope_zero})" in text
+        else:
+            pope_zero = means["pope"].count(0.0)
+            assert f"(AVX-512: {means['mmbench_en_dev'].count(0.0)})" in text
+    assert f"about {0.05 * 72:.1f} of 72 intervals would exclude 0 by chance" in text
+    assert f"({widths[0]:.1f} and {widths[1]:.1f})" in text
+    runs = list(csv.DictReader((folder / "results.csv").open()))
+    zero = {b: sum(float(r[b]) == 0 for r in runs) for b in ("mmbench_en_dev", "pope")}
+    assert len(runs) == 27 and f"scores 0 in {zero['mmbench_en_dev']} of 27 runs, POPE in {zero['pope']} of 27" in text
+    assert f"(at most {max(float(r['ocrbench']) for r in runs):.1f};" in text
+    for name, said in (("timings.json", "**{total:.1f} minutes**, everything included: world {world:.0f} s, warm-up "
+                        "{warm:.0f} s, 27 × stage 1 {s1:.0f} s, 27 × stage 2 {s2:.0f} s, 27 evaluations {ev:.0f} s, "
+                        "table {table} s"), ("avx2_timings.json", "It took {total:.1f} minutes.")):
+        timings = json.loads((folder / name).read_text())
+        steps = timings["steps"]
+
+        def seconds(matches) -> float:
+            return sum(s["seconds"] for s in steps if matches(s["step"]))
+
+        figures = said.format(total=timings["total_s"] / 60, world=seconds(lambda n: n == "synthetic world"),
+                              warm=seconds(lambda n: n == "backbone warm-up"),
+                              s1=seconds(lambda n: n.endswith(": stage 1")), s2=seconds(lambda n: n.endswith(": stage 2")),
+                              ev=seconds(lambda n: n.endswith(": eval")), table=seconds(lambda n: n == "results table"))
+        assert figures in text, figures

@@ -183,3 +183,13 @@ def test_shipped_lora_configs(backbone):
     if backbone != "tiny":
         assert (config.lora.rank, config.lora.alpha, config.optim.lr_lora, config.optim.lr_projector) == (
             128, 256, 2e-4, 2e-5)
+
+
+def test_the_norms_rate_falls_back_to_the_projectors_and_that_to_the_llms():
+    """README, Training: `optim.lr_norm` (null = the projector's, which is null = the LLM's)."""
+    rates = learning_rates(OptimConfig(lr=1.0, lr_projector=2.0))
+    assert (rates["projector"], rates["norm"]) == (2.0, 2.0)
+    rates = learning_rates(OptimConfig(lr=1.0))
+    assert (rates["projector"], rates["norm"]) == (1.0, 1.0)
+    assert learning_rates(OptimConfig(lr=1.0, lr_projector=2.0, lr_norm=3.0))["norm"] == 3.0
+    assert "`optim.lr_norm` (null = the projector's, which is null = the LLM's)" in (REPO / "README.md").read_text()

@@ -231,6 +231,10 @@ def test_overrides_may_follow_the_options(capsys):
           "train.loss=fused", "train.gradient_checkpointing=false"])
     plan = json.loads(capsys.readouterr().out)
     assert plan["checkpointing"] is False
+    main(["plan", str(ROOT / "configs/llama3.2-3b/ln_textnorm_gwc/stage2.yaml"), "--json", "--seq-len", "1500",
+          "--images-per-row", "2"])
+    rows = json.loads(capsys.readouterr().out)["micro_batch"]
+    assert (rows["tokens"], rows["images_per_row"]) == (1500, 2)
     with pytest.raises(SystemExit):
         main(["plan", str(ROOT / "configs/llama3.2-3b/ln_textnorm_gwc/stage2.yaml"), "--bogus"])
     with pytest.raises(SystemExit, match="at least 1"):

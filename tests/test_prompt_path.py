@@ -192,3 +192,57 @@ def test_a_plain_format_run_is_read_as_its_training_samples_lay_out_image_and_te
     assert batch.text_mask.sum() > 0 and batch.image_mask.sum() > 0
     # Evaluation (generation) of the same run asks with the image alone.
     assert encoder.prompt_example(Prompt(ANSWER, image)).input_ids == trained.input_ids[:batch.image_mask.sum() + 1]
+
+
+def test_evals_prompt_options_replace_the_runs_and_its_rows_are_named_after_the_run(run, tmp_path):
+    """README, Evaluation: `--prompt-format` and `--system-prompt` ('' for none) replace what the
+    run trained with; a row is named after the run's `train.run_name`, else its arm."""
+    import dataclasses
+
+    from llava_norm.evaluation.arguments import parse_eval_args
+
+    def config(checkpoint, *extra):
+        return parse_eval_args([str(checkpoint), "--benchmarks", "pope", "--data", f"pope={run.images}", *extra])
+
+    trained = config(run.dir / "model")
+    assert (trained.prompt.prompt_format, trained.prompt.system_prompt, trained.run_name) == \
+        ("chat", SYSTEM, "ln_textnorm_gwc")
+    given = config(run.dir / "model", "--prompt-format", "plain", "--system-prompt", "")
+    assert (given.prompt.prompt_format, given.prompt.system_prompt) == ("plain", None)
+    assert config(run.dir / "model", "--system-prompt", "Be brief.").prompt.system_prompt == "Be brief."
+    named = tmp_path / "named"
+    named.mkdir()
+    (named / "model").symlink_to(run.dir / "model")
+    (named / "config.yaml").write_text(to_yaml(dataclasses.replace(
+        run.config, train=dataclasses.replace(run.config.train, run_name="mine"))))
+    assert config(named / "model").run_name == "mine"
+    assert config(named / "model", "--name", "given").run_name == "given"
+
+
+def test_the_attention_map_is_the_phrases_attention_to_each_image_token(run):
+    """App. G's map, recomputed by hand: the phrase's own tokens (found by their ids, not by the
+    map's offsets) as queries, every layer's and head's attention from them to each image token,
+    averaged, on the patch grid."""
+    import math
+
+    from llava_norm.analysis.attention import attention_map
+    from llava_norm.analysis.common import load_analysis_bundle
+    from llava_norm.data.prompts import Prompt, PromptEncoder
+
+    bundle = load_analysis_bundle(run.dir / "model", torch.device("cpu"), attn_implementation="eager")
+    image, settings = open_image(run.images / "wide.png"), training_prompt_settings(run.dir / "model")
+    found = attention_map(bundle, image, QUESTION, "colour", settings=settings)
+    example = PromptEncoder.for_bundle(bundle, settings).reading_example(Prompt(QUESTION, image))
+    ids, phrase = example.input_ids, bundle.tokenizer(" colour", add_special_tokens=False).input_ids
+    image_at = [i for i, token in enumerate(ids) if token == bundle.model.config.image_token_id]
+    # the system turn says "colours" too: the question's phrase is the one after the image
+    starts = [i for i in range(image_at[-1], len(ids)) if ids[i:i + len(phrase)] == phrase]
+    assert len(starts) == 1
+    queries = list(range(starts[0], starts[0] + len(phrase)))
+    assert "".join(found["query_tokens"]).strip() == "colour"
+    with torch.no_grad():
+        out = bundle.model(input_ids=torch.tensor([ids]), pixel_values=example.pixel_values.to(bundle.model.dtype),
+                           output_attentions=True, use_cache=False)
+    by_hand = torch.stack([a[0].float() for a in out.attentions])[:, :, queries][..., image_at].mean(dim=(0, 1, 2))
+    side = math.isqrt(len(image_at))
+    assert torch.allclose(torch.tensor(found["grid"]), by_hand.reshape(side, side), atol=1e-6)

@@ -95,7 +95,8 @@ def test_slurm_files_name_every_chain(sweep):
     assert listed == NAMES  # arm-major, the baseline first: what --task N selects
     assert "MASTER_PORT" not in array  # one GPU per task: its single process picks a free port
     assert '--task "$SLURM_ARRAY_TASK_ID"' in array and f'--output="{sweep.slurm}/logs/task_%a_job_%A.out"' in array
-    assert "--table-only" in (sweep.slurm / "table.sbatch").read_text()
+    table = (sweep.slurm / "table.sbatch").read_text()
+    assert "--table-only" in table and "#SBATCH --partition=gpu\n" in table  # --slurm-arg lines go to both jobs
     assert f"sweep {REPO / 'configs/recipe-1gpu'} " in array and "--eval-arg=--limit=500" in array
     # the tasks run where the command ran; a memory request is there (its figure: the test below)
     assert f"\ncd {REPO}\n" in array and "#SBATCH --cpus-per-task=8\n" in array
@@ -111,6 +112,12 @@ def test_multi_gpu_tasks_take_a_port_from_their_job_and_task(sweep, tmp_path):
     assert "#SBATCH --cpus-per-task=16\n" in array
     assert "MASTER_PORT=$((20000 + (SLURM_ARRAY_JOB_ID * 97 + SLURM_ARRAY_TASK_ID) % 40000))" in array
     assert "export GPUS_PER_NODE=2" in (tmp_path / "table.sbatch").read_text()  # records are checked at 2
+    # what a cluster's nodes offer, given: it replaces the defaults (8 CPUs a GPU, the plan's memory)
+    given = _cli("sweep", *sweep.args, "--slurm", str(tmp_path / "given"), "--slurm-gpus", "2",
+                 "--slurm-cpus-per-task", "5", "--slurm-mem", "400G")
+    assert given.returncode == 0, given.stderr
+    array = (tmp_path / "given" / "sweep.sbatch").read_text()
+    assert "#SBATCH --cpus-per-task=5\n" in array and "#SBATCH --mem=400G\n" in array
 
 
 def test_slurm_files_ask_the_plans_host_memory_and_a_quarter_and_keep_the_data_roots(sweep, tmp_path, monkeypatch):

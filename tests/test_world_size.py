@@ -156,6 +156,8 @@ def test_the_conversion_and_the_universal_load_unpickle_no_code(tmp_path, tiny_d
     # one line naming the file refused (torch's own message names only what it refused)
     assert any(f"relaunch refused: {state}: refused by the weights-only load" in text for state in tampered), text[-3000:]
     assert "unpickled code ran" not in text
+    # before any weights load, every launch prints its plan for its own processes (README, Planning)
+    assert re.search(r"^plan for \S+: stage 1, arm \w+, 1 node x 1 GPU$", done.stdout, re.MULTILINE), done.stdout[-3000:]
 
 
 def _summary(out):
