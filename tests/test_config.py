@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from llava_norm.config import CHOICES, RANGES, SCHEDULERS, ConfigError, effective_grad_accum, load_config, to_yaml
-from llava_norm.config_schema import NORM_ARMS, TEMPLATE_KWARGS
+from llava_norm.config_schema import NORM_ARMS, TEMPLATE_KWARGS, resolve_dtype
 from llava_norm.data.prompts import PromptSettings, training_prompt_settings
 from llava_norm.layout import CONFIG_FILE
 from tinydata import write_dataset
@@ -42,7 +42,11 @@ def test_every_cell_has_both_stages(backbone, arm):
             1e-3, 2, 2, 256)
         assert (s2.optim.lr, s2.optim.lr_vision_tower, s2.train.per_device_batch_size, s2.train.grad_accum,
                 s2.train.global_batch_size) == (1e-5, 2e-6, 1, 4, 128)
-        assert s1.optim.warmup_ratio == s2.optim.warmup_ratio == 0.03 and s1.train.seed == 42
+        assert s1.optim.warmup_ratio == s2.optim.warmup_ratio == 0.03 and s1.train.seed == s2.train.seed == 42
+        # the rest of App. E as the README lists it: cosine, weight decay 0, bf16 (on a GPU)
+        for s in (s1, s2):
+            assert (s.optim.scheduler, s.optim.weight_decay, resolve_dtype(s.train.precision, "cuda")) == \
+                ("cosine", 0.0, "bfloat16")
         assert s1.model == replace(s2.model, pretrained_projector=None)  # same backbones in both stages
     if backbone.startswith("clip336"):
         # LLaVA-1.5's tower: penultimate layer, CLS dropped ("default"); the LLM of the llama3.2-3b cell.
