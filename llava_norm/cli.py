@@ -192,20 +192,20 @@ def _table(args) -> None:
         # lazy: start-up; a subcommand loads only the stages it runs
         from llava_norm.analysis.ablation import split_name, write_tables
         from llava_norm.evaluation.arguments import benchmark_options
-        from llava_norm.evaluation.table import read_run
+        from llava_norm.evaluation.table import run_dirs_by_name
 
     try:
-        names = {read_run(d)[0]: d for d in args.eval_dirs}
+        names = run_dirs_by_name(args.eval_dirs)
         baseline = args.baseline or next(iter(names))
         arm = split_name(baseline)[0]
         first_run = baseline if baseline in names else next((n for n in names if split_name(n)[0] == arm), baseline)
-        md, csv_path, stats = write_tables({n: Path(d) for n, d in names.items()}, args.out, arm, first_run,
-                                           options=benchmark_options(args.option), paper=args.paper,
-                                           run_dirs=args.eval_dirs)
+        md, csv_path, stats = write_tables(names, args.out, arm, first_run, options=benchmark_options(args.option),
+                                           paper=args.paper)
     except (ValueError, FileNotFoundError) as error:
         sys.exit(f"table: {error}")
     print(stats.read_text())
-    print(f"written: {stats} (and its .csv, _forest.png); per run: {md} and {csv_path}")
+    figure = ", _forest.png" if Path(f"{args.out}_forest.png").exists() else ""
+    print(f"written: {stats} (and its .csv{figure}); per run: {md} and {csv_path}")
 
 
 def _launch_shape(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

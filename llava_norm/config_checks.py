@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 from llava_norm.config_schema import (NORM_ARMS, ConfigError, RunConfig, effective_grad_accum, is_glob, is_hub_id,
@@ -114,6 +115,34 @@ def _report_to(config: RunConfig) -> None:
     absent = [n for n in report_to if n != "azure_ml" and n not in get_available_reporting_integrations()]
     if absent:
         raise ConfigError(f"key 'train.report_to': {absent} not installed (install it, or report_to: [])")
+    if "wandb" in report_to and not _wandb_can_log():  # else wandb.init stops the run after the model loaded
+        raise ConfigError("key 'train.report_to': wandb has no API key here (no WANDB_API_KEY, no netrc entry for "
+                          f"{_wandb_host()}): run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline")
+
+
+def _wandb_host() -> str:
+    from urllib.parse import urlparse
+
+    return urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+
+
+def _wandb_can_log() -> bool:
+    """Whether ``wandb.init`` finds what it needs without a prompt: W&B off or offline, an API key
+    in the environment, an identity token file, or a netrc entry for its host (what `wandb login`
+    writes)."""
+    import netrc
+
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+        return True
+    if os.environ.get("WANDB_DISABLED", "").lower() in ("true", "1", "yes"):
+        return True
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    path = Path(os.environ.get("NETRC", Path.home() / ".netrc")).expanduser()
+    try:
+        return path.is_file() and netrc.netrc(path).authenticators(_wandb_host()) is not None
+    except (netrc.NetrcParseError, OSError):
+        return False  # wandb.init would not read it either
 
 
 # train.fused_loss_kernel's GPU kernels: the distribution each needs (llava_norm.model.loss imports it;

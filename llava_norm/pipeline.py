@@ -368,6 +368,8 @@ def run_steps(steps: list[Step], desc: str = "pipeline", reuse_stale: bool = Fal
                                 forced=True)
         else:
             decision = step.decide()
+        for difference in decision.kept:  # the process count: each step the same samples, kept or resumed
+            tqdm.write(f"[pipeline] {step.name}: {difference} processes, kept: train.global_batch_size is fixed")
         for note in decision.notes:
             tqdm.write(f"[pipeline] {step.name}: recorded with another version ({note}); not rerun for it "
                        "(--code-counts reruns it)")

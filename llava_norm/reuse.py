@@ -28,6 +28,10 @@ class Decision:
     stale: bool = False  # an output exists, computed from something else (or unprovable)
     finished: bool = False  # that output is complete: the only kind --reuse-stale may keep
     forced: bool = False  # an earlier step of the same arm ran
+    # recorded differences that leave the output as it is: the process count under a fixed global
+    # batch (each optimizer step trains the same samples on any count; README, "Another number of
+    # processes"), so a requeue on fewer nodes keeps a finished stage and resumes an interrupted one
+    kept: list[str] = field(default_factory=list)
 
 
 def compare(found: Record, expected: Record, code_counts: bool) -> tuple[list[str], list[str]]:
@@ -63,6 +67,9 @@ def _stage_decision(expected: Record, out: Path, code_counts: bool) -> Decision:
         return Decision(False, ["its output has no provenance record" if holds_run else "not run yet"],
                         stale=holds_run)
     reasons, notes = compare(found, expected, code_counts)
+    kept = [r for r in reasons if r.startswith("world_size: ")] \
+        if expected.config.get("train.global_batch_size") is not None else []
+    reasons = [r for r in reasons if r not in kept]
     outputs = {"model": out / "model", "projector": out / PROJECTOR_FILE}
     missing = [name for name in found.outputs if not outputs[name].exists()]
     changed = [name for name, recorded in found.outputs.items()
@@ -75,8 +82,8 @@ def _stage_decision(expected: Record, out: Path, code_counts: bool) -> Decision:
     if reasons:
         return Decision(False, reasons, notes, stale=True, finished=finished)
     if not found.complete:
-        return Decision(False, ["interrupted: resuming it"], notes)
-    return Decision(True, notes=notes, finished=True)
+        return Decision(False, ["interrupted: resuming it"], notes, kept=kept)
+    return Decision(True, notes=notes, finished=True, kept=kept)
 
 
 def eval_decision(argv: list[str], out: Path, code_counts: bool) -> Decision:

@@ -107,6 +107,10 @@ def test_missing_seeds_pair_only_what_both_arms_have(runs, tmp_path, monkeypatch
     assert drawn == {b: [(c.arm, c.delta.estimate, c.delta.low, c.delta.high)
                          for c in cells.values() if c.benchmark == b and c.delta] for b in BENCHMARKS}
     assert any(low < high for rows in drawn.values() for _, _, low, high in rows), drawn  # an interval to lose
+    # the same prefix again with the baseline alone: no delta, and the two-arm figure not left beside it
+    text = write_ablation({k: v for k, v in runs.items() if k.startswith("base@")}, tmp_path / "t", "base").read_text()
+    assert not (tmp_path / "t_forest.png").exists()
+    assert "No delta: no arm but `base`" in text and "0 of 0" not in text
 
 
 def test_markdown_says_no_detectable_difference_exactly_where_the_interval_covers_zero(runs):

@@ -147,6 +147,25 @@ def test_a_gated_backbone_without_a_token_is_named(world, monkeypatch, tmp_path)
         report.problems
 
 
+def test_wandb_without_a_key_is_named_before_anything_loads(world, monkeypatch, tmp_path):
+    """report_to wandb with no way to log in: wandb.init would stop the run after the model and
+    data loaded (its UsageError, a traceback per rank); the check says it in one line."""
+    _, config, data, _, _ = world
+    monkeypatch.setenv("CHECK_DATA", str(data.parent))
+    for name in ("WANDB_MODE", "WANDB_DISABLED", "WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))  # none yet
+    wandb = ["train.report_to=[wandb]"]
+    problems = preflight(config, wandb, gpus=2, plan=False).problems
+    assert any("'train.report_to': wandb has no API key here" in p and "WANDB_MODE=offline" in p for p in problems), \
+        problems
+    (tmp_path / "netrc").write_text("machine api.wandb.ai\n  login user\n  password key\n")  # what `wandb login` writes
+    assert preflight(config, wandb, gpus=2, plan=False).ok
+    (tmp_path / "netrc").unlink()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert preflight(config, wandb, gpus=2, plan=False).ok
+
+
 def test_a_deepspeed_key_that_deepspeed_never_reads_or_refuses_is_named(world, monkeypatch, tmp_path):
     """DeepSpeed reads only the top-level keys it knows: a misspelt section trains without it, and
     says nothing. A section's own refusal (a key unknown under zero_optimization) comes only inside

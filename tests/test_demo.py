@@ -117,28 +117,33 @@ def test_smoke_demo_writes_the_report_then_reuses_every_step(tmp_path):
 
 def test_the_demos_code_counts_reaches_its_plan_and_reruns_a_step_another_version_recorded(tmp_path, monkeypatch):
     """`llava-norm demo --code-counts` (README): a step recorded by another code version is noted
-    and kept without it, and rerun with it."""
+    and kept without it, and rerun with it. The command runs as typed, through the demo's own
+    plan, down to the first step's decision (a dry run of it), where it is stopped."""
     import llava_norm_demo.driver as driver
     from llava_norm.cli import main
     from llava_norm.provenance import fingerprint, make_record, write_record
 
-    asked = []
-    monkeypatch.setattr(driver, "run_demo", lambda root, profile, code_counts: asked.append(code_counts))
-    main(["demo", "--root", str(tmp_path), "--profile", "smoke", "--code-counts"])
-    main(["demo", "--root", str(tmp_path), "--profile", "smoke"])
-    assert asked == [True, False]
     paths = DemoPaths(tmp_path.resolve())
     paths.world.mkdir(parents=True)
-    step = plan_demo(paths, PROFILES["smoke"])[0]  # the synthetic world, recorded as if by other code
-    record = make_record("world", {"build_world": dict(PROFILES["smoke"].world)}, {}, seed=driver.SEED)
     (paths.world / "manifest.json").write_text("{}")
+    record = make_record("world", {"build_world": dict(PROFILES["smoke"].world)}, {}, seed=driver.SEED)
     record.complete, record.outputs = True, {"folder": fingerprint(paths.world)}
-    record.environment = {**record.environment, "source": "another"}
+    record.environment = {**record.environment, "source": "another"}  # as if written by other code
     write_record(paths.world, record)
-    for counts in (False, True):
+
+    class Decided(Exception):
+        pass
+
+    def first_step_only(steps, **kwargs):
         decisions = {}
-        run_steps(plan_demo(paths, PROFILES["smoke"], code_counts=counts)[:1], dry_run=True, decisions=decisions)
-        world = decisions[step.name]
+        run_steps(steps[:1], dry_run=True, decisions=decisions)
+        raise Decided(decisions["synthetic world"])
+
+    monkeypatch.setattr(driver, "run_steps", first_step_only)
+    for counts in (False, True):
+        with pytest.raises(Decided) as decided:
+            main(["demo", "--root", str(tmp_path), "--profile", "smoke", *(["--code-counts"] if counts else [])])
+        world = decided.value.args[0]
         assert world.reuse is not counts, world
         assert any(line.startswith("code: ") for line in (world.reasons if counts else world.notes)), world
 
@@ -147,8 +152,10 @@ def test_the_ablation_runs_every_arm_over_three_seeds_on_half_the_demos_schedule
     """`llava-norm ablation` (docs/ablation.md): the demo's shared steps, then 9 arms x 3 seeds,
     the baseline first, each stage at half the demo's steps; planned here, nothing run."""
     import llava_norm_demo.ablation as ablation
+    from llava_norm.config import load_config
 
-    planned = []
+    planned, configs, plan = [], [], ablation.plan
+    monkeypatch.setattr(ablation, "plan", lambda config: configs.append(config) or plan(config))
     monkeypatch.setattr(ablation, "run_steps", lambda steps, **kwargs: planned.extend(steps) or [])
     ablation.run_ablation(tmp_path)
     names = [step.name for step in planned]
@@ -157,8 +164,7 @@ def test_the_ablation_runs_every_arm_over_three_seeds_on_half_the_demos_schedule
     assert len(arms) == 9 and arms[0] == "none" and set(arms) == set(ablation.NORM_ARMS)
     chains = {name.split(":")[0] for name in names[3:-1]}
     assert chains == {f"{arm}@seed{seed}" for arm in arms for seed in (0, 1, 2)}
-    from llava_norm.config import load_config
-
-    for stage, given in ((1, ablation.ABLATION.stage1), (2, ablation.ABLATION.stage2)):
+    (config,) = configs
+    for stage, given in ((1, config.stage1_overrides), (2, config.stage2_overrides)):
         demo = load_config(REPO / f"configs/tiny/none/stage{stage}.yaml", check_paths=False).train.max_steps
         assert f"train.max_steps={demo // 2}" in given and not PROFILES["full"].__dict__[f"stage{stage}"]

@@ -125,14 +125,25 @@ ANIMALS = {"A": "dog", "B": "cat", "C": "bird", "D": "fish"}
         ("the answer is a cat", "A"),
         # refusals, and a lone Z, are no option before any text is read
         ("Cannot determine the answer. B", None),
+        ("I can't process this file. B", None),
+        ("Sorry, I can't help with images of people yet. B", None),
+        ("I'm sorry, but without the image provided B", None),
         ("Z", None),
         ("Z dog", None),
+        # the edges: the letter's first place fifth from the end, a reply exactly twice the options'
+        # text and one just over it, the answer-is letters (A-D only), the letter's first place counts
+        ("B is the dog now", "A"),
+        ("It is a dog, I would say so!", "A"),
+        ("I would say that it is the dog, yes", None),
+        ("The answer is E, I think so now", None),
+        ("B was my guess, and it stays: B", None),
     ],
 )
 def test_infer_option_letter_has_vlmevalkits_position_length_and_answer_is_rules(reply, expected):
     """Each reply read by VLMEvalKit's ``can_infer`` at e8e78f0 (vlmeval/utils/matching_util.py), run
-    on these options, gives ``expected``."""
-    assert infer_option_letter(reply, ANIMALS) == expected
+    on these options (with E: cow for the answer-is case), gives ``expected``."""
+    options = {**ANIMALS, "E": "cow"} if " E," in reply else ANIMALS
+    assert infer_option_letter(reply, options) == expected
 
 
 @pytest.mark.parametrize("scores, lengths, picked", [

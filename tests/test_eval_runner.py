@@ -107,6 +107,13 @@ def test_table_refuses_two_runs_of_one_name(tmp_path):
     twin = _result(tmp_path / "again", "a", "pope", {"mean_over_splits": {"f1": 0.7}}, limit=10)
     with pytest.raises(ValueError, match=f"two evaluation directories have run name 'a': {a} and {twin}; "):
         build_table([a, twin])  # the error names both folders
+    from llava_norm.cli import main
+
+    for twins in ([a, twin], [a, a]):  # the command too, before any table is written (not one row for both)
+        with pytest.raises(SystemExit) as stop:
+            main(["table", *map(str, twins), "--out", str(tmp_path / "t")])
+        assert str(stop.value.code).startswith(f"table: two evaluation directories have run name 'a': {a} and ")
+    assert not list(tmp_path.glob("t*"))
 
 
 # ------------------------------------------------------------------ end to end
@@ -428,6 +435,11 @@ def test_bad_arguments_an_empty_benchmark_and_damaged_outputs_end_the_command_in
     for read in (lambda: eval_decision([ckpt, *bench], out, False), lambda: read_units(result)):
         with pytest.raises(DamagedFileError, match=re.escape(f"{result}: not a whole JSON file")):
             read()
+    # --overwrite recomputes only what is asked for: a cut result of another benchmark is said so
+    unasked = said("eval", ckpt, "--benchmarks", "ai2d", *bench[2:], "--limit", "2", "--max-new-tokens-cap", "2",
+                   "--overwrite")
+    assert unasked == (f"eval: {result}: not a whole JSON file, the result of a benchmark not asked for here: "
+                       "delete it, or ask for that benchmark with --overwrite"), unasked
     # the way on the message names: --overwrite recomputes the cut result
     cli.main(["eval", ckpt, *bench, "--limit", "2", "--max-new-tokens-cap", "2", "--overwrite"])
     assert json.loads(result.read_text())["metrics"] == json.loads(whole)["metrics"]

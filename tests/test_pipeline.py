@@ -387,3 +387,27 @@ def test_an_arm_whose_stage_file_trains_the_other_stage_is_refused_before_any_st
     config.task = 0  # the other arm's task runs
     assert [step.name for step in plan(config)[0]] == ["none@seed0: stage 1", "none@seed0: stage 2", "none@seed0: eval"]
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("global_batch", [16, None])
+def test_a_stage_on_another_number_of_processes_is_kept_only_under_a_fixed_global_batch(tmp_path, global_batch):
+    """A requeue on fewer nodes (README, "Another number of processes"): with train.global_batch_size
+    fixed, each step trains the same samples on any count, so a finished stage is kept and an
+    interrupted one resumed, not deleted and retrained; without it the batch changes, so it reruns."""
+    from llava_norm.provenance import fingerprint, make_record, write_record
+    from llava_norm.reuse import _stage_decision
+
+    out = tmp_path / "stage1"
+    (out / "model").mkdir(parents=True)
+    (out / "model" / "model.safetensors").write_text("weights")
+    settings = {"train.global_batch_size": global_batch, "world_size": 1}
+    for complete in (True, False):
+        found = make_record("stage1", settings, {})
+        found.complete, found.outputs = complete, {"model": fingerprint(out / "model")}
+        write_record(out, found)
+        decision = _stage_decision(make_record("stage1", {**settings, "world_size": 2}, {}), out, False)
+        if global_batch is None:
+            assert not decision.reuse and decision.stale and decision.reasons == ["world_size: 1 -> 2"]
+        else:
+            assert decision.kept == ["world_size: 1 -> 2"] and not decision.stale
+            assert (decision.reuse, decision.reasons) == ((True, []) if complete else (False, ["interrupted: resuming it"]))

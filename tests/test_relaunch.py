@@ -361,3 +361,37 @@ def test_a_resume_that_would_change_the_global_batch_is_refused_before_anything_
     with pytest.raises(ResumeError, match="saved on 2 processes without a record of its global batch"):
         launch()
     assert snapshot(out) == before
+
+
+def test_a_second_launch_into_a_folder_a_launch_holds_is_refused_and_the_check_says_so(run):
+    """A job submitted twice (README, Relaunching): while one launch holds the output folder, a
+    second is refused in one line before it reads the folder, and `llava-norm check` says so;
+    once the first is gone (here killed), the folder is free, and nothing in it changed."""
+    import subprocess
+    import sys
+
+    from llava_norm.train.launch_lock import FolderInUse, sole_launch
+    from llava_norm.train.preflight import preflight
+
+    launch, out, path = run
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom llava_norm.train.launch_lock import "
+                               f"sole_launch\nwith sole_launch({str(out)!r}):\n    print('held', flush=True)\n"
+                               "    time.sleep(120)\n"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = snapshot(out)
+        with pytest.raises(FolderInUse, match=f"{out}: another launch is training into this folder"):
+            launch()
+        assert snapshot(out) == before  # refused before it read or wrote anything
+        said = preflight(path, [], gpus=1, plan=False).problems
+        assert said == [f"{path}: relaunch refused: {out}: another launch is training into this folder (it holds "
+                        ".launch.lock); wait for it to end, or give this launch another train.output_dir"], said
+        with sole_launch(tmp := out.parent / "other"), pytest.raises(FolderInUse):  # held in this process too
+            with sole_launch(tmp):
+                pass
+    finally:
+        holder.kill()  # as a kill -9 of the first launch: the kernel drops its lock
+        holder.wait()
+    assert preflight(path, [], gpus=1, plan=False).ok
+    with sole_launch(out):
+        pass

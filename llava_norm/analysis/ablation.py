@@ -206,9 +206,12 @@ def to_markdown(cells: list[Cell], baseline: str, marks: dict[str, list[str]] | 
         notes += [f"- {arm}, {c.benchmark}: {c.note}" for c in row if c.note]
     held = [c for c in cells if c.delta and not c.delta.covers_zero]
     tested = sum(1 for c in cells if c.delta)
-    lines += ["", f"{len(held)} of {tested} deltas have an interval that excludes 0. Each interval is at "
-              f"{LEVEL:.0%}: with no effect anywhere, about {tested * (1 - LEVEL):.1f} of {tested} would exclude 0 "
-              "by chance alone, so one such delta among many is not evidence of an effect."]
+    if tested:
+        lines += ["", f"{len(held)} of {tested} deltas have an interval that excludes 0. Each interval is at "
+                  f"{LEVEL:.0%}: with no effect anywhere, about {tested * (1 - LEVEL):.1f} of {tested} would exclude "
+                  "0 by chance alone, so one such delta among many is not evidence of an effect."]
+    else:
+        lines += ["", f"No delta: no arm but `{baseline}`, or none sharing a training seed with it."]
     daggers = [f"- † {arm}: {m}" for arm in arms for m in _marked(arm, marks)]
     left_out = [f"- not in the table: {b}, which {', '.join(names)} lack(s)" for b, names in (missing or {}).items()]
     legend = [f"- **{b}**: {headline(b).legend}." for b in columns]
@@ -270,29 +273,28 @@ def write_ablation(runs: dict[str, Path], prefix: str | Path, baseline: str, ben
     if panels:
         fig = forest_grid(panels, f"arm minus {baseline}, points (95% interval); grey: covers 0")
         fig.savefig(png, dpi=110)
+    else:  # an earlier table's figure would stand beside deltas it does not show
+        png.unlink(missing_ok=True)
     return md
 
 
 def write_tables(runs: dict[str, Path], prefix: str | Path, baseline: str, first_run: str,
                  benchmarks: list[str] | None = None, options: dict[str, dict] | None = None,
                  data: dict[str, Path] | None = None, marks: dict[str, list[str]] | None = None,
-                 checkpoints: dict[str, Path] | None = None, paper: bool = False,
-                 run_dirs: list[str | Path] | None = None) -> tuple[Path, Path, Path]:
+                 checkpoints: dict[str, Path] | None = None, paper: bool = False) -> tuple[Path, Path, Path]:
     """The per-run table (``write_table``, its deltas against ``first_run``) and the statistics
     (``write_ablation``, against the arm ``baseline``) of evaluated runs ``{run name: eval dir}``.
     Returns the per-run Markdown, its CSV and the statistics' Markdown.
 
     Every run's predictions are read and checked against its results before any table is
     written, so a refused result leaves no table showing it. A grid the statistics cannot be
-    made of (``IncompleteGrid``: no baseline run yet) still gets its per-run table, then raises.
-    ``run_dirs``: the folders as the caller was given them (duplicates included, which the
-    per-run table refuses), by default ``runs``' own."""
+    made of (``IncompleteGrid``: no baseline run yet) still gets its per-run table, then raises."""
     try:
         cells = ablation_cells(runs, baseline, benchmarks, options, data)
     except IncompleteGrid:
         cells = None  # write_ablation meets it again, after the per-run table
-    md, csv_path = write_table(list(runs.values()) if run_dirs is None else run_dirs, prefix, baseline=first_run,
-                               marks=marks, benchmarks=benchmarks, checkpoints=checkpoints, data=data)
+    md, csv_path = write_table(list(runs.values()), prefix, baseline=first_run, marks=marks, benchmarks=benchmarks,
+                               checkpoints=checkpoints, data=data)
     marked = {name: found for name, found in (marks or {}).items() if name in runs and found}
     stats = write_ablation(runs, prefix, baseline, benchmarks, options, data, marked, paper, cells)
     return md, csv_path, stats

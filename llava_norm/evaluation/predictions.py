@@ -24,7 +24,11 @@ from llava_norm.files import write_atomically
 
 class DamagedFileError(ValueError):
     """A file an earlier evaluation wrote in its --out folder that does not read (cut short,
-    edited): the message names it and the ways on."""
+    edited): the message names it and the ways on; ``path`` is the file."""
+
+    def __init__(self, message: str, path: Path | None = None):
+        super().__init__(message)
+        self.path = Path(path) if path is not None else None
 
 
 def read_json_output(path: Path):
@@ -33,7 +37,7 @@ def read_json_output(path: Path):
         return json.loads(path.read_text(encoding="utf-8"))
     except ValueError as error:  # JSON's and UTF-8's errors both
         raise DamagedFileError(f"{path}: not a whole JSON file ({error}); delete it (llava-norm eval writes it "
-                               "again) or pass --overwrite to llava-norm eval") from None
+                               "again) or pass --overwrite to llava-norm eval", path) from None
 
 
 class SettingsMismatchError(RuntimeError):
@@ -105,7 +109,7 @@ class PredictionStore:
                         prediction = record["prediction"]
                     except (json.JSONDecodeError, KeyError, TypeError) as error:
                         raise DamagedFileError(f"{path}:{number}: not a prediction record ({error}); "
-                                               "delete the file or pass --overwrite") from None
+                                               "delete the file or pass --overwrite", path) from None
                     if item_id in merged.predictions:
                         merged.duplicates += 1
                     else:

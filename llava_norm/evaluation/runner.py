@@ -23,7 +23,7 @@ from tqdm import tqdm
 from llava_norm.config_schema import resolve_dtype
 from llava_norm.evaluation.benchmarks import get_benchmark
 from llava_norm.evaluation.distributed import Ranks
-from llava_norm.evaluation.predictions import PredictionStore, SettingsMismatchError, read_json_output
+from llava_norm.evaluation.predictions import DamagedFileError, PredictionStore, SettingsMismatchError, read_json_output
 from llava_norm.evaluation.settings import BenchmarkRequest, EvalConfig, settings_differences, settings_for
 from llava_norm.evaluation.table import EVAL_SUMMARY, read_results
 from llava_norm.files import write_atomically
@@ -123,8 +123,15 @@ def _refuse_another_models_results(config: EvalConfig) -> None:
     (by content: a moved copy of this model is this model): the folder's summary would list them
     as this model's. A requested benchmark's own settings check guards that benchmark."""
     asked = {request.name for request in config.benchmarks}
-    # The asked ones' files unread: --overwrite recomputes a cut one instead of stopping at it.
-    kept = {name: result["settings"] for name, result in read_results(config.out_dir, unread=asked).items()}
+    # Under --overwrite the asked ones' files go unread: a cut one is recomputed, not stopped at.
+    try:
+        found = read_results(config.out_dir, unread=asked if config.overwrite else ())
+    except DamagedFileError as error:
+        if error.path.stem in asked:  # its own message's ways on hold
+            raise
+        raise DamagedFileError(f"{error.path}: not a whole JSON file, the result of a benchmark not asked for here: "
+                               "delete it, or ask for that benchmark with --overwrite", error.path) from None
+    kept = {name: result["settings"] for name, result in found.items() if name not in asked}
     others = {name: settings.get("checkpoint") for name, settings in kept.items()
               if settings.get("checkpoint_fingerprint") not in (None, config.checkpoint_fingerprint)}
     if others:

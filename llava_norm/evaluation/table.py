@@ -79,16 +79,21 @@ def read_run(run_dir: str | Path, benchmarks: list[str] | None = None) -> tuple[
     return name, results
 
 
-def build_table(run_dirs: list[str | Path], baseline: str | None = None,
-                benchmarks: list[str] | None = None) -> Table:
-    runs: dict[str, dict[str, dict]] = {}
+def run_dirs_by_name(run_dirs: list[str | Path]) -> dict[str, Path]:
+    """``{run name: eval dir}``; two folders of one run name are refused (a table row each)."""
     where: dict[str, Path] = {}
     for run_dir in run_dirs:
-        name, results = read_run(run_dir, benchmarks)
-        if name in runs:
+        name = read_run(run_dir)[0]
+        if name in where:
             raise ValueError(f"two evaluation directories have run name {name!r}: {where[name]} and {run_dir}; "
                              "rerun `llava-norm eval` on one of them with another --name")
-        runs[name], where[name] = results, Path(run_dir)
+        where[name] = Path(run_dir)
+    return where
+
+
+def build_table(run_dirs: list[str | Path], baseline: str | None = None,
+                benchmarks: list[str] | None = None) -> Table:
+    runs = {name: read_run(run_dir, benchmarks)[1] for name, run_dir in run_dirs_by_name(run_dirs).items()}
     names = list(runs)
     baseline = baseline or names[0]
     if baseline not in runs:

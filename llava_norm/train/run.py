@@ -38,6 +38,7 @@ from llava_norm.train.final import save_final
 from llava_norm.train.params import freeze_backbones, freeze_for_lora
 from llava_norm.train.profile import StepProfiler
 from llava_norm.train.record import complete_finished_run, finish_record, start_record
+from llava_norm.train.launch_lock import sole_launch
 from llava_norm.train.relaunch import clear_outputs, plan_launch
 from llava_norm.train.rundir import RUN_CONFIG, SKIPPED, SUMMARY, data_state
 from llava_norm.train.runlog import kept_wandb_run, main_process_messages
@@ -153,7 +154,13 @@ class LaunchCheckError(RuntimeError):
 def run_training(config: RunConfig, check=None) -> Path | None:
     """Train, resume or (for a finished run) do nothing; returns the model dir, or None if done already.
     ``check``: the launch's preflight (``llava_norm.train.preflight``), run by each node's first
-    process before anything loads; its problems stop the launch."""
+    process before anything loads; its problems stop the launch. One launch at a time in the
+    output folder (``launch_lock``): a second is refused before it reads the folder."""
+    with sole_launch(config.train.output_dir):
+        return _run_training(config, check)
+
+
+def _run_training(config: RunConfig, check) -> Path | None:
     t = config.train
     main_process_messages()
     plan = plan_launch(config)  # before any model or data loads: refusals cost nothing

@@ -75,5 +75,6 @@ class HellaSwag(RowBenchmark):
             "context": "clean(activity_label + ': ' + ctx_a + ' ' + ctx_b.capitalize())",
             "cleaning": "strip; ' [title]' -> '. '; remove [..]; '  ' -> ' ' (lm-eval preprocess)",
             "continuations": "' ' + clean(ending) for the 4 endings",
-            "scoring": "acc = argmax summed log-prob; acc_norm = argmax log-prob / len(clean(ending)) in characters",
+            "scoring": "acc = argmax summed log-prob; acc_norm = argmax log-prob / len(clean(ending)) in characters "
+                       "(an empty ending: numpy's quotient, -inf, as lm-eval)",
         }

@@ -200,6 +200,7 @@ class MMLU(Benchmark):
                 "[Question: {shot question.strip()}\nAnswer: {shot answer text}\n\n]*Question: {question.strip()}\nAnswer:"),
             "continuations": CONTINUATIONS if letters else "' ' + each choice text",
             "scoring": ("acc = argmax of summed log-prob over ' A'..' D' (lm-eval)" if letters else
-                        "acc = argmax of summed log-prob of the choice texts; acc_norm = of log-prob / characters (lm-eval)"),
+                        "acc = argmax of summed log-prob of the choice texts; acc_norm = of log-prob / characters "
+                        "(lm-eval; an empty choice: numpy's quotient)"),
             "aggregation": "acc = micro over all questions (lm-eval group 'mmlu', weight_by_size); acc_macro_subjects = mean of subject accuracies",
         }
