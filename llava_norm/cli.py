@@ -46,7 +46,7 @@ def _train(args) -> None:
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     try:  # the checks of `llava-norm check`, on this launch's shape (the start-up plan is printed apart)
         run_training(config, check=lambda: preflight(args.config, args.overrides, per_node, max(1, world // per_node),
-                                                      plan=False))
+                                                      plan=False, launch=True))
     except LaunchCheckError as error:  # one line per problem, as `llava-norm check` lists them before a launch
         sys.exit("\n".join(f"launch check: {problem}" for problem in str(error).splitlines()))
     except UnsafeFileError as error:  # a rank's own file (its RNG state, its optimizer partition): it says so

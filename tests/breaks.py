@@ -827,6 +827,13 @@ BREAKS = [
     Break("a launch refused by its check leaves a folder holding only its lock", "llava_norm/train/launch_lock.py",
           "        if made and not finished and [p.name for p in folder.iterdir()] == [LOCK]:", "        if False:",
           "tests/test_check.py::test_the_command_exits_non_zero_and_train_stops_before_loading"),
+    Break("a stage script's config looked for from the repository root only", "scripts/pretrain.sh",
+          '[ -f "$config" ] && config="$(cd "$(dirname "$config")" && pwd)/$(basename "$config")"', "true",
+          "tests/test_config.py::test_a_stage_script_refuses_the_other_stages_config"),
+    Break("a launch's own check refusing the lock its process 0 holds", "llava_norm/train/preflight.py",
+          "    held = None if launch else folder_in_use(config.train.output_dir)",
+          "    held = folder_in_use(config.train.output_dir)",
+          "tests/test_relaunch.py::test_a_second_launch_into_a_folder_a_launch_holds_is_refused_and_the_check_says_so"),
 ]
 
 

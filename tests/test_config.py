@@ -358,10 +358,11 @@ def test_cli_reports_one_line_before_any_load(setup, overrides, key, said):
 @pytest.mark.parametrize("script,config", [("pretrain.sh", "stage2.yaml"), ("finetune.sh", "stage1.yaml")])
 def test_a_stage_script_refuses_the_other_stages_config(tmp_path, script, config):
     """pretrain.sh given a stage-2 config (or finetune.sh a stage-1 one) says so before anything
-    loads; it used to override train.stage and train the other stage without a word."""
+    loads; it used to override train.stage and train the other stage without a word. The config
+    is named relative to where the script is called from (it runs from the repository root)."""
     out = tmp_path / "out"
-    result = subprocess.run(["bash", str(REPO / "scripts" / script), str(REPO / "configs/tiny/none" / config),
-                             f"train.output_dir={out}"], capture_output=True, text=True, cwd=REPO,
+    result = subprocess.run(["bash", str(REPO / "scripts" / script), config, f"train.output_dir={out}"],
+                            capture_output=True, text=True, cwd=REPO / "configs/tiny/none",
                             env={**os.environ, "GPUS_PER_NODE": "1"}, timeout=120)
     other, this = (2, 1) if script == "pretrain.sh" else (1, 2)
     assert result.returncode != 0 and not out.exists()

@@ -365,8 +365,9 @@ def test_a_resume_that_would_change_the_global_batch_is_refused_before_anything_
 
 def test_a_second_launch_into_a_folder_a_launch_holds_is_refused_and_the_check_says_so(run):
     """A job submitted twice (README, Relaunching): while one launch holds the output folder, a
-    second is refused in one line before it reads the folder, and `llava-norm check` says so;
-    once the first is gone (here killed), the folder is free, and nothing in it changed."""
+    second is refused in one line before it reads the folder, and `llava-norm check` says so (not
+    a launch's own check, whose process 0 holds the lock); once the first is gone (here killed),
+    the folder is free, and nothing in it changed."""
     import subprocess
     import sys
 
@@ -386,6 +387,8 @@ def test_a_second_launch_into_a_folder_a_launch_holds_is_refused_and_the_check_s
         said = preflight(path, [], gpus=1, plan=False).problems
         assert said == [f"{path}: relaunch refused: {out}: another launch is training into this folder (it holds "
                         ".launch.lock); wait for it to end, or give this launch another train.output_dir"], said
+        # a launch's own check, on its other nodes, cannot tell its process 0's lock from another's
+        assert preflight(path, [], gpus=1, plan=False, launch=True).ok
         with sole_launch(tmp := out.parent / "other"), pytest.raises(FolderInUse):  # held in this process too
             with sole_launch(tmp):
                 pass

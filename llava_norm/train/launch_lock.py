@@ -8,7 +8,8 @@ kernel drops the lock when its process ends, however it ends (a SIGKILL included
 launch never blocks the relaunch that resumes it. The file is created once and never written,
 so a relaunch that has nothing to do changes nothing in the folder. A file system that takes no
 lock (some cluster mounts) leaves the launch unguarded, which is logged. ``llava-norm check``
-asks ``folder_in_use`` before a job is queued.
+asks ``folder_in_use`` before a job is queued; a launch's own check does not (its process 0
+holds the lock, and the other nodes' checks could not tell it from another launch's).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from llava_norm.train.relaunch import RelaunchError
 
 log = logging.getLogger(__name__)
 LOCK = ".launch.lock"
-_HELD: set[Path] = set()  # folders this process holds: its own launch check must not meet its lock
 
 
 class FolderInUse(RelaunchError):
@@ -66,13 +66,11 @@ def sole_launch(output_dir: str | Path) -> Iterator[None]:
     handle = _locked(folder)
     if handle is None:
         raise FolderInUse(_in_use(folder))
-    _HELD.add(folder)
     finished = False
     try:
         yield
         finished = True
     finally:
-        _HELD.discard(folder)
         if made and not finished and [p.name for p in folder.iterdir()] == [LOCK]:
             # a launch refused before it wrote anything (its launch check) leaves no folder behind
             (folder / LOCK).unlink()
@@ -84,7 +82,7 @@ def sole_launch(output_dir: str | Path) -> Iterator[None]:
 def folder_in_use(output_dir: str | Path) -> str | None:
     """Why a launch into ``output_dir`` would be refused now (another launch holds it), or None."""
     folder = Path(output_dir).resolve()
-    if folder in _HELD or not (folder / LOCK).is_file():
+    if not (folder / LOCK).is_file():
         return None
     handle = _locked(folder)
     if handle is None:

@@ -221,12 +221,14 @@ def _each_config_error(path: str | Path, overrides: list[str], first: ConfigErro
 
 def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1, gpu_memory_gib: float | None = None,
               gpu_name: str | None = None, plan: bool = True, sources: dict | None = None,
-              output_dir: bool = True) -> Report:
+              output_dir: bool = True, launch: bool = False) -> Report:
     """The problems a launch of ``path`` with ``overrides`` on ``nodes`` x ``gpus`` processes
     would meet, and a summary; ``plan``: also the plan's verdict (training prints its own);
     ``sources``: results of data sources already read, by source (a grid's configs share them);
     ``output_dir``: whether the config's ``train.output_dir`` is where the launch writes, so what
-    a relaunch there would do is checked (a sweep's chains write elsewhere)."""
+    a relaunch there would do is checked (a sweep's chains write elsewhere); ``launch``: run inside
+    a launch, whose process 0 holds the output folder's lock (``launch_lock``), so that lock is not
+    another launch's."""
     report = Report()
     try:
         config = load_config(path, overrides, check_paths=False)
@@ -282,13 +284,13 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
         report.warnings.append(f"{path}: key 'train.save_steps': 0 writes no checkpoint: a killed or requeued run "
                                "starts over from step 0")
     if accum is not None and output_dir:
-        _resume_shape(report, path, config, world, accum)
+        _resume_shape(report, path, config, world, accum, launch)
     if plan and accum is not None:  # without a world size that divides the batch there is no launch to plan
         _plan(report, gpus, nodes, gpu_memory_gib, gpu_name)
     return report
 
 
-def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: int) -> None:
+def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: int, launch: bool) -> None:
     """A relaunch that ``llava_norm.train.relaunch`` would refuse (a finished run or a checkpoint
     with another config, an unfinished checkpoint asked for): a problem. A launch that would
     resume a checkpoint saved on another number of processes: said in the summary, or a problem
@@ -297,7 +299,7 @@ def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: in
     from llava_norm.train.launch_lock import folder_in_use  # lazy: relaunch reads the run's files
     from llava_norm.train.relaunch import RelaunchError, plan_launch
 
-    held = folder_in_use(config.train.output_dir)
+    held = None if launch else folder_in_use(config.train.output_dir)
     if held:  # a job submitted twice: the second would be refused at launch
         report.problems.append(f"{path}: relaunch refused: {held}")
         return
