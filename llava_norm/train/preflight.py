@@ -296,7 +296,8 @@ def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: in
     resume a checkpoint saved on another number of processes: said in the summary, or a problem
     where the trainer would refuse it (``global_batch_problem``); a checkpoint without its data
     position is a problem on any number."""
-    from llava_norm.train.launch_lock import folder_in_use  # lazy: relaunch reads the run's files
+    # lazy: relaunch reads the run's files
+    from llava_norm.train.launch_lock import folder_in_use
     from llava_norm.train.relaunch import RelaunchError, plan_launch
 
     held = None if launch else folder_in_use(config.train.output_dir)
