@@ -73,13 +73,17 @@ def _train(args) -> None:
 def interrupted(train) -> str:
     """The line an interrupted training run leaves: its last complete checkpoint and what the
     same command does next (``train.restart`` and ``train.resume`` decide, as train/relaunch.py)."""
-    from llava_norm.train.rundir import complete_checkpoints  # lazy: only once interrupted
+    # lazy: only once interrupted
+    from llava_norm.layout import CHAIN_LAUNCH
+    from llava_norm.train.rundir import complete_checkpoints
 
     out = Path(train.output_dir)
     found = complete_checkpoints(out) if out.is_dir() else []
     if not found:
         return "interrupted: no checkpoint was complete yet; the same command starts the run again"
     where = f"interrupted: its last complete checkpoint is {found[-1]}"
+    if os.environ.get(CHAIN_LAUNCH):  # the chain's rerun decides (a stale stage it restarted now resumes)
+        return f"{where}; the pipeline (or sweep) that launched it resumes from it when run again"
     if train.restart:
         return f"{where}; the same command deletes it and starts over (train.restart=true): drop that to resume"
     if train.resume != "auto":

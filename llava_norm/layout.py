@@ -15,3 +15,6 @@ NORM_PREFIX = f"{PROJECTOR_PREFIX}norm."  # the norm-alignment layer's parameter
 # What a projector file records of the run that trained it (safetensors metadata, all strings):
 # stage 2 compares the first four with its own config.
 PROJECTOR_ORIGIN = ("norm_alignment", "projector_type", "vision_tower", "llm", "text_norm")
+# Set in the environment of a launch the pipeline (or a sweep) makes: an interrupted stage then
+# says that rerunning the chain resumes it (the chain decides whether to restart, not the launch).
+CHAIN_LAUNCH = "LLAVA_NORM_CHAIN_LAUNCH"

@@ -33,7 +33,7 @@ from llava_norm.analysis.ablation import run_name, write_tables
 from llava_norm.config import load_config, stage_problem
 from llava_norm.evaluation.arguments import DEFAULT_DATA_ROOT, parse_eval_args
 from llava_norm.evaluation.table import EVAL_SUMMARY
-from llava_norm.layout import PROJECTOR_FILE
+from llava_norm.layout import CHAIN_LAUNCH, PROJECTOR_FILE
 from llava_norm.provenance import Record, fingerprint, read_record, write_record
 from llava_norm.reuse import Decision, compare, eval_decision, stage_decision
 
@@ -116,7 +116,7 @@ def on_every_node(command: list[str], environment: dict[str, str]) -> list[str]:
 def launch(command: list[str], log: Path | None, env: dict | None = None) -> None:
     """Run a launch script from the repo root; on failure, show this launch's part of the log
     (``failure_report``; streamed: the output above) and stop with the step's one-line error."""
-    environment_vars = {**os.environ, "PYTHON": sys.executable, **(env or {})}
+    environment_vars = {**os.environ, "PYTHON": sys.executable, CHAIN_LAUNCH: "1", **(env or {})}
     command = on_every_node(command, environment_vars)
     if log is None:
         code = subprocess.run(command, cwd=REPO, env=environment_vars).returncode
