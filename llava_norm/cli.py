@@ -196,10 +196,10 @@ def _table(args) -> None:
         # lazy: start-up; a subcommand loads only the stages it runs
         from llava_norm.analysis.ablation import split_name, write_tables
         from llava_norm.evaluation.arguments import benchmark_options
-        from llava_norm.evaluation.table import run_dirs_by_name
+        from llava_norm.evaluation.table import runs_by_name
 
     try:
-        names = run_dirs_by_name(args.eval_dirs)
+        names = {name: run_dir for name, (run_dir, _) in runs_by_name(args.eval_dirs).items()}
         baseline = args.baseline or next(iter(names))
         arm = split_name(baseline)[0]
         first_run = baseline if baseline in names else next((n for n in names if split_name(n)[0] == arm), baseline)

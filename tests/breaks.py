@@ -811,7 +811,7 @@ BREAKS = [
           "        if error.path.stem in asked:  # its own message's ways on hold", "        if True:",
           "tests/test_eval_runner.py::test_bad_arguments_an_empty_benchmark_and_damaged_outputs_end_the_command_in_one_line"),
     Break("two eval folders of one run name tabulated as one", "llava_norm/evaluation/table.py",
-          "        if name in where:", "        if False:",
+          "        if name in found:\n            raise ValueError(f\"two evaluation directories", "        if False:\n            raise ValueError(f\"two evaluation directories",
           "tests/test_eval_runner.py::test_table_refuses_two_runs_of_one_name"),
     Break("the demo's plan without its --code-counts", "llava_norm_demo/driver.py",
           "    record = run_steps(plan_demo(paths, chosen, code_counts), desc=", "    record = run_steps(plan_demo(paths, chosen), desc=",

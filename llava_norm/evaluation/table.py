@@ -79,21 +79,22 @@ def read_run(run_dir: str | Path, benchmarks: list[str] | None = None) -> tuple[
     return name, results
 
 
-def run_dirs_by_name(run_dirs: list[str | Path]) -> dict[str, Path]:
-    """``{run name: eval dir}``; two folders of one run name are refused (a table row each)."""
-    where: dict[str, Path] = {}
+def runs_by_name(run_dirs: list[str | Path], benchmarks: list[str] | None = None) -> dict[str, tuple[Path, dict]]:
+    """``{run name: (eval dir, its results)}``, each folder read once (``read_run``); two folders
+    of one run name are refused (a table row each)."""
+    found: dict[str, tuple[Path, dict]] = {}
     for run_dir in run_dirs:
-        name = read_run(run_dir)[0]
-        if name in where:
-            raise ValueError(f"two evaluation directories have run name {name!r}: {where[name]} and {run_dir}; "
+        name, results = read_run(run_dir, benchmarks)
+        if name in found:
+            raise ValueError(f"two evaluation directories have run name {name!r}: {found[name][0]} and {run_dir}; "
                              "rerun `llava-norm eval` on one of them with another --name")
-        where[name] = Path(run_dir)
-    return where
+        found[name] = (Path(run_dir), results)
+    return found
 
 
 def build_table(run_dirs: list[str | Path], baseline: str | None = None,
                 benchmarks: list[str] | None = None) -> Table:
-    runs = {name: read_run(run_dir, benchmarks)[1] for name, run_dir in run_dirs_by_name(run_dirs).items()}
+    runs = {name: results for name, (_, results) in runs_by_name(run_dirs, benchmarks).items()}
     names = list(runs)
     baseline = baseline or names[0]
     if baseline not in runs:
