@@ -36,7 +36,7 @@ def register_chains(sub) -> None:
     p.add_argument("--slurm-cpus-per-task", type=int, help="CPUs per array task (default 8 per GPU)")
     p.add_argument("--slurm-mem", help="host memory per array task, e.g. 400G (default: the plan's start-up "
                                        "estimate for the task's processes, plus a quarter)")
-    p.add_argument("--slurm-time", default="24:00:00", help="time limit per array task")
+    p.add_argument("--slurm-time", default="24:00:00", help="time limit per array task (default 24:00:00)")
     p.add_argument("--slurm-arg", action="append", default=[], metavar="FLAG",
                    help="extra #SBATCH line, e.g. --slurm-arg=--partition=gpu")
     p.set_defaults(func=_sweep)

@@ -104,11 +104,13 @@ def _attention(config: RunConfig) -> None:
 def _report_to(config: RunConfig) -> None:
     # transformers' own names for its integrations, which differ between its versions
     report_to = config.train.report_to
-    if report_to in ([], ["none"], ["all"]):
+    if report_to in ([], ["none"]):
         return
     from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK as known
     from transformers.integrations.integration_utils import get_available_reporting_integrations
 
+    if report_to == ["all"]:  # what TrainingArguments resolves it to: wandb among them when installed
+        report_to = get_available_reporting_integrations()
     if [name for name in report_to if name not in known]:
         raise ConfigError(f"key 'train.report_to': {report_to} has a name not among transformers' {list(known)}")
     # azure_ml counts as available only without mlflow, so its absence there proves nothing.

@@ -839,6 +839,20 @@ BREAKS = [
           'environment_vars = {**os.environ, "PYTHON": sys.executable, **(env or {})}', "tests/test_training_single.py::test_ctrl_c_leaves_one_line_naming_the_checkpoint_to_resume_from"),
     Break("an interrupted stage of a chain told that the same command deletes it", "llava_norm/cli.py",
           "    if os.environ.get(CHAIN_LAUNCH):", "    if False:", "tests/test_training_single.py::test_ctrl_c_leaves_one_line_naming_the_checkpoint_to_resume_from"),
+    Break("report_to all taken as reporting nowhere by the check", "llava_norm/config_checks.py",
+          "    if report_to == [\"all\"]:  # what TrainingArguments resolves it to: wandb among them when installed",
+          "    if False:",
+          "tests/test_check.py::test_wandb_without_a_key_is_named_before_anything_loads"),
+    Break("a leftover GPUS_PER_NODE wins over Slurm's GPUs silently", "scripts/slurm/_nodes.sh",
+          '  exit 2\nfi\nexport GPUS_PER_NODE', "fi\nexport GPUS_PER_NODE",
+          "tests/test_slurm.py::test_a_gpus_per_node_left_in_the_environment_that_slurm_contradicts_is_refused"),
+    Break("the check says OK over a finished run without saying a launch does nothing", "llava_norm/train/preflight.py",
+          '        report.summary.append(f"relaunch: {relaunch.message}")', "        pass",
+          "tests/test_relaunch.py::test_llava_norm_check_says_a_relaunch_would_be_refused"),
+    Break("a resume's position rescaled by the process count only, not the micro-batch", "llava_norm/train/trainer.py",
+          '        rows_then, rows_now = saved_world * saved.get("per_device_batch", per_device), world * per_device',
+          "        rows_then, rows_now = saved_world * per_device, world * per_device",
+          "tests/test_world_size.py::test_a_run_killed_on_one_number_of_processes_continues_on_another[lora-stage2-zero2-2to1]"),
 ]
 
 

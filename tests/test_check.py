@@ -148,8 +148,9 @@ def test_a_gated_backbone_without_a_token_is_named(world, monkeypatch, tmp_path)
 
 
 def test_wandb_without_a_key_is_named_before_anything_loads(world, monkeypatch, tmp_path):
-    """report_to wandb with no way to log in: wandb.init would stop the run after the model and
-    data loaded (its UsageError, a traceback per rank); the check says it in one line."""
+    """report_to wandb (or all, which includes the installed wandb) with no way to log in:
+    wandb.init would stop the run after the model and data loaded (its UsageError, a traceback
+    per rank); the check says it in one line."""
     _, config, data, _, _ = world
     monkeypatch.setenv("CHECK_DATA", str(data.parent))
     for name in ("WANDB_MODE", "WANDB_DISABLED", "WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL"):
@@ -159,6 +160,8 @@ def test_wandb_without_a_key_is_named_before_anything_loads(world, monkeypatch, 
     problems = preflight(config, wandb, gpus=2, plan=False).problems
     assert any("'train.report_to': wandb has no API key here" in p and "WANDB_MODE=offline" in p for p in problems), \
         problems
+    everything = preflight(config, ["train.report_to=[all]"], gpus=2, plan=False).problems  # wandb is installed
+    assert any("'train.report_to': wandb has no API key here" in p for p in everything), everything
     (tmp_path / "netrc").write_text("machine api.wandb.ai\n  login user\n  password key\n")  # what `wandb login` writes
     assert preflight(config, wandb, gpus=2, plan=False).ok
     (tmp_path / "netrc").unlink()

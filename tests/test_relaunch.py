@@ -239,11 +239,15 @@ def test_a_launch_finishes_the_deletions_a_kill_left(run):
 
 def test_llava_norm_check_says_a_relaunch_would_be_refused(run):
     """A finished run, or a checkpoint, with another config: the launch refuses it
-    (llava_norm.train.relaunch), so the check says so before a job is queued."""
+    (llava_norm.train.relaunch), so the check says so before a job is queued. With the same
+    config, the check says what the launch would do: nothing (finished), or resume (checkpoint)."""
     from llava_norm.train.preflight import preflight
 
     launch, out, path = run
     launch()
+    report = preflight(path, [], gpus=1, plan=False)  # the same config: a relaunch would do nothing, and says so
+    assert report.ok and f"relaunch: {out}: complete at step 3; nothing to do" in "\n".join(report.summary), \
+        report.summary
     report = preflight(path, ["train.max_steps=4"], gpus=1, plan=False)
     assert len(report.problems) == 1 and report.problems[0].startswith(
         f"{path}: relaunch refused: {out}: a finished run (step 3) with a different config: train.max_steps: 3 -> 4"), \
@@ -251,7 +255,8 @@ def test_llava_norm_check_says_a_relaunch_would_be_refused(run):
     # a sweep's grid check: its chains write elsewhere, so the YAML's own output dir says nothing
     assert preflight(path, ["train.max_steps=4"], gpus=1, plan=False, output_dir=False).ok
     _stopped_after_checkpoint_2(launch, out)
-    assert preflight(path, [], gpus=1, plan=False).ok
+    report = preflight(path, [], gpus=1, plan=False)
+    assert report.ok and f"resumes {out / 'checkpoint-2'}" in report.summary, report.summary
     report = preflight(path, ["optim.lr=0.5"], gpus=1, plan=False)
     assert len(report.problems) == 1 and "relaunch refused: " in report.problems[0] and \
         "but its config differs: optim.lr" in report.problems[0], report.problems

@@ -78,6 +78,16 @@ def test_stage1_on_two_nodes_then_a_requeue_of_the_finished_job_changes_nothing(
     assert snapshot(out) == before
 
 
+def test_a_gpus_per_node_left_in_the_environment_that_slurm_contradicts_is_refused(cluster):
+    root, common, job_env = cluster
+    out = root / "leftover"
+    args = [str(REPO / "configs/tiny/ln_textnorm_gwc/stage1.yaml"), f"train.output_dir={out}", *common]
+    done = _sbatch("stage1.sbatch", args, job_env(GPUS_PER_NODE="8", SLURM_GPUS_ON_NODE="1"))
+    assert done.returncode == 2 and "GPUS_PER_NODE=8" in done.stderr and "gave this job 1 GPUs" in done.stderr, \
+        done.stderr
+    assert not out.exists()
+
+
 def test_the_pipeline_on_two_nodes_spans_every_launch(cluster, tiny_dir):
     root, common, job_env = cluster
     world = root / "world"

@@ -28,10 +28,13 @@ LORA = ["lora.enabled=true", "lora.rank=4", "lora.alpha=8", "lora.vision_tower=f
 # arm with model.scale_value auto: c is calibrated at the start of the launched stage 1, and the
 # relaunch on one process continues from the checkpoint's value.
 SCALE = ["model.norm_alignment=scale_learned", "model.scale_value=auto"]
-CASES = {
-    "stage1-zero2-scale_learned-2to1": (1, 2, 2, 1, ["train.logging_steps=3", *SCALE]),
-    "stage2-zero3-1to2": (2, 3, 1, 2, []),
-    "lora-stage2-zero2-2to1": (2, 2, 2, 1, LORA),
+# The LoRA case's relaunch also doubles the micro-batch (allowed as a config change): its position
+# in micro-batches must scale by the rows a micro-batch of all processes holds (2 x 2 -> 1 x 4).
+WIDER = ["train.per_device_batch_size=4", "train.allow_config_change=true"]
+CASES = {  # (..., extra overrides, the relaunch's own)
+    "stage1-zero2-scale_learned-2to1": (1, 2, 2, 1, ["train.logging_steps=3", *SCALE], []),
+    "stage2-zero3-1to2": (2, 3, 1, 2, [], []),
+    "lora-stage2-zero2-2to1": (2, 2, 2, 1, LORA, WIDER),
 }
 
 
@@ -62,7 +65,7 @@ def _digest(folder):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_run_killed_on_one_number_of_processes_continues_on_another(tmp_path, tiny_dir, case):
-    stage, zero, before, after, extra = CASES[case]
+    stage, zero, before, after, extra, relaunch = CASES[case]
     config = _config(tmp_path, tiny_dir, stage, bad_image=extra == LORA)
     common = [f"train.deepspeed={ZERO[zero]}", *extra]
     ref_out, out = tmp_path / "uninterrupted", tmp_path / "killed"
@@ -80,11 +83,12 @@ def test_a_run_killed_on_one_number_of_processes_continues_on_another(tmp_path, 
     (out / "checkpoint-2.universal.tmp" / "half").write_text("x")
     (out / "checkpoint-2.universal").mkdir()
 
-    text = run_launches([(torchrun_command(config, [f"train.output_dir={out}", *common], after), env())], out,
-                        return_output=True)
+    text = run_launches([(torchrun_command(config, [f"train.output_dir={out}", *common, *relaunch], after), env())],
+                        out, return_output=True)
     processes = {1: "1 process", 2: "2 processes"}
+    per_device = 4 if relaunch == WIDER else 2
     assert f"resuming at step 2 on {processes[after]}, saved on {processes[before]} (global batch 8: " \
-           f"{8 // (2 * after)} accumulation steps)" in text
+           f"{8 // (per_device * after)} accumulation steps)" in text
     resumed = _summary(out)
     assert (resumed["resumed_from"], resumed["steps_this_launch"]) == (str(saved), 2)
     got, expected = _steps(resumed), _steps(reference)

@@ -305,12 +305,15 @@ def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: in
         report.problems.append(f"{path}: relaunch refused: {held}")
         return
     try:
-        checkpoint = plan_launch(config).checkpoint
+        relaunch = plan_launch(config)
     except RelaunchError as error:  # the launch would refuse it: said before the job is queued
         report.problems.append(f"{path}: relaunch refused: {error}")
         return
     except (OSError, ValueError):  # files the launch reads again and says why
         return
+    checkpoint = relaunch.checkpoint
+    if relaunch.action == "done":  # a launch would exit at once: said, so an OK is not read as "will train"
+        report.summary.append(f"relaunch: {relaunch.message}")
     if checkpoint is None:
         return
     saved = data_state(checkpoint)
@@ -319,6 +322,7 @@ def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: in
         return
     saved_world = saved.get("world_size", world)
     if saved_world == world:
+        report.summary.append(f"resumes {checkpoint}")
         return
     problem = global_batch_problem(saved, world, config.train.per_device_batch_size * world * accum)
     if problem:  # the trainer's own check, said before the launch

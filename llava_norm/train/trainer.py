@@ -101,7 +101,7 @@ class LlavaNormTrainer(Trainer):
         return {"epoch": epoch, "batches_consumed": batches, "batches_per_epoch": self._batches_per_epoch,
                 "order_fingerprint": self._sampler.fingerprint(epoch), "sampler": self._sampler.state_dict(),
                 "global_step": self.state.global_step, "world_size": self.args.world_size,
-                "global_batch": self._global_batch()}
+                "per_device_batch": self.args.per_device_train_batch_size, "global_batch": self._global_batch()}
 
     def _global_batch(self) -> int:
         a = self.args
@@ -146,12 +146,22 @@ class LlavaNormTrainer(Trainer):
         if saved is None:
             raise ResumeError(f"{checkpoint}: {NO_DATA_STATE}")
         world, saved_world = self.args.world_size, saved.get("world_size", self.args.world_size)
-        if saved_world != world:  # the same samples per step, split another way: rescale the position
+        if saved_world != world:
             problem = global_batch_problem(saved, world, self._global_batch())
             if problem:
                 raise ResumeError(f"{checkpoint}: {problem}")
-            saved = {**saved, "batches_consumed": saved["batches_consumed"] * saved_world // world,
-                     "batches_per_epoch": saved["batches_per_epoch"] * saved_world // world}
+        # The same samples per step, split another way (other processes, or another micro-batch
+        # under train.allow_config_change): the position in micro-batches scales with the rows
+        # one micro-batch of all processes holds. (Checkpoints before per_device_batch was kept:
+        # this launch's.)
+        per_device = self.args.per_device_train_batch_size
+        rows_then, rows_now = saved_world * saved.get("per_device_batch", per_device), world * per_device
+        if rows_then != rows_now:
+            if saved["batches_consumed"] * rows_then % rows_now:
+                raise ResumeError(f"{checkpoint}: saved after {saved['batches_consumed']} micro-batches of {rows_then} "
+                                  f"rows over all processes, which micro-batches of {rows_now} do not divide")
+            saved = {**saved, "batches_consumed": saved["batches_consumed"] * rows_then // rows_now,
+                     "batches_per_epoch": saved["batches_per_epoch"] * rows_then // rows_now}
         self.saved_world_size = saved_world
         if saved["order_fingerprint"] != self._sampler.fingerprint(saved["epoch"]):
             raise ResumeError(f"{checkpoint}: the data no longer gives epoch {saved['epoch']}'s sample "

@@ -5,6 +5,13 @@
 export MASTER_ADDR=${MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)}
 export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 40000))}
 export NNODES=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
+# sbatch hands the submitting shell's environment on: a GPUS_PER_NODE left there from other work
+# would launch that many processes on the GPUs Slurm gave this job.
+if [ -n "${GPUS_PER_NODE:-}" ] && [ -n "${SLURM_GPUS_ON_NODE:-}" ] && [ "$GPUS_PER_NODE" != "$SLURM_GPUS_ON_NODE" ]; then
+  echo "GPUS_PER_NODE=$GPUS_PER_NODE (from the environment the job was submitted with) but Slurm gave this" \
+       "job $SLURM_GPUS_ON_NODE GPUs per node (SLURM_GPUS_ON_NODE): unset GPUS_PER_NODE before sbatch" >&2
+  exit 2
+fi
 export GPUS_PER_NODE=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}
 
 # one task per node, each a torchrun agent of GPUS_PER_NODE processes (scripts/_launch.sh)
