@@ -17,9 +17,12 @@ from PIL import Image
 from launch import snapshot
 from tinydata import write_dataset
 
+from transformers import get_scheduler
+
 from llava_norm.config import load_config
 from llava_norm.train.relaunch import RelaunchError, plan_launch
 from llava_norm.train.deepspeed_setup import safe_deepspeed_loading
+from llava_norm.train.params import learning_rates
 from llava_norm.train.run import run_training
 from llava_norm.train.trainer import LlavaNormTrainer, ResumeError
 
@@ -64,9 +67,23 @@ def test_finished_run_is_left_alone_and_the_ways_out_are_explicit(run, capsys):
         launch("train.resume=none")
     assert snapshot(out) == before
 
-    launch("train.max_steps=5", "train.extend=true")  # continues from the last checkpoint
+    launch("train.max_steps=5", "train.extend=true", "train.logging_steps=1")  # continues from the last checkpoint
     assert (_summary(out)["global_step"], _summary(out)["steps_this_launch"]) == (5, 2)
     assert _summary(out)["resumed_from"] == str(out / "checkpoint-3")
+    # the extended updates take the lengthened schedule's rates from the first one on (the 3-step
+    # cosine the checkpoint's optimizer holds ends at 0)
+    rates = learning_rates(load_config(path, ["train.max_steps=5"]).optim)
+    groups = [{"params": [torch.zeros(1, requires_grad=True)], "lr": lr} for lr in rates.values()]
+    schedule = get_scheduler("cosine", torch.optim.SGD(groups), num_warmup_steps=1, num_training_steps=5)
+    expected = {}
+    for step in range(1, 6):  # warmup_ratio 0.03 of 5 steps: 1
+        expected[step] = {f"lr/{name}": group["lr"] for name, group in zip(rates, schedule.optimizer.param_groups)}
+        schedule.optimizer.step()
+        schedule.step()
+    logged = {e["step"]: {k: v for k, v in e.items() if k.startswith("lr/")} for e in _summary(out)["log_history"]
+              if "loss" in e}
+    assert {step: logged[step] for step in (4, 5)} == {step: expected[step] for step in (4, 5)}, logged
+    assert min(expected[4].values()) > 0
 
     launch("train.restart=true")  # deletes the run's outputs, trains from scratch
     assert (_summary(out)["global_step"], _summary(out)["steps_this_launch"], _summary(out)["resumed_from"]) == (3, 3, None)

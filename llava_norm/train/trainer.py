@@ -192,13 +192,27 @@ class LlavaNormTrainer(Trainer):
             self.optimizer.register_step_pre_hook(self.run_log.note_learning_rates)
         return self.optimizer
 
+    def _scheduled_rates(self) -> list[float]:
+        """Each group's rate for the next update: this launch's schedule at the resumed step. The
+        optimizer's saved rates are the saved schedule's, which train.extend lengthened (a cosine
+        ends at 0, which would have been the first extended update's rate)."""
+        schedule = self.lr_scheduler
+        if not isinstance(schedule, torch.optim.lr_scheduler.LambdaLR):  # one the DeepSpeed JSON defines
+            return schedule.get_last_lr()
+        return [base * rule(schedule.last_epoch) for base, rule in zip(schedule.base_lrs, schedule.lr_lambdas)]
+
     def _load_optimizer_and_scheduler(self, checkpoint) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None and self.saved_world_size not in (None, self.args.world_size):
+        if checkpoint is None:
+            return
+        rates = self._scheduled_rates()
+        if self.saved_world_size in (None, self.args.world_size):
+            for group, rate in zip(self.optimizer.param_groups, rates):
+                group["lr"] = rate
+        else:
             # DeepSpeed's ZeRO-3 universal load copies the first group's settings (name, rate,
             # weight decay) into every group; each group's own come back from how it was built and
             # its rate from the resumed scheduler
-            rates = self.lr_scheduler.get_last_lr()
             for group, settings, rate, base in zip(self.optimizer.param_groups, self._group_settings, rates,
                                                    self.lr_scheduler.base_lrs):
                 group.update({**settings, "lr": rate, "initial_lr": base})
