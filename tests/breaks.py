@@ -856,6 +856,14 @@ BREAKS = [
     Break("an extended run's first update at the saved schedule's last rate", "llava_norm/train/trainer.py",
           '                group["lr"] = rate', "                pass",
           "tests/test_relaunch.py::test_finished_run_is_left_alone_and_the_ways_out_are_explicit"),
+    Break("every draw-time skip logged on every rank", "llava_norm/data/dataset.py",
+          "            if self.skips_said <= SKIPS_SAID:  # a folder of missing images would otherwise flood every rank's log",
+          "            if True:",
+          "tests/test_bad_data.py::test_draw_time_skips_are_logged_up_to_a_limit_and_recorded_all"),
+    Break("the check silent on a source with some of its images missing", "llava_norm/train/preflight.py",
+          "        elif missing:  # rows the run skips when drawn (or, under error, the first drawn stops it)",
+          "        elif False:",
+          "tests/test_check.py::test_some_images_missing_is_a_warning_under_skip_and_a_problem_under_error"),
 ]
 
 

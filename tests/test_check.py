@@ -3,6 +3,7 @@ and ``train`` stopping on the same problems before anything loads."""
 
 import json
 import subprocess
+import shutil
 import sys
 
 import pytest
@@ -311,6 +312,24 @@ def test_a_malformed_jsonl_line_is_a_warning_under_skip_and_a_problem_under_erro
     jsonl.write_text(json.dumps(json.loads(data.read_text()), indent=1))  # a JSON list named .jsonl: no line reads
     report = preflight(config, [mixture], gpus=2, plan=False)
     assert [p for p in report.problems if p.startswith(f"key 'data.mixture[0]': {jsonl}: none of its ")], report.problems
+
+
+def test_some_images_missing_is_a_warning_under_skip_and_a_problem_under_error(world, tmp_path):
+    """Two of a source's images gone (a partial unpack): the run skips their rows when drawn, or
+    under error stops at the first; the check says which, before a job is queued."""
+    _, config, data, images, _ = world
+    folder = tmp_path / "images"
+    shutil.copytree(images, folder)
+    gone = sorted(folder.iterdir())[:2]
+    for path in gone:
+        path.unlink()
+    mixture = f"data.mixture=[{{path: {data}, image_folder: {folder}}}]"
+    said = f"key 'data.mixture[0].image_folder': 2 of 6 sampled images of {data} are not under {folder} " \
+           f"(first looked for: {gone[0].name})"
+    report = preflight(config, [mixture], gpus=2, plan=False)
+    assert report.ok and any(w.startswith(said) and "skipped.jsonl" in w for w in report.warnings), report.warnings
+    strict = preflight(config, [mixture, "data.on_bad_sample=error"], gpus=2, plan=False)
+    assert any(p.startswith(said) for p in strict.problems), strict.problems
 
 
 def test_a_data_file_without_rows_is_a_problem(world, tmp_path):

@@ -158,6 +158,9 @@ def source_problems(source: DataSource, key: str) -> tuple[list[str], int | None
             problems.append(f"key '{key}.image_folder': none of {len(sample)} sampled images of {path} is under "
                             f"{folder}{unset} (first looked for: {missing[0]}): the wrong folder, or the images not "
                             "unpacked")
+        elif missing:  # rows the run skips when drawn (or, under error, the first drawn stops it)
+            problems.append(f"{SKIPPABLE}key '{key}.image_folder': {len(missing)} of {len(sample)} sampled images of "
+                            f"{path} are not under {folder} (first looked for: {missing[0]}): images not all unpacked?")
     return problems, rows_total
 
 
