@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from llava_norm.chain_cli import register_chains
-from llava_norm.worker import (Terminated, die_with_launcher, exit_launched_worker, frozen_imports,
-                               one_scan_of_transformers_models, quiet_transformers, sigterm_raises)
+from llava_norm.worker import (die_with_launcher, exit_launched_worker, frozen_imports, one_scan_of_transformers_models,
+                               quiet_transformers)
 
 
 def _train(args) -> None:
@@ -45,9 +45,8 @@ def _train(args) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     try:  # the checks of `llava-norm check`, on this launch's shape (the start-up plan is printed apart)
-        with sigterm_raises():
-            run_training(config, check=lambda: preflight(args.config, args.overrides, per_node,
-                                                          max(1, world // per_node), plan=False, launch=True))
+        run_training(config, check=lambda: preflight(args.config, args.overrides, per_node, max(1, world // per_node),
+                                                      plan=False, launch=True))
     except LaunchCheckError as error:  # one line per problem, as `llava-norm check` lists them before a launch
         sys.exit("\n".join(f"launch check: {problem}" for problem in str(error).splitlines()))
     except UnsafeFileError as error:  # a rank's own file (its RNG state, its optimizer partition): it says so
@@ -66,19 +65,14 @@ def _train(args) -> None:
             # on a line of its own: a progress bar may hold the current one
             print("\n" + interrupted(config.train), file=sys.stderr, flush=True)
         sys.exit(130)  # as the shell reports an interrupt: not a failure of the run
-    except Terminated:  # a time limit, a preemption, torchrun stopping its workers
-        if os.environ.get("RANK", "0") == "0":
-            print("\n" + interrupted(config.train, "terminated (SIGTERM)"), file=sys.stderr, flush=True)
-        sys.exit(143)  # 128 + SIGTERM, as the shell reports it
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # leave together: no rank tears the group down under one still saving
         dist.destroy_process_group()
 
 
-def interrupted(train, how: str = "interrupted") -> str:
-    """The line an interrupted (or ``how`` else stopped) training run leaves: its last complete
-    checkpoint and what the same command does next (``train.restart`` and ``train.resume``
-    decide, as train/relaunch.py)."""
+def interrupted(train) -> str:
+    """The line an interrupted training run leaves: its last complete checkpoint and what the
+    same command does next (``train.restart`` and ``train.resume`` decide, as train/relaunch.py)."""
     # lazy: only once interrupted
     from llava_norm.layout import CHAIN_LAUNCH
     from llava_norm.train.rundir import complete_checkpoints
@@ -86,8 +80,8 @@ def interrupted(train, how: str = "interrupted") -> str:
     out = Path(train.output_dir)
     found = complete_checkpoints(out) if out.is_dir() else []
     if not found:
-        return f"{how}: no checkpoint was complete yet; the same command starts the run again"
-    where = f"{how}: its last complete checkpoint is {found[-1]}"
+        return "interrupted: no checkpoint was complete yet; the same command starts the run again"
+    where = f"interrupted: its last complete checkpoint is {found[-1]}"
     if os.environ.get(CHAIN_LAUNCH):  # the chain's rerun decides (a stale stage it restarted now resumes)
         return f"{where}; the pipeline (or sweep) that launched it resumes from it when run again"
     if train.restart:
@@ -181,8 +175,7 @@ def _eval(args) -> None:
         sys.exit(f"eval: {error}")
     main_rank = os.environ.get("RANK", "0") == "0"
     try:
-        with sigterm_raises():
-            summary = run_evaluation(config)
+        summary = run_evaluation(config)
     # every rank meets these alike: one says it
     except (SettingsMismatchError, BenchmarkDataError, DamagedFileError, FileNotFoundError) as error:
         sys.exit(f"eval: {error}" if main_rank else 1)
@@ -191,11 +184,6 @@ def _eval(args) -> None:
             print(f"\ninterrupted: the predictions so far are kept in {config.out_dir}; the same command continues "
                   "from them", file=sys.stderr, flush=True)
         sys.exit(130)
-    except Terminated:
-        if main_rank:
-            print(f"\nterminated (SIGTERM): the predictions so far are kept in {config.out_dir}; the same command "
-                  "continues from them", file=sys.stderr, flush=True)
-        sys.exit(143)
     if summary is not None:  # each benchmark's headline, as the results table heads its column
         print(f"results in {config.out_dir}:")
         for name, result in summary["benchmarks"].items():

@@ -277,32 +277,6 @@ def die_with_launcher() -> None:
         os._exit(1)
 
 
-class Terminated(BaseException):
-    """SIGTERM met inside ``sigterm_raises``. A BaseException, as KeyboardInterrupt is: no
-    ``except Exception`` on the way up takes it for an error of the work."""
-
-
-@contextlib.contextmanager
-def sigterm_raises():
-    """While inside (main thread only), SIGTERM raises ``Terminated`` where the process stands.
-
-    Why: SIGTERM is how a Slurm job's time limit or preemption, and torchrun stopping its
-    workers, end a process, and by default it dies without a word. Raised, it reaches the
-    command, which says where the work stands and how the same command goes on, as after
-    Ctrl-C. What a kill can cut (a checkpoint without its marker, a file being written) a
-    relaunch already handles."""
-    import signal
-
-    def stop(signum, frame):
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def exit_launched_worker() -> None:
     """End a torchrun worker without interpreter finalisation, once its work is written.
 

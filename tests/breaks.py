@@ -864,13 +864,6 @@ BREAKS = [
           "        elif missing:  # rows the run skips when drawn (or, under error, the first drawn stops it)",
           "        elif False:",
           "tests/test_check.py::test_some_images_missing_is_a_warning_under_skip_and_a_problem_under_error"),
-    Break("SIGTERM ends train without a word", "llava_norm/worker.py",
-          "    previous = signal.signal(signal.SIGTERM, stop)", "    previous = signal.getsignal(signal.SIGTERM)",
-          "tests/test_training_single.py::test_ctrl_c_leaves_one_line_naming_the_checkpoint_to_resume_from"),
-    Break("SIGTERM ends eval without a word", "llava_norm/cli.py",
-          "        with sigterm_raises():\n            summary = run_evaluation(config)",
-          "        if True:\n            summary = run_evaluation(config)",
-          "tests/test_eval_runner.py::test_bad_input_and_ctrl_c_end_the_command_in_one_line"),
 ]
 
 

@@ -341,18 +341,6 @@ def test_bad_input_and_ctrl_c_end_the_command_in_one_line(setup, tmp_path, monke
     assert capsys.readouterr().err == (f"\ninterrupted: the predictions so far are kept in {tmp_path / 'out'}; the "
                                        "same command continues from them\n")
 
-    def terminate(config):  # a Slurm time limit: SIGTERM to the process
-        # unhandled, SIGTERM would end this test run itself: the command must have taken it
-        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN, None), "SIGTERM not taken"
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(30)
-
-    monkeypatch.setattr(runner, "run_evaluation", terminate)
-    assert said(str(setup / "ckpt"), *common) == 143
-    assert capsys.readouterr().err == (f"\nterminated (SIGTERM): the predictions so far are kept in {tmp_path / 'out'}; "
-                                       "the same command continues from them\n")
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # put back when the command ends
-
 
 def test_loglikelihood_flags_exactly_the_greedy_continuation(tiny_dir):
     import torch
