@@ -263,11 +263,17 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def differences(recorded: Record, expected: Record) -> list[str]:
-    """The result-changing differences: config keys, inputs (by fingerprint) and the seed."""
-    out = [f"{key}: {recorded.config.get(key, '<unset>')!r} -> {expected.config.get(key, '<unset>')!r}"
-           for key in sorted(set(recorded.config) | set(expected.config))
-           if recorded.config.get(key) != expected.config.get(key)]
+def config_difference(recorded: Record, expected: Record, key: str) -> str | None:
+    """``key: recorded -> expected`` where the two configs differ on ``key``, else None."""
+    old, new = recorded.config.get(key, "<unset>"), expected.config.get(key, "<unset>")
+    return None if old == new else f"{key}: {old!r} -> {new!r}"
+
+
+def differences(recorded: Record, expected: Record, ignore: tuple[str, ...] = ()) -> list[str]:
+    """The result-changing differences: config keys (but ``ignore``), inputs (by fingerprint)
+    and the seed."""
+    keys = sorted((set(recorded.config) | set(expected.config)) - set(ignore))
+    out = [said for key in keys if (said := config_difference(recorded, expected, key))]
     for name in sorted(set(recorded.inputs) | set(expected.inputs)):
         old, new = recorded.inputs.get(name), expected.inputs.get(name)
         if old is None or new is None:

@@ -15,7 +15,8 @@ from llava_norm.evaluation.arguments import parse_eval_args
 from llava_norm.evaluation.predictions import read_json_output
 from llava_norm.evaluation.settings import benchmark_settings, settings_differences
 from llava_norm.layout import PROJECTOR_FILE
-from llava_norm.provenance import Record, differences, environment, environment_differences, fingerprint, read_record
+from llava_norm.provenance import (Record, config_difference, differences, environment, environment_differences,
+                                   fingerprint, read_record)
 from llava_norm.train.record import training_record
 from llava_norm.train.rundir import SUMMARY, complete_checkpoints
 
@@ -34,10 +35,11 @@ class Decision:
     kept: list[str] = field(default_factory=list)
 
 
-def compare(found: Record, expected: Record, code_counts: bool) -> tuple[list[str], list[str]]:
+def compare(found: Record, expected: Record, code_counts: bool,
+            ignore: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
     """(what makes the output stale, what is only noted): a different code or library version
-    is a note unless ``code_counts``."""
-    reasons = differences(found, expected)
+    is a note unless ``code_counts``; the config keys in ``ignore`` are neither."""
+    reasons = differences(found, expected, ignore)
     notes = environment_differences(found.environment, expected.environment)
     return (reasons + notes, []) if code_counts else (reasons, notes)
 
@@ -66,10 +68,9 @@ def _stage_decision(expected: Record, out: Path, code_counts: bool) -> Decision:
         holds_run = (out / SUMMARY).exists() or bool(complete_checkpoints(out))
         return Decision(False, ["its output has no provenance record" if holds_run else "not run yet"],
                         stale=holds_run)
-    reasons, notes = compare(found, expected, code_counts)
-    kept = [r for r in reasons if r.startswith("world_size: ")] \
-        if expected.config.get("train.global_batch_size") is not None else []
-    reasons = [r for r in reasons if r not in kept]
+    keep = ("world_size",) if expected.config.get("train.global_batch_size") is not None else ()
+    reasons, notes = compare(found, expected, code_counts, keep)
+    kept = [said for key in keep if (said := config_difference(found, expected, key))]
     outputs = {"model": out / "model", "projector": out / PROJECTOR_FILE}
     missing = [name for name in found.outputs if not outputs[name].exists()]
     changed = [name for name, recorded in found.outputs.items()
