@@ -30,7 +30,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from llava_norm.analysis.ablation import run_name, write_tables
-from llava_norm.config import load_config, stage_problem
+from llava_norm.config import ConfigError, load_config, stage_problem
 from llava_norm.evaluation.arguments import DEFAULT_DATA_ROOT, parse_eval_args
 from llava_norm.evaluation.table import EVAL_SUMMARY
 from llava_norm.layout import CHAIN_LAUNCH, PROJECTOR_FILE
@@ -337,12 +337,15 @@ def plan(config: PipelineConfig) -> tuple[list[Step], dict[str, list[str]]]:
 
 
 def stage_problems(config: PipelineConfig, config_dir: str) -> list[str]:
-    """Each of an arm's stage files that trains the other stage (its script would refuse it when
-    that stage starts), with the chain's overrides applied."""
+    """Each of an arm's stage files that does not load, or trains the other stage (its script
+    would refuse it when that stage starts), with the chain's overrides applied: every arm's at once."""
     found = []
     for stage, overrides in ((1, config.stage1_overrides), (2, config.stage2_overrides)):
         path = Path(config_dir).resolve() / f"stage{stage}.yaml"
-        problem = stage_problem(path, load_config(path, overrides, check_paths=False), stage)
+        try:
+            problem = stage_problem(path, load_config(path, overrides, check_paths=False), stage)
+        except ConfigError as error:
+            problem = str(error)
         found += [f"{arm_name(config_dir)} stage {stage}: {problem}"] if problem else []
     return found
 

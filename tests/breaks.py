@@ -865,6 +865,9 @@ BREAKS = [
           "        elif missing:  # rows the run skips when drawn (or, under error, the first drawn stops it)",
           "        elif False:",
           "tests/test_check.py::test_some_images_missing_is_a_warning_under_skip_and_a_problem_under_error"),
+    Break("a chain stops at its first stage file that does not load", "llava_norm/pipeline.py",
+          "        except ConfigError as error:\n            problem = str(error)", "        except ConfigError:\n            raise",
+          "tests/test_pipeline.py::test_an_arm_whose_stage_file_trains_the_other_stage_is_refused_before_any_step"),
 ]
 
 

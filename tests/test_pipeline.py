@@ -371,7 +371,8 @@ def test_a_failed_launchs_errors_above_its_last_lines_are_shown_and_earlier_laun
 
 def test_an_arm_whose_stage_file_trains_the_other_stage_is_refused_before_any_step(tmp_path):
     """finetune.sh refuses a stage2.yaml that trains stage 1, but only when stage 2 starts; the
-    pipeline (and each sweep task) says so while planning, before stage 1 trains."""
+    pipeline (and each sweep task) says so while planning, before stage 1 trains, with every
+    other arm's stage file that does not load."""
     shutil.copytree(REPO / "configs", tmp_path / "configs")  # the arm's base files beside it
     arms = [tmp_path / "configs/tiny/none", tmp_path / "configs/tiny/ln_textnorm_gwc"]
     (arms[1] / "stage2.yaml").write_text((arms[1] / "stage2.yaml").read_text().replace("train: {", "train: {stage: 1, "))
@@ -387,6 +388,14 @@ def test_an_arm_whose_stage_file_trains_the_other_stage_is_refused_before_any_st
     config.task = 0  # the other arm's task runs
     assert [step.name for step in plan(config)[0]] == ["none@seed0: stage 1", "none@seed0: stage 2", "none@seed0: eval"]
     assert not (tmp_path / "runs").exists()
+    # a key that does not load in one arm's stage 1 as well: both said at once, not the first alone
+    (arms[0] / "stage1.yaml").write_text((arms[0] / "stage1.yaml").read_text() + "optim: {warmupx: 1}\n")
+    config.seeds, config.task = [], None
+    with pytest.raises(ValueError) as refused:
+        plan(config)
+    assert str(refused.value).splitlines() == [
+        f"none stage 1: {arms[0] / 'stage1.yaml'}: key 'optim.warmupx': Key 'warmupx' not in 'OptimConfig'. Did you "
+        "mean: 'warmup_ratio'?", expected], str(refused.value)
 
 
 @pytest.mark.parametrize("global_batch", [16, None])
