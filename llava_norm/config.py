@@ -201,6 +201,41 @@ def file_problems(path: str | Path, overrides: list[str] = ()) -> tuple[list[str
     return tuple(list(dict.fromkeys(_named(error, path) for error in errors)) for errors in (refused, values))
 
 
+def each_config_error(path: str | Path, overrides: list[str], first: ConfigError) -> list[str]:
+    """Every key the config's files refuse; once they merge, every value outside its key's choices
+    or range (the file's and the overrides'), then every override the config refuses, not only
+    the first: overrides are taken on the file one at a time, and the refused ones are tried
+    again on those taken until none more is: one valid only beside another (``lora.enabled=true``
+    before ``train.stage=2``, or a key the file lacks set after it) is no problem, and a clash
+    between two is reported once, at one of them."""
+    def error_of(tried: list[str]) -> str | None:
+        try:
+            load_config(path, tried, check_paths=False)
+        except ConfigError as error:
+            return str(error)
+        return None
+
+    # every value with the overrides that merge (a file's value the launch replaces is not said)
+    in_the_file, found = file_problems(path, overrides)
+    if in_the_file:  # the overrides are checked on a file that merges
+        return in_the_file + found
+    # a key given twice is set by its last value, as load_config sets it: the earlier ones are not tried
+    keys = [o.partition("=")[0] for o in overrides]
+    taken, refused, more = [], [o for i, o in enumerate(overrides) if keys[i] not in keys[i + 1:]], True
+    while more:
+        more = False
+        for override in list(refused):
+            if error_of([*taken, override]) is None:
+                taken.append(override)
+                refused.remove(override)
+                more = True
+    for override in refused:
+        error = error_of([*taken, override])
+        if error not in found:
+            found.append(error)
+    return found or [str(first)]
+
+
 def _value_problems_of(merged: DictConfig, overrides: list[str]) -> list[str]:
     """``value_problems`` of ``merged`` with ``overrides``; none where those do not merge or leave a
     required key unset (load_config says so once the keys are fixed)."""

@@ -371,6 +371,21 @@ def test_a_stage_script_refuses_the_other_stages_config(tmp_path, script, config
         f"not stage {this} (scripts/{script} runs stage {this}): use the other script, or give train.stage={this}")
 
 
+@pytest.mark.parametrize("command", ["train", "plan"])
+def test_train_and_plan_name_every_key_the_config_refuses_not_the_first_alone(command, tmp_path):
+    """As `llava-norm check` lists them: a launch that fixes one key at a time would otherwise
+    meet the next only on its next try (a queued job each time, on a cluster)."""
+    from llava_norm.cli import main
+
+    config = REPO / "configs/tiny/none/stage1.yaml"
+    with pytest.raises(SystemExit) as stop:
+        main([command, str(config), "optim.warmupx=1", f"train.output_dir={tmp_path}", "train.foo=2"])
+    said = str(stop.value.code).splitlines()
+    assert [line.split(": key ")[1].split(":")[0] for line in said] == ["'optim.warmupx'", "'train.foo'"], said
+    assert all(line.startswith(f"config error: {config}: key ") for line in said), said
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("command", ["train", "check", "plan"])
 def test_a_command_without_its_config_names_only_the_config_as_missing(command, capsys):
     """The overrides are optional: argparse names a '*' positional without a default as required."""

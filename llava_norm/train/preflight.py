@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llava_norm.config import _read_yaml_chain, file_problems, load_config
+from llava_norm.config import _read_yaml_chain, each_config_error, load_config
 from llava_norm.config_checks import path_problems
 from llava_norm.config_schema import ConfigError, DataSource, RunConfig, effective_grad_accum
 from llava_norm.data.rows import BadSampleError, no_rows, read_entries
@@ -187,41 +187,6 @@ def backbone_problems(name: str, key: str) -> tuple[list[str], str]:
     return problems, "hub (downloaded at start-up)"
 
 
-def _each_config_error(path: str | Path, overrides: list[str], first: ConfigError) -> list[str]:
-    """Every key the config's files refuse; once they merge, every value outside its key's choices
-    or range (the file's and the overrides'), then every override the config refuses, not only
-    the first: overrides are taken on the file one at a time, and the refused ones are tried
-    again on those taken until none more is: one valid only beside another (``lora.enabled=true``
-    before ``train.stage=2``, or a key the file lacks set after it) is no problem, and a clash
-    between two is reported once, at one of them."""
-    def error_of(tried: list[str]) -> str | None:
-        try:
-            load_config(path, tried, check_paths=False)
-        except ConfigError as error:
-            return str(error)
-        return None
-
-    # every value with the overrides that merge (a file's value the launch replaces is not said)
-    in_the_file, found = file_problems(path, overrides)
-    if in_the_file:  # the overrides are checked on a file that merges
-        return in_the_file + found
-    # a key given twice is set by its last value, as load_config sets it: the earlier ones are not tried
-    keys = [o.partition("=")[0] for o in overrides]
-    taken, refused, more = [], [o for i, o in enumerate(overrides) if keys[i] not in keys[i + 1:]], True
-    while more:
-        more = False
-        for override in list(refused):
-            if error_of([*taken, override]) is None:
-                taken.append(override)
-                refused.remove(override)
-                more = True
-    for override in refused:
-        error = error_of([*taken, override])
-        if error not in found:
-            found.append(error)
-    return found or [str(first)]
-
-
 def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1, gpu_memory_gib: float | None = None,
               gpu_name: str | None = None, plan: bool = True, sources: dict | None = None,
               output_dir: bool = True, launch: bool = False) -> Report:
@@ -237,7 +202,7 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
         config = load_config(path, overrides, check_paths=False)
         report.problems += unset_variables(Path(path), config)
     except ConfigError as error:
-        report.problems += _each_config_error(path, overrides, error)
+        report.problems += each_config_error(path, overrides, error)
         return report
     report.config, world, t = config, gpus * nodes, config.train
     try:
