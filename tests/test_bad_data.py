@@ -21,7 +21,7 @@ from llava_norm.data import images as images_module
 from llava_norm.data.collate import collate
 from llava_norm.data.conversation import conversation_tokenizer
 from llava_norm.data.dataset import (
-    SKIP_CAUSES, SKIPS_SAID, WHOLE_FILE, BadSampleError, SupervisedDataset, count_by_cause, read_rows_file,
+    SKIP_CAUSES, WHOLE_FILE, BadSampleError, SupervisedDataset, count_by_cause, read_rows_file,
 )
 from llava_norm.data.images import BadImageError, open_image, preprocess, to_rgb
 from llava_norm.model.builder import ModelSpec, build_model
@@ -109,19 +109,6 @@ def test_bad_image_errors_or_is_replaced_and_recorded(bundle, tmp_path, cause):
     assert [(r["file"], r["row"], r["cause"]) for r in records] == [(str(tmp_path / "rows.json"), "bad1", cause)]
     assert set(records[0]) == RECORD_KEYS and "bad.png" in records[0]["message"]
     assert cause in SKIP_CAUSES
-
-
-def test_draw_time_skips_are_logged_up_to_a_limit_and_recorded_all(bundle, tmp_path, caplog):
-    """A folder of missing images: each skip is recorded, the first SKIPS_SAID are logged (the
-    last saying so), the rest are not, so a large source does not flood every rank's log."""
-    rows = [_row(f"gone{i}", f"gone{i}.png") for i in range(SKIPS_SAID + 3)] + [_row("ok1", "0000.png")]
-    dataset = _build(bundle, tmp_path, {"rows.json": rows}, "skip")
-    with caplog.at_level("WARNING", logger="llava_norm.data.dataset"):
-        example = dataset[0]
-    assert example.sample_id == "ok1" and len(example.skipped) == SKIPS_SAID + 3
-    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipping bad sample")]
-    assert len(said) == SKIPS_SAID and "gone0.png" in said[0], said
-    assert said[-1].endswith("further skips of this process are recorded in skipped.jsonl only"), said[-1]
 
 
 def test_huge_image_is_refused_from_its_header_without_warnings(tmp_path, monkeypatch):

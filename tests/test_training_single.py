@@ -1,5 +1,6 @@
 """Single-process training: logging backends, activation checkpointing, checkpoint completeness."""
 
+import json
 import os
 from pathlib import Path
 
@@ -33,6 +34,31 @@ train: {{stage: 2, output_dir: {tmp_path}/out, max_steps: 2, per_device_batch_si
     # test's torchrun inherits os.environ) would log into this run ("run ID ... is in use")
     assert "WANDB_RUN_ID" not in os.environ and "WANDB_RESUME" not in os.environ
     assert [p.name for p in complete_checkpoints(tmp_path / "out")] == ["checkpoint-1", "checkpoint-2"]
+
+
+def test_draw_time_skips_are_logged_ten_per_process_over_workers_and_epochs(tmp_path, tiny_dir, caplog):
+    """Six of eight images gone (a partial unpack), drawn by two loader workers over two epochs:
+    the training process logs its first 10 skips only, the last saying so (a count in each
+    worker's copy of the dataset would log 10 per worker and epoch), and every skipped row is in
+    skipped.jsonl."""
+    data, images = write_dataset(tmp_path / "data", n=8)
+    for path in sorted(images.iterdir())[2:]:
+        path.unlink()
+    config = tmp_path / "c.yaml"
+    config.write_text(f"""
+model: {{vision_tower: {tiny_dir}/siglip, llm: {tiny_dir}/llama}}
+data: {{mixture: [{{path: {data}, image_folder: {images}}}], num_workers: 2, max_length: 256}}
+train: {{stage: 2, output_dir: {tmp_path}/out, max_steps: 8, per_device_batch_size: 2, grad_accum: 1,
+        save_steps: 0, report_to: []}}
+""")
+    with caplog.at_level("WARNING"):
+        run_training(load_config(config))
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipping bad sample")]
+    assert len(said) == 10 and said[-1].endswith("this process's further skips are recorded in skipped.jsonl only")
+    summary = json.loads((tmp_path / "out/train_summary.json").read_text())
+    # 8 steps of 2 rows: two epochs of the 8 rows; each bad row recorded once
+    assert summary["global_step"] == 8 and summary["rows_skipped_when_drawn"] == 6, summary
+    assert len((tmp_path / "out/skipped.jsonl").read_text().splitlines()) == 6
 
 
 def test_incomplete_checkpoint_is_never_resumed(tmp_path, tiny_dir):

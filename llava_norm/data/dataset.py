@@ -44,7 +44,6 @@ from llava_norm.data.sources import EmbeddedImage, ResolvedSource, resolve
 log = logging.getLogger(__name__)
 MAX_REPLACEMENTS = 32
 IMAGE_PROBES = 64  # rows whose image file is looked for at every start
-SKIPS_SAID = 10  # draw-time skips each process logs in full; every one is in skipped.jsonl
 
 
 @dataclass
@@ -132,7 +131,6 @@ class SupervisedDataset(Dataset):
         self.max_length = max_length
         self.image_aspect = image_aspect
         self.on_bad_sample = on_bad_sample
-        self.skips_said = 0  # draw-time skips this process (or loader worker) logged: SKIPS_SAID at most
         self.length_estimate = length_estimate
         self.system_prompt = system_prompt
         self.sources: list[ResolvedSource] = []
@@ -269,11 +267,9 @@ class SupervisedDataset(Dataset):
         except BadSampleError as error:
             if self.on_bad_sample == "error":
                 raise
-            self.skips_said += 1
-            if self.skips_said <= SKIPS_SAID:  # a folder of missing images would otherwise flood every rank's log
-                more = "; further skips of this process are recorded in skipped.jsonl only" \
-                    if self.skips_said == SKIPS_SAID else ""
-                log.warning("skipping bad sample: %s%s", error, more, extra={"every_rank": True})  # this process's draw
+            # the trainer logs the first few of each process (LlavaNormTrainer._say_skips): each loader
+            # worker holds its own copy of this dataset, so a count here would be per worker and epoch
+            log.debug("skipping bad sample: %s", error)
             skipped.append(error.record())
             return None
 

@@ -20,6 +20,7 @@ replayed epoch 0's order (accelerate #4071, #4233; transformers #40691).
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -35,6 +36,9 @@ from llava_norm.train.rundir import (COMPLETE_MARKER, DATA_STATE, NO_DATA_STATE,
                                      global_batch_problem, processes)
 from llava_norm.train.runlog import RunLog
 from llava_norm.train.universal import remove_universal_copies
+
+log = logging.getLogger(__name__)
+SKIPS_SAID = 10  # draw-time skips each training process logs in full; every one is in skipped.jsonl
 
 
 def _gathered(params):
@@ -76,6 +80,7 @@ class LlavaNormTrainer(Trainer):
         self.norm_stats_steps = norm_stats_steps
         self.keep_checkpoints = keep_checkpoints
         self.skipped_samples: list[dict] = []  # this rank's draw-time skips (file, row, cause), whole run
+        self._skips_said = 0  # of them, met in this launch (_say_skips)
         self.run_log = RunLog(self)
         self.add_callback(self.run_log)
         self._counted_parameters: int | None = None  # for total_flos, see floating_point_ops
@@ -225,10 +230,23 @@ class LlavaNormTrainer(Trainer):
                 if torch.is_tensor(state.get("step")):
                     state["step"] = state["step"].clone()
 
+    def _say_skips(self, records: list[dict]) -> None:
+        """The first SKIPS_SAID skips this launch's process met when drawing rows, logged in full;
+        the rest only recorded (a folder of missing images would flood every rank's log). Said
+        here, in the training process: each data loader worker holds a copy of the dataset."""
+        for record in records:
+            self._skips_said += 1
+            if self._skips_said <= SKIPS_SAID:
+                more = "; this process's further skips are recorded in skipped.jsonl only" \
+                    if self._skips_said == SKIPS_SAID else ""
+                log.warning("skipping bad sample: %s%s", record["message"], more, extra={"every_rank": True})
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if model.training:
             self._batches_in_epoch += 1
-        self.skipped_samples.extend(inputs.pop("skipped_samples", []))
+        skipped = inputs.pop("skipped_samples", [])
+        self.skipped_samples.extend(skipped)
+        self._say_skips(skipped)
         # packed batches count their real tokens (they have no attention mask)
         tokens = inputs.pop("num_tokens", None)
         self.run_log.count(int(tokens if tokens is not None else inputs["attention_mask"].sum()),
