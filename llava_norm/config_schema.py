@@ -374,5 +374,15 @@ def parse_take(take: str, key: str) -> tuple[str, float]:
     raise ConfigError(f"key '{key}': {take!r} is not 'all', 'first:N' or 'first:P%'")
 
 
+def take_count(total: int, take: str, key: str) -> int:
+    """How many of a source's ``total`` rows (in file order) its ``take`` share uses."""
+    kind, amount = parse_take(take, key)
+    if kind == "count":
+        return min(total, int(amount))
+    if kind == "percent":
+        return int(total * amount / 100)
+    return total
+
+
 def to_yaml(config: RunConfig) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(config))

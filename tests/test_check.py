@@ -316,7 +316,8 @@ def test_a_malformed_jsonl_line_is_a_warning_under_skip_and_a_problem_under_erro
 
 def test_some_images_missing_is_a_warning_under_skip_and_a_problem_under_error(world, tmp_path):
     """Two of a source's images gone (a partial unpack): the run skips their rows when drawn, or
-    under error stops at the first; the check says which, before a job is queued."""
+    under error stops at the first; the check says which, before a job is queued, of the rows
+    the source's take leaves to the run only."""
     _, config, data, images, _ = world
     folder = tmp_path / "images"
     shutil.copytree(images, folder)
@@ -324,12 +325,25 @@ def test_some_images_missing_is_a_warning_under_skip_and_a_problem_under_error(w
     for path in gone:
         path.unlink()
     mixture = f"data.mixture=[{{path: {data}, image_folder: {folder}}}]"
-    said = f"key 'data.mixture[0].image_folder': 2 of 6 sampled images of {data} are not under {folder} " \
+    said = f"key 'data.mixture[0].image_folder': 2 of 6 sampled images of {data} are missing under {folder} " \
            f"(first looked for: {gone[0].name})"
     report = preflight(config, [mixture], gpus=2, plan=False)
     assert report.ok and any(w.startswith(said) and "skipped.jsonl" in w for w in report.warnings), report.warnings
     strict = preflight(config, [mixture, "data.on_bad_sample=error"], gpus=2, plan=False)
     assert any(p.startswith(said) for p in strict.problems), strict.problems
+    # the rows a take leaves out are never drawn: only the images of the rows the run takes count
+    rows = json.loads(data.read_text())
+    kept = next(i for i, row in enumerate(rows) if "image" in row)  # its image is the one left
+    shutil.rmtree(folder)
+    shutil.copytree(images, folder)
+    for path in folder.iterdir():
+        if path.name != rows[kept]["image"]:
+            path.unlink()
+    taken = f"data.mixture=[{{path: {data}, image_folder: {folder}, take: 'first:{kept + 1}'}}]"
+    strict = preflight(config, [taken, "data.on_bad_sample=error"], gpus=2, plan=False)
+    assert strict.ok and not strict.warnings, (strict.problems, strict.warnings)
+    taken = f"data.mixture=[{{path: {data}, image_folder: {folder}, take: 'first:{kept + 2}'}}]"
+    assert "1 of 2 sampled images" in "\n".join(preflight(config, [taken], gpus=2, plan=False).warnings)
 
 
 def test_a_data_file_without_rows_is_a_problem(world, tmp_path):

@@ -30,8 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from torch.utils.data import Dataset
 
-from llava_norm.config import DataSource, parse_take
-from llava_norm.config_schema import LENGTH_ESTIMATES, ConfigError
+from llava_norm.config import DataSource
+from llava_norm.config_schema import LENGTH_ESTIMATES, ConfigError, take_count
 from llava_norm.data.collate import Example
 from llava_norm.data.conversation import ConversationTokenizer, conversation_tokenizer, fitted_length
 from llava_norm.data.images import BadImageError
@@ -53,16 +53,6 @@ class Row:
     messages: list[dict]
     image: Path | EmbeddedImage | None
     length: int  # tokens (or words, see LENGTH_ESTIMATES) + image tokens, for length grouping
-
-
-def take_count(total: int, take: str, key: str) -> int:
-    """How many of a source's ``total`` rows (in file order) its ``take`` share uses."""
-    kind, amount = parse_take(take, key)
-    if kind == "count":
-        return min(total, int(amount))
-    if kind == "percent":
-        return int(total * amount / 100)
-    return total
 
 
 def _flags(values) -> np.ndarray:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from llava_norm.config import _read_yaml_chain, each_config_error, load_config
 from llava_norm.config_checks import path_problems
-from llava_norm.config_schema import ConfigError, DataSource, RunConfig, effective_grad_accum
+from llava_norm.config_schema import ConfigError, DataSource, RunConfig, effective_grad_accum, take_count
 from llava_norm.data.rows import BadSampleError, no_rows, read_entries
 from llava_norm.data.sources import check_layout, resolve
 from llava_norm.train.rundir import NO_DATA_STATE, data_state, global_batch_problem, processes
@@ -126,7 +126,7 @@ def source_problems(source: DataSource, key: str) -> tuple[list[str], int | None
             problems.append(f"{SKIPPABLE}key '{key}': the dataset card says {resolved.expected_rows} rows, the "
                             f"{len(resolved.files)} shards hold {rows}: a partial download? Download it again")
         return problems, rows
-    rows_total, problems = 0, []
+    rows_total, problems, read = 0, [], []
     for path in resolved.files:
         try:
             entries = read_entries(Path(path))
@@ -145,7 +145,12 @@ def source_problems(source: DataSource, key: str) -> tuple[list[str], int | None
             problems.append(f"{SKIPPABLE}key '{key}': {len(unreadable) - MAX_SHARD_LINES} more unreadable lines in "
                             f"{path}")
         rows_total += len(rows)
-        with_image = [r["image"] for r in rows if isinstance(r, dict) and isinstance(r.get("image"), str)]
+        read.append((path, entries))
+    # the images of the rows the run takes: the first of the files' rows, in file order (its take)
+    left = take_count(sum(len(entries) for _, entries in read), source.take, f"{key}.take")
+    for path, entries in read:
+        taken, left = [raw for _, raw in entries[:left]], max(0, left - len(entries))
+        with_image = [r["image"] for r in taken if isinstance(r, dict) and isinstance(r.get("image"), str)]
         if not with_image:
             continue
         step = max(1, len(with_image) // IMAGE_SAMPLE)
@@ -160,7 +165,8 @@ def source_problems(source: DataSource, key: str) -> tuple[list[str], int | None
                             "unpacked")
         elif missing:  # rows the run skips when drawn (or, under error, the first drawn stops it)
             problems.append(f"{SKIPPABLE}key '{key}.image_folder': {len(missing)} of {len(sample)} sampled images of "
-                            f"{path} are not under {folder} (first looked for: {missing[0]}): images not all unpacked?")
+                            f"{path} are missing under {folder} (first looked for: {missing[0]}): images not all "
+                            "unpacked?")
     return problems, rows_total
 
 
