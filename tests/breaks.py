@@ -878,6 +878,18 @@ BREAKS = [
           '    left = take_count(sum(len(entries) for _, entries in read), source.take, f"{key}.take")',
           "    left = sum(len(entries) for _, entries in read)",
           "tests/test_check.py::test_some_images_missing_is_a_warning_under_skip_and_a_problem_under_error"),
+    Break("a resume's position rescaled only where the process count changed", "llava_norm/train/trainer.py",
+          "        if rows_then != rows_now:", "        if rows_then != rows_now and saved_world != world:",
+          "tests/test_relaunch.py::test_a_wider_micro_batch_on_the_same_count_resumes_where_the_run_stood"),
+    Break("another global batch on the same process count passed by the check", "llava_norm/train/rundir.py",
+          "    if recorded != global_batch:", "    if recorded != global_batch and saved_world != world:",
+          "tests/test_relaunch.py::test_a_wider_micro_batch_on_the_same_count_resumes_where_the_run_stood"),
+    Break("report_to all taken as wandb whatever is installed", "llava_norm/config_checks.py",
+          "        report_to = get_available_reporting_integrations()", '        report_to = ["wandb"]',
+          "tests/test_check.py::test_wandb_without_a_key_is_named_before_anything_loads"),
+    Break("a GPUS_PER_NODE that Slurm's agrees with refused", "scripts/slurm/_nodes.sh",
+          '[ "$GPUS_PER_NODE" != "$SLURM_GPUS_ON_NODE" ]', "true",
+          "tests/test_slurm.py::test_stage1_on_two_nodes_then_a_requeue_of_the_finished_job_changes_nothing"),
 ]
 
 

@@ -163,6 +163,11 @@ def test_wandb_without_a_key_is_named_before_anything_loads(world, monkeypatch, 
         problems
     everything = preflight(config, ["train.report_to=[all]"], gpus=2, plan=False).problems  # wandb is installed
     assert any("'train.report_to': wandb has no API key here" in p for p in everything), everything
+    import transformers.integrations.integration_utils as integrations
+
+    with monkeypatch.context() as machine:  # a machine without wandb: all is what it has
+        machine.setattr(integrations, "get_available_reporting_integrations", lambda: ["tensorboard"])
+        assert preflight(config, ["train.report_to=[all]"], gpus=2, plan=False).ok
     (tmp_path / "netrc").write_text("machine api.wandb.ai\n  login user\n  password key\n")  # what `wandb login` writes
     assert preflight(config, wandb, gpus=2, plan=False).ok
     (tmp_path / "netrc").unlink()

@@ -6,6 +6,7 @@ multi-process shapes are in test_resume.py and test_resume_ddp_one_process.py.
 
 import json
 import pickle
+import re
 import shutil
 import time
 from pathlib import Path
@@ -241,6 +242,43 @@ def test_llava_norm_check_says_a_launch_resumes_on_another_number_of_processes(r
     state.unlink()  # no data position at all: the trainer refuses it on any number of processes
     report = preflight(path, [], gpus=2, plan=False)
     assert [p for p in report.problems if "checkpoint-2: no data_state.json; its position in the data is unknown" in p]
+
+
+def test_a_wider_micro_batch_on_the_same_count_resumes_where_the_run_stood(run):
+    """Under train.allow_config_change with the global batch fixed, one process: the data
+    position, kept in micro-batches, scales with the rows a micro-batch holds (2 x 2 -> 4 x 1), so
+    a run left after checkpoint-3 (inside its second epoch) trains step 4 on the samples the
+    uninterrupted run did. Another global batch is refused by the check and by the launch, naming
+    the value to set."""
+    from safetensors.torch import load_file
+
+    from llava_norm.train.preflight import preflight
+
+    launch, out, path = run
+    fixed = ["train.global_batch_size=4", "train.max_steps=4"]  # 8 rows: 2 steps an epoch
+    launch(*fixed)
+    reference, weights = _summary(out), load_file(str(out / "model/model.safetensors"))
+    (out / "train_summary.json").unlink()  # as if killed right after checkpoint-3
+    shutil.rmtree(out / "checkpoint-4")
+    assert json.loads((out / "checkpoint-3/data_state.json").read_text())["batches_consumed"] == 2
+    wider = [*fixed, "train.per_device_batch_size=4", "train.allow_config_change=true"]
+    report = preflight(path, wider, gpus=1, plan=False)
+    assert report.ok and f"resumes {out / 'checkpoint-3'}" in report.summary, (report.problems, report.summary)
+    other = [*wider, "train.global_batch_size=8"]
+    said = f"checkpoint-3: saved with a global batch of 4 on 1 process; this launch's is 8. Set " \
+           "train.global_batch_size to 4"
+    assert [p for p in preflight(path, other, gpus=1, plan=False).problems if said in p]
+    with pytest.raises(ResumeError, match=re.escape(said)):
+        launch(*other)
+    launch(*wider)
+    resumed = _summary(out)
+    assert (resumed["resumed_from"], resumed["steps_this_launch"]) == (str(out / "checkpoint-3"), 1)
+    step = {e["step"]: e for e in resumed["log_history"] if "loss" in e}[4]
+    expected = {e["step"]: e for e in reference["log_history"] if "loss" in e}[4]
+    assert step["tokens"] == expected["tokens"] and step["loss"] == pytest.approx(expected["loss"], rel=1e-4)
+    final = load_file(str(out / "model/model.safetensors"))
+    for name in weights:
+        torch.testing.assert_close(final[name], weights[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_a_launch_finishes_the_deletions_a_kill_left(run):

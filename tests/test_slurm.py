@@ -48,7 +48,7 @@ def cluster(tmp_path_factory, tiny_dir):
         port = free_port()  # _nodes.sh derives the job's port from its id: this id gives a free one
         return {**env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "SRUN_LOG": str(root / "srun.log"),
                 "SLURM_JOB_ID": str(port - 20000), "SLURM_JOB_NODELIST": "node[0-1]", "SLURM_JOB_NUM_NODES": "2",
-                "SLURM_SUBMIT_DIR": str(REPO), "GPUS_PER_NODE": "1", **more}
+                "SLURM_SUBMIT_DIR": str(REPO), "GPUS_PER_NODE": "1", "SLURM_GPUS_ON_NODE": "1", **more}
 
     return root, common, job_env
 

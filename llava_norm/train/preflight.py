@@ -294,13 +294,13 @@ def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: in
     if saved is None:  # the trainer refuses to resume it: said here first
         report.problems.append(f"{path}: {checkpoint.name}: {NO_DATA_STATE}")
         return
-    saved_world = saved.get("world_size", world)
-    if saved_world == world:
-        report.summary.append(f"resumes {checkpoint}")
-        return
     problem = global_batch_problem(saved, world, config.train.per_device_batch_size * world * accum)
     if problem:  # the trainer's own check, said before the launch
         report.problems.append(f"{path}: {checkpoint.name}: {problem}")
+        return
+    saved_world = saved.get("world_size", world)
+    if saved_world == world:
+        report.summary.append(f"resumes {checkpoint}")
         return
     converted = " after its DeepSpeed state is converted to the universal format (disk: README)" \
         if config.train.deepspeed else ""

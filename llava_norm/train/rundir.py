@@ -54,16 +54,17 @@ def processes(n: int) -> str:
 
 def global_batch_problem(saved: dict, world: int, global_batch: int) -> str | None:
     """Why a checkpoint's data position (its ``data_state.json``) does not carry over to a launch
-    of ``world`` processes whose global batch is ``global_batch``; None where it does. On another
-    number of processes each step holds the same samples only with the same global batch, so a
-    checkpoint that recorded none cannot move."""
+    of ``world`` processes whose global batch is ``global_batch``; None where it does. Each step
+    continues with the same samples only at the same global batch, on any number of processes
+    (another micro-batch or accumulation is taken as such, under ``train.allow_config_change``);
+    a checkpoint that recorded none can resume only on its own number."""
     saved_world, recorded = saved.get("world_size", world), saved.get("global_batch")
-    if saved_world == world:
-        return None
     if recorded is None:
-        return (f"saved on {processes(saved_world)} without a record of its global batch, so on "
-                f"{processes(world)} its steps could hold other samples; resume it on {processes(saved_world)}")
+        return None if saved_world == world else (
+            f"saved on {processes(saved_world)} without a record of its global batch, so on {processes(world)} its "
+            f"steps could hold other samples; resume it on {processes(saved_world)}")
     if recorded != global_batch:
-        return (f"saved with a global batch of {recorded} on {processes(saved_world)}; on {processes(world)} it would "
-                f"be {global_batch}. Set train.global_batch_size to {recorded} so the accumulation is re-derived")
+        now = "this launch's is" if saved_world == world else f"on {processes(world)} it would be"
+        return (f"saved with a global batch of {recorded} on {processes(saved_world)}; {now} {global_batch}. Set "
+                f"train.global_batch_size to {recorded} so the accumulation is re-derived")
     return None

@@ -151,10 +151,9 @@ class LlavaNormTrainer(Trainer):
         if saved is None:
             raise ResumeError(f"{checkpoint}: {NO_DATA_STATE}")
         world, saved_world = self.args.world_size, saved.get("world_size", self.args.world_size)
-        if saved_world != world:
-            problem = global_batch_problem(saved, world, self._global_batch())
-            if problem:
-                raise ResumeError(f"{checkpoint}: {problem}")
+        problem = global_batch_problem(saved, world, self._global_batch())
+        if problem:
+            raise ResumeError(f"{checkpoint}: {problem}")
         # The same samples per step, split another way (other processes, or another micro-batch
         # under train.allow_config_change): the position in micro-batches scales with the rows
         # one micro-batch of all processes holds. (Checkpoints before per_device_batch was kept:
@@ -201,9 +200,7 @@ class LlavaNormTrainer(Trainer):
         """Each group's rate for the next update: this launch's schedule at the resumed step. The
         optimizer's saved rates are the saved schedule's, which train.extend lengthened (a cosine
         ends at 0, which would have been the first extended update's rate)."""
-        schedule = self.lr_scheduler
-        if not isinstance(schedule, torch.optim.lr_scheduler.LambdaLR):  # one the DeepSpeed JSON defines
-            return schedule.get_last_lr()
+        schedule = self.lr_scheduler  # transformers' LambdaLR: the check refuses a DeepSpeed scheduler section
         return [base * rule(schedule.last_epoch) for base, rule in zip(schedule.base_lrs, schedule.lr_lambdas)]
 
     def _load_optimizer_and_scheduler(self, checkpoint) -> None:
