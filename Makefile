@@ -5,7 +5,7 @@ PY      := .venv/bin/python
 # else that python3. Why: Debian's and Ubuntu's /usr/bin/python3 is built with profile feedback
 # and link-time optimisation and linked statically; the pyenv build on this project's machines has
 # neither and loads libpython as a shared library, and the suite is mostly processes importing
-# torch and transformers (bench/startup.py, README "Time"). A python3 of another minor version on
+# torch and transformers (bench/startup.py, docs/suite_time.md). A python3 of another minor version on
 # PATH is a choice this leaves alone; VENV_PYTHON=... overrides both. (Not PYTHON: the scripts
 # read that as the interpreter they run.) An existing .venv is kept: `make clean` to switch.
 SYSTEM_PYTHON ?= /usr/bin/python3
@@ -82,7 +82,7 @@ install-gpu: $(STAMP)
 # longest modules first (tests/conftest.py; --no-loadscope-reorder keeps that order). Three
 # workers on two cores: the launch-bound modules wait on process start-up, kills and
 # collectives, and the others fill those waits; a fourth adds more contention for the cores
-# than it fills (README, "Tests").
+# than it fills (docs/suite_time.md).
 TEST_JOBS ?= 3
 
 test: bytecode

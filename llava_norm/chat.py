@@ -8,7 +8,6 @@ evaluation would produce for the same question.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 from PIL import Image
@@ -18,6 +17,7 @@ from llava_norm.data.conversation import IMAGE_PLACEHOLDER
 from llava_norm.data.prompts import training_prompt_settings
 from llava_norm.inference import Predictor, Prompt
 from llava_norm.model.builder import load_bundle
+from llava_norm.saved_model import check_saved_model
 
 
 def chat(args) -> None:
@@ -33,11 +33,10 @@ def chat(args) -> None:
             image = Image.open(args.image).convert("RGB")
         except OSError as error:
             sys.exit(f"chat: --image {args.image}: {error}")
-    model_dir = Path(args.model_dir)
-    if not (model_dir / "config.json").is_file():
-        hint = f"; its model is {model_dir / 'model'}" if (model_dir / "model" / "config.json").is_file() else \
-            " (give a saved model directory: RUN/model)"
-        sys.exit(f"chat: {model_dir}: no saved model here{hint}")
+    try:
+        check_saved_model(args.model_dir)
+    except (FileNotFoundError, ValueError) as error:
+        sys.exit(f"chat: {error}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     bundle = load_bundle(args.model_dir, dtype=resolve_dtype(args.dtype, device))
     bundle.model.to(device)

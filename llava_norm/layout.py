@@ -8,6 +8,8 @@ training code find the projector's weights in a checkpoint by its parameter pref
 
 CONFIG_FILE = "config.yaml"  # in a run's output_dir: the resolved config it trained with
 TRAINER_STATE = "trainer_state.json"  # in each checkpoint, the Trainer's own (its global_step among others)
+COMPLETE_MARKER = "checkpoint_complete"  # in each checkpoint: written last, once every rank saved
+MODEL_DIR = "model"  # in a run's output_dir: the saved model, written when the run ends
 PROJECTOR_FILE = "projector.safetensors"  # in a run's output_dir: projector + norm weights (stage 2 starts here)
 PROJECTOR_MODULE = "multi_modal_projector"  # the projector (and its norm layer) inside LlavaNormModel
 PROJECTOR_PREFIX = f"model.{PROJECTOR_MODULE}."  # its parameters' names in a saved model

@@ -67,11 +67,28 @@ def test_streaming_hands_over_the_reply_piece_by_piece(saved):
     assert len(pieces) > 1  # several pieces, not the whole reply at the end
 
 
-def test_a_folder_without_a_saved_model_is_named_before_anything_loads(saved):
-    """The run folder instead of RUN/model (an easy slip) is named with the model inside it."""
-    command = [sys.executable, "-m", "llava_norm.cli", "chat", str(saved), "a question"]
-    done = subprocess.run(command, cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1 and f"chat: {saved}: no saved model here; its model is {saved / 'model'}" in done.stderr
+def test_a_folder_without_a_saved_model_is_named_before_anything_loads(saved, tiny_dir, tmp_path):
+    """The run folder instead of RUN/model (an easy slip) is named with the model inside it; a
+    checkpoint (no tokenizer: transformers' traceback) and a backbone (its hundred model classes)
+    are named as such, each in one line."""
+    from llava_norm.cli import main
+
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text((saved / "model" / "config.json").read_text())
+    (checkpoint / "checkpoint_complete").write_text("")
+    for folder, said in [(saved, f"chat: {saved} is a training run's folder, not a saved model: its model is "
+                                 f"{saved / 'model'}"),
+                         (checkpoint, f"chat: {checkpoint} is a training checkpoint (what a relaunch resumes from), "
+                                      f"not a saved model: the run's model is {tmp_path / 'run' / 'model'}"),
+                         (tiny_dir / "llama", f"chat: {tiny_dir / 'llama'}: a 'llama' model (its config.json), not "
+                                              "one a llava-norm run saved")]:
+        with pytest.raises(SystemExit) as stop:
+            main(["chat", str(folder), "a question"])
+        assert str(stop.value.code).startswith(said), stop.value.code
+    # the loader every command shares says the same (the diagnostics, the lmms-eval plugin)
+    with pytest.raises(ValueError, match=r"a 'llama' model \(its config.json\), not one a llava-norm run saved"):
+        load_bundle(tiny_dir / "llama")
 
 
 def test_a_typed_image_placeholder_is_said_in_one_line_and_the_session_goes_on(saved, monkeypatch, capsys):

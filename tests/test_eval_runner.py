@@ -374,15 +374,20 @@ def test_a_run_folder_or_checkpoint_given_as_the_model_names_the_folder_to_evalu
 
     run = tmp_path / "stage2"
     (run / "model").mkdir(parents=True)
-    (run / "model" / "config.json").write_text("{}")
+    (run / "model" / "config.json").write_text('{"model_type": "llava_norm"}')
     (run / "checkpoint-40").mkdir()  # as the trainer writes one: the model's config beside the marker
-    (run / "checkpoint-40" / "config.json").write_text("{}")
+    (run / "checkpoint-40" / "config.json").write_text('{"model_type": "llava_norm"}')
     (run / "checkpoint-40" / "checkpoint_complete").write_text("")
     check_saved_model(str(run / "model"))  # a saved model: nothing to say
-    with pytest.raises(ValueError, match=rf"is a training run's folder: evaluate the model it saved, {run / 'model'}$"):
+    with pytest.raises(ValueError, match=rf"is a training run's folder, not a saved model: its model is {run / 'model'}$"):
         check_saved_model(str(run))
-    with pytest.raises(ValueError, match=rf"is a training checkpoint .*: evaluate the run's {run / 'model'}, written"):
+    with pytest.raises(ValueError, match=rf"is a training checkpoint .*: the run's model is {run / 'model'}, written"):
         check_saved_model(str(run / "checkpoint-40"))
+    backbone = tmp_path / "llama"  # a backbone given where a trained model belongs
+    backbone.mkdir()
+    (backbone / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(ValueError, match=r"a 'llama' model \(its config.json\), not one a llava-norm run saved"):
+        check_saved_model(str(backbone))
 
 
 def test_bad_arguments_an_empty_benchmark_and_damaged_outputs_end_the_command_in_one_line(setup, tmp_path, capsys):

@@ -28,7 +28,8 @@ LAYERS = {
     "llava_norm.config_schema": 0, "llava_norm.config_checks": 0, "llava_norm.config": 0, "llava_norm.provenance": 0,
     "llava_norm.layout": 0, "llava_norm.stats": 0, "llava_norm.files": 0,
     "llava_norm.data": 1,
-    "llava_norm.model": 2, "llava_norm.inference": 2, "llava_norm": 2,  # the package root re-exports the model
+    "llava_norm.model": 2, "llava_norm.inference": 2, "llava_norm.saved_model": 2,
+    "llava_norm": 2,  # the package root re-exports the model
     "llava_norm.train": 3, "llava_norm.plan": 3,  # the plan runs training's own freezing, and training prints it
     "llava_norm.evaluation": 4,
     "llava_norm.analysis": 5,

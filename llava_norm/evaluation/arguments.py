@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from llava_norm.config_schema import PROMPT_FORMATS, is_hub_id
-from llava_norm.train.rundir import COMPLETE_MARKER
+from llava_norm.saved_model import check_saved_model
 
 
 DEFAULT_DATA_ROOT = "data/eval"  # where scripts/eval.sh and the pipeline look without EVAL_DATA / --data-root
@@ -89,27 +89,6 @@ def default_out_dir(checkpoint: str) -> Path:
         return Path.cwd() / f"eval-{folder.name}"
     folder = folder.resolve()
     return folder.parent / ("eval" if folder.name == "model" else f"eval-{folder.name}")
-
-
-def check_saved_model(path: str) -> None:
-    """A missing folder, a training run's folder or one of its checkpoints given where a saved
-    model belongs: said with the folder to evaluate, before anything loads (the model loader's own
-    error names a hub id's form, a tokenizer backend or an unknown model type, not the mix-up)."""
-    folder = Path(path).expanduser()
-    if not folder.exists() and not is_hub_id(path):  # a hub id is loaded from the hub (or its cache)
-        raise FileNotFoundError(f"{path}: no saved model here (from {Path.cwd()}; give a saved model directory, "
-                                "RUN/model, or a Hugging Face hub id, organisation/name)")
-    if not folder.is_dir():
-        return
-    # a checkpoint holds the model's config and weights, but not the tokenizer a saved model has
-    if (folder / COMPLETE_MARKER).is_file() or (folder.name.startswith("checkpoint-") and
-                                                not (folder / "config.json").is_file()):
-        raise ValueError(f"{path} is a training checkpoint (what a relaunch resumes from), not a saved model: "
-                         f"evaluate the run's {folder.parent / 'model'}, written when the run ends")
-    if not (folder / "config.json").is_file() and (folder / "model" / "config.json").is_file():
-        raise ValueError(f"{path} is a training run's folder: evaluate the model it saved, {folder / 'model'}")
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"{path}: no saved model here (no config.json); give a saved model directory, RUN/model")
 
 
 def eval_config_from_args(args: argparse.Namespace):

@@ -14,9 +14,8 @@ import json
 import re
 from pathlib import Path
 
-from llava_norm.layout import TRAINER_STATE
+from llava_norm.layout import COMPLETE_MARKER, TRAINER_STATE  # noqa: F401 (COMPLETE_MARKER: re-exported)
 
-COMPLETE_MARKER = "checkpoint_complete"
 DATA_STATE = "data_state.json"  # in each checkpoint: epoch, micro-batches consumed, order digest
 NO_DATA_STATE = f"no {DATA_STATE}; its position in the data is unknown"  # such a checkpoint is never resumed
 RUN_CONFIG = "run_config.yaml"  # in each checkpoint: the resolved config it was trained with

@@ -1,0 +1,45 @@
+"""What a path given as a saved model is, said before anything loads.
+
+Owns the check that every command loading a saved model runs first (``load_bundle``: eval,
+chat, the diagnostics, the lmms-eval plugin; ``llava-norm eval`` also while reading its
+arguments). A missing folder, a training run's folder, one of its checkpoints, and a model of
+another kind (a backbone) are each named with what to give instead: transformers' own errors
+name a hub id's form, a tokenizer backend, or a hundred model classes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from llava_norm.config_schema import is_hub_id
+from llava_norm.layout import COMPLETE_MARKER, MODEL_DIR
+
+MODEL_TYPE = "llava_norm"  # LlavaNormConfig.model_type: what a run's saved config.json says
+
+
+def check_saved_model(path: str | Path) -> None:
+    """Raise FileNotFoundError or ValueError naming what ``path`` is, unless it is a saved
+    llava-norm model (or a hub id, which the loader resolves)."""
+    folder = Path(path).expanduser()
+    if not folder.exists() and not is_hub_id(str(path)):  # a hub id is loaded from the hub (or its cache)
+        raise FileNotFoundError(f"{path}: no saved model here (from {Path.cwd()}; give a saved model directory, "
+                                f"RUN/{MODEL_DIR}, or a Hugging Face hub id, organisation/name)")
+    if not folder.is_dir():
+        return
+    config = folder / "config.json"
+    # a checkpoint holds the model's config and weights, but not the tokenizer a saved model has
+    if (folder / COMPLETE_MARKER).is_file() or (folder.name.startswith("checkpoint-") and not config.is_file()):
+        raise ValueError(f"{path} is a training checkpoint (what a relaunch resumes from), not a saved model: the "
+                         f"run's model is {folder.parent / MODEL_DIR}, written when the run ends")
+    if not config.is_file() and (folder / MODEL_DIR / "config.json").is_file():
+        raise ValueError(f"{path} is a training run's folder, not a saved model: its model is {folder / MODEL_DIR}")
+    if not config.is_file():
+        raise ValueError(f"{path}: no saved model here (no config.json); give a saved model directory, RUN/{MODEL_DIR}")
+    try:
+        kind = json.loads(config.read_text()).get("model_type")
+    except (ValueError, AttributeError):  # not a JSON object: the loader says what it makes of it
+        return
+    if kind != MODEL_TYPE:
+        raise ValueError(f"{path}: a {kind!r} model (its config.json), not one a llava-norm run saved (a backbone? "
+                         f"give RUN/{MODEL_DIR})")
