@@ -374,6 +374,6 @@ def _must_exist(path: str, key: str, kind: str = "") -> None:
 # check_paths' steps, in order; each raises its own ConfigError
 PATH_CHECKS = (_data_paths, _backbone_dirs, _attention, _report_to, _fused_loss_kernel, _compile, _chat_template,
                _packing_family, _projector, _deepspeed, _resume_and_output, _lora_targets)
-# check_inputs': one per input a training record fingerprints (llava_norm.train.record.INPUT_KEYS and
+# check_inputs': one per input a training record fingerprints (llava_norm.train.relaunch.INPUT_KEYS and
 # the data mixture), run where a reuse decision is made, without the machine's checks above
 INPUT_CHECKS = (_data_paths, _backbone_dirs, _projector, _deepspeed_file)

@@ -5,6 +5,7 @@ multi-process shapes are in test_resume.py and test_resume_ddp_one_process.py.
 """
 
 import json
+import os
 import pickle
 import re
 import shutil
@@ -49,7 +50,7 @@ def _summary(out):
     return json.loads((out / "train_summary.json").read_text())
 
 
-def test_finished_run_is_left_alone_and_the_ways_out_are_explicit(run, capsys):
+def test_finished_run_is_left_alone_and_the_ways_out_are_explicit(run, capsys, tiny_dir, tmp_path):
     launch, out, path = run
     launch()
     assert _summary(out)["complete"] and _summary(out)["global_step"] == 3
@@ -60,6 +61,13 @@ def test_finished_run_is_left_alone_and_the_ways_out_are_explicit(run, capsys):
     before = snapshot(out)
     assert launch() is None  # the same command again: nothing trained, nothing written
     assert "complete at step 3" in capsys.readouterr().out
+    assert snapshot(out) == before
+    # the same inputs spelt from this folder, or through a symlink: the same run, nothing to do
+    (tmp_path / "backbones").symlink_to(tiny_dir)
+    data = os.path.relpath(tmp_path / "data" / "data.json")
+    same = [f"model.llm={os.path.relpath(tiny_dir / 'llama')}", f"model.vision_tower={tmp_path / 'backbones/siglip'}",
+            f"data.mixture=[{{path: {data}, image_folder: {tmp_path / 'data/images'}}}]"]
+    assert launch(*same) is None and "complete at step 3" in capsys.readouterr().out
     assert snapshot(out) == before
 
     with pytest.raises(RelaunchError, match=r"optim\.lr: 1e-05 -> 0\.001"):

@@ -19,10 +19,7 @@ import yaml
 from llava_norm.config import RunConfig, to_yaml, world_size
 from llava_norm.data.sources import hub_snapshot
 from llava_norm.provenance import Record, differences, fingerprint, flatten, make_record, now, read_record, write_record
-from llava_norm.train.relaunch import OPERATIONAL_KEYS, inert_keys
-
-# Keys naming a file, folder or hub id: they enter the record as inputs, by fingerprint.
-INPUT_KEYS = ("model.vision_tower", "model.llm", "model.pretrained_projector", "train.deepspeed")
+from llava_norm.train.relaunch import INPUT_KEYS, OPERATIONAL_KEYS, inert_keys  # INPUT_KEYS: inputs, by fingerprint
 
 
 def training_record(config: RunConfig, world_size: int) -> Record:

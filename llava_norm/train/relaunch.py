@@ -43,6 +43,11 @@ OPERATIONAL_KEYS = frozenset({
     "train.cudnn_attention",
 })
 SCHEDULE_KEYS = frozenset({"train.max_steps", "train.epochs"})  # what train.extend may raise
+# Keys naming a file, folder or hub id (and each data source's path and image folder). A relaunch
+# compares where they point, so one path spelt relative or absolute, or through a symlink, is
+# one path; the training record fingerprints them (llava_norm.train.record).
+INPUT_KEYS = ("model.vision_tower", "model.llm", "model.pretrained_projector", "train.deepspeed")
+SOURCE_PATHS = ("path", "image_folder")
 # What a run writes into output_dir, and so what train.restart removes (nothing else is touched).
 RUN_OUTPUTS = ("model", PROJECTOR_FILE, SUMMARY, CONFIG_FILE, SKIPPED, "runs", RECORD, WANDB_RUN_ID, PROFILE_DIR)
 
@@ -65,10 +70,28 @@ def inert_keys(flat: dict) -> set[str]:
         (set() if flat.get("train.loss") == "fused" else {"train.fused_loss_kernel", "train.fused_loss_softmax"})
 
 
+def _where(value):
+    """A path as the real path it names, from this process's folder (a relative one only where
+    it exists: a hub id, organisation/name, is not a path); anything else as it is."""
+    if not isinstance(value, str) or not value:
+        return value
+    path = Path(value).expanduser()
+    return os.path.realpath(path) if path.is_absolute() or path.exists() else value
+
+
+def _located(flat: dict) -> dict:
+    """A flattened config with its input paths as ``_where`` gives them."""
+    out = {**flat, **{key: _where(flat[key]) for key in INPUT_KEYS if key in flat}}
+    if isinstance(flat.get("data.mixture"), list):
+        out["data.mixture"] = [{**source, **{key: _where(source[key]) for key in SOURCE_PATHS if key in source}}
+                               if isinstance(source, dict) else source for source in flat["data.mixture"]]
+    return out
+
+
 def config_differences(saved_yaml: str, config: RunConfig, allowed: frozenset = frozenset()) -> list[str]:
-    """``key: saved -> now`` for every result-changing key that differs."""
-    saved = flatten(yaml.safe_load(saved_yaml) or {})
-    now = flatten(yaml.safe_load(to_yaml(config)))
+    """``key: saved -> now`` for every result-changing key that differs (an input path by where it points)."""
+    saved = _located(flatten(yaml.safe_load(saved_yaml) or {}))
+    now = _located(flatten(yaml.safe_load(to_yaml(config))))
     ignore = OPERATIONAL_KEYS | allowed | (inert_keys(saved) & inert_keys(now))
     return [f"{key}: {saved.get(key, '<unset>')!r} -> {now.get(key, '<unset>')!r}"
             for key in sorted(set(saved) | set(now)) if key not in ignore and saved.get(key) != now.get(key)]
