@@ -903,6 +903,10 @@ BREAKS = [
           "    return os.path.realpath(path) if path.is_absolute() or path.exists() else value",
           "    return value",
           "tests/test_relaunch.py::test_finished_run_is_left_alone_and_the_ways_out_are_explicit"),
+    Break("the check silent on a restart that deletes a run", "llava_norm/train/preflight.py",
+          "    if config.train.restart and ((out / SUMMARY).is_file() or complete_checkpoints(out)):",
+          "    if False:",
+          "tests/test_relaunch.py::test_llava_norm_check_says_a_relaunch_would_be_refused"),
 ]
 
 

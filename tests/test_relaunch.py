@@ -311,6 +311,9 @@ def test_llava_norm_check_says_a_relaunch_would_be_refused(run):
     report = preflight(path, [], gpus=1, plan=False)  # the same config: a relaunch would do nothing, and says so
     assert report.ok and f"relaunch: {out}: complete at step 3; nothing to do" in "\n".join(report.summary), \
         report.summary
+    report = preflight(path, ["train.restart=true"], gpus=1, plan=False)  # maybe another experiment's folder
+    assert report.ok and report.warnings == [f"{path}: train.restart=true deletes what {out} holds, a finished run, "
+                                             "before training"], report.warnings
     report = preflight(path, ["train.max_steps=4"], gpus=1, plan=False)
     assert len(report.problems) == 1 and report.problems[0].startswith(
         f"{path}: relaunch refused: {out}: a finished run (step 3) with a different config: train.max_steps: 3 -> 4"), \
@@ -320,6 +323,8 @@ def test_llava_norm_check_says_a_relaunch_would_be_refused(run):
     _stopped_after_checkpoint_2(launch, out)
     report = preflight(path, [], gpus=1, plan=False)
     assert report.ok and f"resumes {out / 'checkpoint-2'}" in report.summary, report.summary
+    assert "holds, a run's checkpoints up to checkpoint-2, before" in \
+        "\n".join(preflight(path, ["train.restart=true"], gpus=1, plan=False).warnings)
     report = preflight(path, ["optim.lr=0.5"], gpus=1, plan=False)
     assert len(report.problems) == 1 and "relaunch refused: " in report.problems[0] and \
         "but its config differs: optim.lr" in report.problems[0], report.problems

@@ -25,7 +25,8 @@ from llava_norm.config_checks import path_problems
 from llava_norm.config_schema import ConfigError, DataSource, RunConfig, effective_grad_accum, take_count
 from llava_norm.data.rows import BadSampleError, no_rows, read_entries
 from llava_norm.data.sources import check_layout, resolve
-from llava_norm.train.rundir import NO_DATA_STATE, data_state, global_batch_problem, processes
+from llava_norm.train.rundir import (NO_DATA_STATE, SUMMARY, complete_checkpoints, data_state, global_batch_problem,
+                                     processes)
 from llava_norm.worker import environment_variable
 
 # ${oc.env:NAME} or ${oc.env:NAME,default} in a YAML file
@@ -288,6 +289,11 @@ def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: in
     checkpoint = relaunch.checkpoint
     if relaunch.action == "done":  # a launch would exit at once: said, so an OK is not read as "will train"
         report.summary.append(f"relaunch: {relaunch.message}")
+    out = Path(config.train.output_dir)
+    if config.train.restart and ((out / SUMMARY).is_file() or complete_checkpoints(out)):  # another experiment's?
+        held = "a finished run" if (out / SUMMARY).is_file() else \
+            f"a run's checkpoints up to {complete_checkpoints(out)[-1].name}"
+        report.warnings.append(f"{path}: train.restart=true deletes what {out} holds, {held}, before training")
     if checkpoint is None:
         return
     saved = data_state(checkpoint)

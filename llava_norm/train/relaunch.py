@@ -123,8 +123,8 @@ def _checked_resume(checkpoint: Path, config: RunConfig, allowed: frozenset, why
         differences = config_differences(saved.read_text(), config, allowed)
     if differences and not config.train.allow_config_change:
         raise RelaunchError(f"{config.train.output_dir}: {why}, but its config differs: {'; '.join(differences)}. "
-                            "Use train.allow_config_change=true to resume anyway, or train.restart=true to "
-                            "start over")
+                            "For a new run give another train.output_dir; train.allow_config_change=true resumes "
+                            "anyway; train.restart=true deletes it and starts over")
     step, last = checkpoint_step(checkpoint), config.train.max_steps
     if step is not None and 0 < last < step:  # (a run that ends by epochs: the trainer refuses it at its start)
         raise RelaunchError(f"{checkpoint}: at step {step}, past this run's last step {last} (train.max_steps "
@@ -153,8 +153,9 @@ def plan_launch(config: RunConfig) -> LaunchPlan:
             differences = config_differences(saved, config)
             if differences:
                 raise RelaunchError(f"{out}: a finished run (step {finished}) with a different config: "
-                                    f"{'; '.join(differences)}. Use train.restart=true to train it again, or "
-                                    "train.extend=true with a larger train.max_steps to continue it")
+                                    f"{'; '.join(differences)}. For a new run give another train.output_dir; "
+                                    "train.restart=true deletes this one and trains again; train.extend=true with a "
+                                    "larger train.max_steps continues it")
             return LaunchPlan("done", message=f"{out}: complete at step {finished}; nothing to do "
                                               "(train.extend=true continues it, train.restart=true starts over)")
         if not checkpoints:
