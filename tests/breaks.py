@@ -907,6 +907,9 @@ BREAKS = [
           "    if config.train.restart and ((out / SUMMARY).is_file() or complete_checkpoints(out)):",
           "    if False:",
           "tests/test_relaunch.py::test_llava_norm_check_says_a_relaunch_would_be_refused"),
+    Break("a launch refused by its check leaves the parents it made for its folder", "llava_norm/train/launch_lock.py",
+          "            for made_here in made:  # the folder first, then up", "            for made_here in made[:1]:",
+          "tests/test_check.py::test_the_command_exits_non_zero_and_train_stops_before_loading"),
 ]
 
 

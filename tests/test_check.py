@@ -216,13 +216,13 @@ def test_the_command_exits_non_zero_and_train_stops_before_loading(world, tmp_pa
     assert done.returncode == 0 and json.loads(done.stdout)["problems"] == [], done.stdout + done.stderr
     assert "Setting accelerator" not in done.stdout + done.stderr  # no DeepSpeed warning on a machine without a GPU
     # train on one process: the same check, before any model or data loads
-    out = tmp_path / "run"
+    out = tmp_path / "runs" / "tiny" / "run"  # in folders the launch makes
     done = subprocess.run([sys.executable, "-m", "llava_norm.cli", "train", str(config), f"train.output_dir={out}",
                            "train.deepspeed=null"], cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 1
     assert "launch check: environment variable CHECK_DATA is unset" in done.stderr
     assert "launch check: key 'data.mixture[0].path': file not found: /nowhere/data.json" in done.stderr
-    assert not out.exists() or not any(out.iterdir())  # nothing written
+    assert not (tmp_path / "runs").exists()  # nothing written: no folder left, nor the parents made for it
 
 
 def test_a_sweep_is_checked_before_its_slurm_files_are_written(tmp_path):

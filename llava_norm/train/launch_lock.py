@@ -61,7 +61,7 @@ def sole_launch(output_dir: str | Path) -> Iterator[None]:
         yield
         return
     folder = Path(output_dir).resolve()
-    made = not folder.exists()
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # this folder and the parents it needs
     folder.mkdir(parents=True, exist_ok=True)
     handle = _locked(folder)
     if handle is None:
@@ -72,9 +72,12 @@ def sole_launch(output_dir: str | Path) -> Iterator[None]:
         finished = True
     finally:
         if made and not finished and [p.name for p in folder.iterdir()] == [LOCK]:
-            # a launch refused before it wrote anything (its launch check) leaves no folder behind
+            # a launch refused before it wrote anything (its launch check) leaves no folder behind,
+            # nor the parents it made for it
             (folder / LOCK).unlink()
-            folder.rmdir()
+            for made_here in made:  # the folder first, then up
+                with contextlib.suppress(OSError):  # another process wrote into a parent meanwhile
+                    made_here.rmdir()
         if handle:
             handle.close()  # the lock goes with it
 
