@@ -200,17 +200,20 @@ def _table(args) -> None:
         from llava_norm.evaluation.arguments import benchmark_options
         from llava_norm.evaluation.table import runs_by_name
 
+    out = args.out  # a folder (there, or named with a trailing /): the tables go inside it
+    if out.endswith(("/", os.sep)) or Path(out).is_dir():
+        out = str(Path(out) / "table")
     try:
         names = {name: run_dir for name, (run_dir, _) in runs_by_name(args.eval_dirs).items()}
         baseline = args.baseline or next(iter(names))
         arm = split_name(baseline)[0]
         first_run = baseline if baseline in names else next((n for n in names if split_name(n)[0] == arm), baseline)
-        md, csv_path, stats = write_tables(names, args.out, arm, first_run, options=benchmark_options(args.option),
+        md, csv_path, stats = write_tables(names, out, arm, first_run, options=benchmark_options(args.option),
                                            paper=args.paper)
     except (ValueError, FileNotFoundError) as error:
         sys.exit(f"table: {error}")
     print(stats.read_text())
-    figure = ", _forest.png" if Path(f"{args.out}_forest.png").exists() else ""
+    figure = ", _forest.png" if Path(f"{out}_forest.png").exists() else ""
     print(f"written: {stats} (and its .csv{figure}); per run: {md} and {csv_path}")
 
 
@@ -284,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("eval_dirs", nargs="+")
     p.add_argument("--baseline", help="arm (or run name) the deltas are against (default: the first run's arm)")
     p.add_argument("--out", default="results/table",
-                   help="output prefix: PREFIX_stats.md/.csv (arms over seeds), PREFIX_forest.png, PREFIX.md/.csv (per run)")
+                   help="output prefix (default results/table; a folder: FOLDER/table): PREFIX_stats.md/.csv (arms "
+                        "over seeds), PREFIX_forest.png, PREFIX.md/.csv (per run)")
     p.add_argument("--option", action="append", default=[], metavar="NAME.KEY=VALUE",
                    help="a benchmark option the runs were evaluated with, as given to llava-norm eval")
     p.add_argument("--paper", action="store_true",

@@ -910,6 +910,9 @@ BREAKS = [
     Break("a launch refused by its check leaves the parents it made for its folder", "llava_norm/train/launch_lock.py",
           "            for made_here in made:  # the folder first, then up", "            for made_here in made[:1]:",
           "tests/test_check.py::test_the_command_exits_non_zero_and_train_stops_before_loading"),
+    Break("table --out naming a folder writes beside it", "llava_norm/cli.py",
+          '    if out.endswith(("/", os.sep)) or Path(out).is_dir():', "    if False:",
+          "tests/test_sweep.py::test_the_table_command_takes_whatever_runs_exist"),
 ]
 
 

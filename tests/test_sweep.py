@@ -215,6 +215,11 @@ def test_the_table_command_takes_whatever_runs_exist(sweep, tmp_path):
     assert (one["n_seeds"], one["score_method"], one["delta_seeds"]) == ("1", "bootstrap over units (one seed)", "1")
     assert "seed-to-seed spread not measured" in one["verdict"]
     assert "| scale_to_t | 1 |" in (tmp_path / "t_stats.md").read_text()
+    # a folder, there or named with a trailing slash: the tables go inside it, not beside it
+    for folder in (tmp_path, f"{tmp_path / 'new'}/"):
+        done = _cli("table", *map(str, dirs), "--baseline", "none", "--out", str(folder))
+        assert done.returncode == 0 and (Path(folder) / "table_stats.md").is_file(), done.stderr
+    assert not (tmp_path / "new.md").exists()
 
 
 def test_the_recipe_has_every_arm_on_its_slices():
