@@ -304,6 +304,10 @@ def test_bad_input_and_ctrl_c_end_the_command_in_one_line(setup, tmp_path, monke
         return stop.value.code
 
     assert "pass --data-root DIR or set EVAL_DATA=DIR" in said(str(setup / "ckpt"), "--benchmarks", "pope")
+    # a data root without the benchmark (scripts/eval.sh's default, data/eval, without EVAL_DATA): named
+    assert said(str(setup / "ckpt"), "--benchmarks", "pope", "--data-root", str(tmp_path)) == \
+        f"eval: pope: data path does not exist: {tmp_path / 'pope'}; the data root is {tmp_path}: --data-root DIR or " \
+        "EVAL_DATA=DIR names another (see eval/README.md for where to get it)"
     assert said(str(setup / "ckpt"), *bench, "--limit", "0") == \
         "eval: limit must be a positive int or None (no items, no score), got 0"
     for name in (str(tmp_path / "runs" / "none" / "model"), "mergd"):

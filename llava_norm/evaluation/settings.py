@@ -78,7 +78,10 @@ def resolve_benchmarks(names: list[str], data_root: str | None, paths: dict[str,
             raise ValueError(f"{name}: no data path; pass --data-root DIR or set EVAL_DATA=DIR (expects "
                              f"DIR/{BENCHMARKS[name].declaration.data_dir}), or pass --data {name}=PATH")
         if not Path(path).exists():
-            raise FileNotFoundError(f"{name}: data path does not exist: {path} (see eval/README.md for where to get it)")
+            root = "" if name in paths else \
+                f"; the data root is {data_root}: --data-root DIR or EVAL_DATA=DIR names another"
+            raise FileNotFoundError(f"{name}: data path does not exist: {path}{root} (see eval/README.md for where to "
+                                    "get it)")
         get_benchmark(name, **options.get(name, {}))  # fail on a bad option before loading any model
         requests.append(BenchmarkRequest(name, path, dict(options.get(name, {}))))
     return requests
