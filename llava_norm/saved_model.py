@@ -1,10 +1,11 @@
 """What a path given as a saved model is, said before anything loads.
 
-Owns the check that every command loading a saved model runs first (``load_bundle``: eval,
-chat, the diagnostics, the lmms-eval plugin; ``llava-norm eval`` also while reading its
-arguments). A missing folder, a training run's folder, one of its checkpoints, and a model of
-another kind (a backbone) are each named with what to give instead: transformers' own errors
-name a hub id's form, a tokenizer backend, or a hundred model classes.
+Owns the checks of a path given where a saved model belongs: ``check_saved_model`` (``eval``
+and ``chat``, before anything loads) names a missing folder, a training run's folder, one of its
+checkpoints and a model of another kind (a backbone), each with what to give instead;
+``check_model_kind``, which ``load_bundle`` runs for every command (the diagnostics load
+checkpoints too), the last alone. transformers' own errors name a hub id's form, a tokenizer
+backend, or a hundred model classes.
 """
 
 from __future__ import annotations
@@ -36,10 +37,18 @@ def check_saved_model(path: str | Path) -> None:
         raise ValueError(f"{path} is a training run's folder, not a saved model: its model is {folder / MODEL_DIR}")
     if not config.is_file():
         raise ValueError(f"{path}: no saved model here (no config.json); give a saved model directory, RUN/{MODEL_DIR}")
+    check_model_kind(path)
+
+
+def check_model_kind(path: str | Path) -> None:
+    """ValueError where the folder's config.json names a model of another kind (a backbone), which
+    the loader would meet as its own error listing a hundred model classes. Anything else (a hub
+    id, no config.json, a checkpoint: the diagnostics load those) is left to the loader."""
+    config = Path(path).expanduser() / "config.json"
     try:
         kind = json.loads(config.read_text()).get("model_type")
-    except (ValueError, AttributeError):  # not a JSON object: the loader says what it makes of it
+    except (OSError, ValueError, AttributeError):  # none here, or not a JSON object: the loader says
         return
-    if kind != MODEL_TYPE:
+    if isinstance(kind, str) and kind != MODEL_TYPE:
         raise ValueError(f"{path}: a {kind!r} model (its config.json), not one a llava-norm run saved (a backbone? "
                          f"give RUN/{MODEL_DIR})")

@@ -107,6 +107,17 @@ def test_smoke_demo_writes_the_report_then_reuses_every_step(tmp_path):
     # The intervals read the evaluation's own files: changed benchmark data is refused.
     result = tmp_path / "demo/none/eval/mmlu.json"
     assert read_units(result).headline == json.loads(result.read_text())["metrics"]["acc"] * 100
+    # read with another option than it was evaluated with: the option to give is named
+    with pytest.raises(ValueError, match=r"settings \(num_fewshot\); give --option "
+                                         r"mmlu.num_fewshot=0, as at evaluation$"):
+        read_units(result, options={"num_fewshot": 5})
+    kept = result.read_text()  # its scoring described otherwise (an earlier version): evaluate it again
+    recorded = json.loads(kept)
+    recorded["settings"]["benchmark"]["answer_rule"] = "an earlier rule"
+    result.write_text(json.dumps(recorded))
+    with pytest.raises(ValueError, match=r"\(answer_rule\); no option differs, .* with --replace-stale$"):
+        read_units(result)
+    result.write_text(kept)
     data = Path(json.loads(result.read_text())["settings"]["data_path"])
     data = next(p for p in sorted(data.rglob("*")) if p.is_file()) if data.is_dir() else data
     data.write_bytes(data.read_bytes() + b"\n")

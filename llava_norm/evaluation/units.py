@@ -9,7 +9,7 @@ table prints. Nothing is recomputed from files that differ from the ones the res
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +48,32 @@ def units_of(bench: Benchmark, items: list[Item], predictions: dict) -> Units:
                  recorded)
 
 
+def _settings_problem(path: Path, bench: Benchmark, recorded: dict) -> str:
+    """Which of a result's recorded benchmark settings differ from ``bench``'s, and the way on:
+    the option that was given at evaluation (a field of the benchmark), or an evaluation again
+    where only the scoring's own description changed (another version)."""
+    now = bench.settings()
+    differing = [key for key in sorted(set(now) | set(recorded)) if now.get(key) != recorded.get(key)]
+    options = [key for key in differing if is_dataclass(bench) and key in {field.name for field in fields(bench)}]
+
+    def gives(key: str) -> bool:  # the recorded value is the option's own (not a description of it)
+        try:
+            built = get_benchmark(bench.name, **{key: recorded[key]}) if key in recorded else None
+            return built is not None and built.settings().get(key) == recorded[key]
+        except (ValueError, TypeError):
+            return False
+
+    given = [f"--option {bench.name}.{key}={recorded[key]}" for key in options if gives(key)]
+    if given:
+        way = f"give {' '.join(given)}, as at evaluation"
+    elif options:
+        way = f"give the option{'s' if len(options) > 1 else ''} it was evaluated with ({', '.join(options)})"
+    else:
+        way = "no option differs, so its scoring changed since (another version): evaluate it again with " \
+            "--replace-stale"
+    return f"{path}: recorded with other benchmark settings ({', '.join(differing)}); {way}"
+
+
 def read_units(result_path: str | Path, options: dict | None = None, data: str | Path | None = None) -> Units:
     """The units behind one ``<benchmark>.json`` written by ``llava-norm eval``.
 
@@ -60,8 +86,7 @@ def read_units(result_path: str | Path, options: dict | None = None, data: str |
     settings = result["settings"]
     bench = get_benchmark(result["benchmark"], **(options or {}))
     if bench.settings() != settings["benchmark"]:
-        raise ValueError(f"{path}: recorded with other benchmark options ({settings['benchmark']}); "
-                         "pass the options it was run with")
+        raise ValueError(_settings_problem(path, bench, settings["benchmark"]))
     data = Path(data or settings["data_path"])
     if not data.exists() or fingerprint(data) != settings["data_fingerprint"]:
         raise ValueError(f"{path}: its benchmark data {data} is gone or changed since it was scored")

@@ -30,7 +30,7 @@ from llava_norm.model.lora import is_lora_dir, merge_lora
 from llava_norm.model.modeling import LlavaNormConfig, LlavaNormForConditionalGeneration, blank_image
 from llava_norm.model.norm_align import get_arm, text_embedding_norm
 from llava_norm.model.projector import NormAlignedProjector
-from llava_norm.saved_model import check_saved_model
+from llava_norm.saved_model import check_model_kind
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ def load_bundle(path: str | Path, dtype: str = "float32", attn_implementation: s
     A LoRA run's ``model/`` dir (``adapter_config.json`` beside ``config.json``, see
     ``llava_norm.model.lora``) loads with its adapter, merged unless ``merge_lora_adapter`` is False.
     """
-    check_saved_model(path)  # a run's folder, a checkpoint or a backbone: named, before transformers' own errors
+    check_model_kind(path)  # a backbone: named, before transformers' own error
     # transformers applies an adapter that sits next to config.json by itself (unmerged).
     model = AutoModelForImageTextToText.from_pretrained(
         path, dtype=torch_dtype(dtype), attn_implementation=attn_implementation,
