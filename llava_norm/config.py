@@ -173,8 +173,8 @@ def _load(path: Path, overrides: list[str], check_paths: bool) -> RunConfig:
         except TypeError:  # omegaconf's message for "list.0.key=..." is unhelpful
             raise ConfigError(f"key '{(indexed or overrides)[0]}': a list (e.g. data.mixture) can only be replaced "
                               "whole, e.g. 'data.mixture=[{path: a.json}]'") from None
-        except yaml.YAMLError as error:
-            raise ConfigError(_yaml_problem(error) + where) from None
+        except yaml.YAMLError as error:  # the value of one override: named, or it reads as the file's own
+            raise ConfigError(_override_yaml_problem(overrides) or _yaml_problem(error) + where) from None
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
             more = f" (also not set: {', '.join(missing[1:])})" if missing[1:] else ""
@@ -259,6 +259,18 @@ def _describe(error: OmegaConfBaseException) -> str:
                  name in {g.name for g in dataclasses.fields(f.default_factory)}]
         message += f"; the key is {' or '.join(homes)}" if homes else ""
     return f"key '{key}': {message}" if key else message
+
+
+def _override_yaml_problem(overrides: list[str]) -> str | None:
+    """The first override whose value is not YAML, named by its key (None: none alone is)."""
+    for override in overrides:
+        try:
+            OmegaConf.from_dotlist([override])
+        except yaml.YAMLError as error:
+            key, _, value = override.partition("=")
+            problem = getattr(error, "problem", None) or error
+            return f"key '{key}': the command-line value {value!r} is not valid YAML: {problem}"
+    return None
 
 
 def _yaml_problem(error: yaml.YAMLError) -> str:

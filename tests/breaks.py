@@ -921,6 +921,10 @@ BREAKS = [
           '    given = [f"--option {bench.name}.{key}={recorded[key]}" for key in options if gives(key)]',
           "    given = []",
           "tests/test_demo.py::test_smoke_demo_writes_the_report_then_reuses_every_step"),
+    Break("an override that is not YAML taken for the file's own", "llava_norm/config.py",
+          "            raise ConfigError(_override_yaml_problem(overrides) or _yaml_problem(error) + where) from None",
+          "            raise ConfigError(_yaml_problem(error) + where) from None",
+          "tests/test_config.py::test_missing_required_keys_and_bad_yaml_name_the_file"),
 ]
 
 

@@ -297,6 +297,10 @@ def test_missing_required_keys_and_bad_yaml_name_the_file(setup):
     assert message.startswith(f"{path}: key 'model.llm': required, but not set"), message
     path, message = _load_case(setup, [], "model: {llm: [unclosed\n")
     assert message.startswith(f"{path}: invalid YAML at line") and "\n" not in message, message
+    # the same in a command-line value: that override is named, not taken for the file's own YAML
+    path, message = _load_case(setup, ["optim.lr=1e-3", "data.mixture=[{{path: x.json}}"], None)  # (_expand's braces)
+    assert message == f"{path}: key 'data.mixture': the command-line value '[{{path: x.json}}' is not valid YAML: " \
+        "did not find expected ',' or ']'", message
     with pytest.raises(ConfigError, match="nowhere.yaml: config file not found"):
         load_config(setup["d"] / "nowhere.yaml")
 
