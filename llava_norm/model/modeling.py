@@ -24,6 +24,7 @@ from transformers.models.llava.modeling_llava import LlavaCausalLMOutputWithPast
 from llava_norm.model.loss import causal_lm_loss, softmax_backend
 from llava_norm.model.norm_align import GlobalWeightCompensatedLayerNorm, VisualScale
 from llava_norm.model.projector import NormAlignedProjector
+from llava_norm.saved_model import MODEL_TYPE
 
 
 class LlavaNormConfig(LlavaConfig):
@@ -34,7 +35,7 @@ class LlavaNormConfig(LlavaConfig):
     scale_value: the scaling arms' factor, a number or "auto" (calibrated at stage 1).
     """
 
-    model_type = "llava_norm"
+    model_type = MODEL_TYPE
 
     norm_alignment: str = "none"
     text_norm: float | None = None
