@@ -17,16 +17,24 @@ from llava_norm.worker import (die_with_launcher, exit_launched_worker, frozen_i
                                quiet_transformers)
 
 
+def _config_errors(args, first) -> str:
+    """Every key ``args.config`` with ``args.overrides`` refuses, one ``config error:`` line each
+    (as `llava-norm check` lists them), not ``first`` alone: a launch fixed one key at a time would
+    meet the next only on its next try."""
+    from llava_norm.config import each_config_error  # lazy: start-up (config errors only)
+
+    return "\n".join(f"config error: {problem}" for problem in each_config_error(args.config, args.overrides, first))
+
+
 def _train(args) -> None:
     with frozen_imports():
         # lazy: start-up; a config error is said before torch and transformers load (seconds per process)
-        from llava_norm.config import ConfigError, each_config_error, load_config, stage_problem
+        from llava_norm.config import ConfigError, load_config, stage_problem
 
         try:  # what the config names on this machine is the launch check's (below): every problem at once
             config = load_config(args.config, args.overrides, check_paths=False)
-        except ConfigError as error:  # every key refused, as `llava-norm check` lists them
-            said = each_config_error(args.config, args.overrides, error)
-            sys.exit("\n".join(f"config error: {problem}" for problem in said))
+        except ConfigError as error:
+            sys.exit(_config_errors(args, error))
         problem = args.stage and stage_problem(args.config, config, args.stage)  # a stage-2 file to pretrain.sh
         if problem:
             script = "scripts/pretrain.sh" if args.stage == 1 else "scripts/finetune.sh"
@@ -127,7 +135,7 @@ def _plan(args) -> None:
 
     with frozen_imports():
         # lazy: start-up; a subcommand loads only the stages it runs
-        from llava_norm.config import ConfigError, each_config_error, load_config
+        from llava_norm.config import ConfigError, load_config
         from llava_norm.plan import format_plan, gpu_memory, make_plan
         from llava_norm.plan.report import plan_dict
 
@@ -139,9 +147,8 @@ def _plan(args) -> None:
     try:
         memory = gpu_memory(args.gpu) if args.gpu else args.gpu_memory
         config = load_config(args.config, args.overrides, check_paths=False)  # the data may live elsewhere
-    except ConfigError as error:  # every key refused, each naming its file
-        said = each_config_error(args.config, args.overrides, error)
-        sys.exit("\n".join(f"config error: {problem}" for problem in said))
+    except ConfigError as error:
+        sys.exit(_config_errors(args, error))
     except ValueError as error:
         sys.exit(f"plan: {error}")
     try:

@@ -54,7 +54,8 @@ def _settings_problem(path: Path, bench: Benchmark, recorded: dict) -> str:
     where only the scoring's own description changed (another version)."""
     now = bench.settings()
     differing = [key for key in sorted(set(now) | set(recorded)) if now.get(key) != recorded.get(key)]
-    options = [key for key in differing if is_dataclass(bench) and key in {field.name for field in fields(bench)}]
+    accepted = {field.name for field in fields(bench)} if is_dataclass(bench) else set()
+    options = [key for key in differing if key in accepted]
 
     def gives(key: str) -> bool:  # the recorded value is the option's own (not a description of it)
         try:

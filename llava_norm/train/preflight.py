@@ -290,10 +290,12 @@ def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: in
     if relaunch.action == "done":  # a launch would exit at once: said, so an OK is not read as "will train"
         report.summary.append(f"relaunch: {relaunch.message}")
     out = Path(config.train.output_dir)
-    if config.train.restart and ((out / SUMMARY).is_file() or complete_checkpoints(out)):  # another experiment's?
-        held = "a finished run" if (out / SUMMARY).is_file() else \
-            f"a run's checkpoints up to {complete_checkpoints(out)[-1].name}"
-        report.warnings.append(f"{path}: train.restart=true deletes what {out} holds, {held}, before training")
+    if config.train.restart:  # the folder may hold another experiment's run
+        found = complete_checkpoints(out)
+        kept = "a finished run" if (out / SUMMARY).is_file() else \
+            f"a run's checkpoints up to {found[-1].name}" if found else None
+        if kept:
+            report.warnings.append(f"{path}: train.restart=true deletes what {out} holds, {kept}, before training")
     if checkpoint is None:
         return
     saved = data_state(checkpoint)
