@@ -234,3 +234,24 @@ def kill_during_summary_write(launches: list[tuple[list[str], dict]], out: Path,
     """Start the launchers and SIGKILL every process group once half the bytes of the run's
     summary are written, wherever the run writes them first (see _kill_when_stopped): its last act."""
     return _kill_when_stopped(launches, out, "summary:early", timeout)
+
+
+def scheduled_rates(optim, warmup_steps: int, steps: int) -> dict[int, dict[str, float]]:
+    """``{step: {"lr/<group>": rate}}``: each parameter group's rate for updates 1..``steps``
+    under transformers' cosine schedule stepped on its own, what a run's logged ``lr/<group>``
+    must be (``optim``: the run's OptimConfig)."""
+    import torch  # lazy: the launch helpers above need neither
+    from transformers import get_scheduler
+
+    from llava_norm.train.params import learning_rates
+
+    rates = learning_rates(optim)
+    groups = [{"params": [torch.zeros(1, requires_grad=True)], "lr": lr} for lr in rates.values()]
+    schedule = get_scheduler("cosine", torch.optim.SGD(groups), num_warmup_steps=warmup_steps,
+                             num_training_steps=steps)
+    expected = {}
+    for step in range(1, steps + 1):
+        expected[step] = {f"lr/{name}": group["lr"] for name, group in zip(rates, schedule.optimizer.param_groups)}
+        schedule.optimizer.step()
+        schedule.step()
+    return expected

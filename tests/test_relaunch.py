@@ -16,15 +16,12 @@ import pytest
 import torch
 from PIL import Image
 
-from launch import snapshot
+from launch import scheduled_rates, snapshot
 from tinydata import write_dataset
-
-from transformers import get_scheduler
 
 from llava_norm.config import load_config
 from llava_norm.train.relaunch import RelaunchError, plan_launch
 from llava_norm.train.deepspeed_setup import safe_deepspeed_loading
-from llava_norm.train.params import learning_rates
 from llava_norm.train.run import run_training
 from llava_norm.train.trainer import LlavaNormTrainer, ResumeError
 
@@ -81,14 +78,7 @@ def test_finished_run_is_left_alone_and_the_ways_out_are_explicit(run, capsys, t
     assert _summary(out)["resumed_from"] == str(out / "checkpoint-3")
     # the extended updates take the lengthened schedule's rates from the first one on (the 3-step
     # cosine the checkpoint's optimizer holds ends at 0)
-    rates = learning_rates(load_config(path, ["train.max_steps=5"]).optim)
-    groups = [{"params": [torch.zeros(1, requires_grad=True)], "lr": lr} for lr in rates.values()]
-    schedule = get_scheduler("cosine", torch.optim.SGD(groups), num_warmup_steps=1, num_training_steps=5)
-    expected = {}
-    for step in range(1, 6):  # warmup_ratio 0.03 of 5 steps: 1
-        expected[step] = {f"lr/{name}": group["lr"] for name, group in zip(rates, schedule.optimizer.param_groups)}
-        schedule.optimizer.step()
-        schedule.step()
+    expected = scheduled_rates(load_config(path, ["train.max_steps=5"]).optim, 1, 5)  # warmup_ratio 0.03 of 5: 1
     logged = {e["step"]: {k: v for k, v in e.items() if k.startswith("lr/")} for e in _summary(out)["log_history"]
               if "loss" in e}
     assert {step: logged[step] for step in (4, 5)} == {step: expected[step] for step in (4, 5)}, logged
@@ -273,7 +263,7 @@ def test_a_wider_micro_batch_on_the_same_count_resumes_where_the_run_stood(run):
     report = preflight(path, wider, gpus=1, plan=False)
     assert report.ok and f"resumes {out / 'checkpoint-3'}" in report.summary, (report.problems, report.summary)
     other = [*wider, "train.global_batch_size=8"]
-    said = f"checkpoint-3: saved with a global batch of 4 on 1 process; this launch's is 8. Set " \
+    said = "checkpoint-3: saved with a global batch of 4 on 1 process; this launch's is 8. Set " \
            "train.global_batch_size to 4"
     assert [p for p in preflight(path, other, gpus=1, plan=False).problems if said in p]
     with pytest.raises(ResumeError, match=re.escape(said)):

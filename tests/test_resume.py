@@ -16,16 +16,13 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import get_scheduler
 
 from launch import (kill_during_final_save, kill_during_save, kill_during_summary_write, run_launches,
-                    summary_figures)
+                    scheduled_rates, summary_figures)
 from resumecases import (CASES, DDP_OR_ONE_PROCESS, MAX_STEPS, STEPS_PER_EPOCH, ZERO, config_file,
                          killed_run_resumes_exactly, launches_of, per_step, reference_store)
 
 from llava_norm.config import load_config
-from llava_norm.train.params import learning_rates
 from llava_norm.train.rundir import complete_checkpoints
 
 HERE = [case for case in CASES if case not in DDP_OR_ONE_PROCESS]
@@ -110,13 +107,6 @@ def test_each_groups_logged_learning_rate_is_the_one_its_update_used(tmp_path, t
     common = [f"train.deepspeed={ZERO[2]}"]
     _, reference = references((2, 2, 2, False, False, *common), lambda o: launches_of(
         "torchrun", config, [f"train.output_dir={o}", *common], 2))
-    rates = learning_rates(load_config(config, [f"train.output_dir={tmp_path}"]).optim)
-    groups = [{"params": [torch.zeros(1, requires_grad=True)], "lr": lr} for lr in rates.values()]
-    schedule = get_scheduler("cosine", torch.optim.SGD(groups), num_warmup_steps=math.ceil(0.25 * MAX_STEPS),
-                             num_training_steps=MAX_STEPS)  # warmup_ratio 0.25
-    expected = {}
-    for step in range(1, MAX_STEPS + 1):
-        expected[step] = {f"lr/{name}": g["lr"] for name, g in zip(rates, schedule.optimizer.param_groups)}
-        schedule.optimizer.step()
-        schedule.step()
+    expected = scheduled_rates(load_config(config, [f"train.output_dir={tmp_path}"]).optim,
+                               math.ceil(0.25 * MAX_STEPS), MAX_STEPS)  # warmup_ratio 0.25
     assert {s: {k: v for k, v in e.items() if k != "loss"} for s, e in per_step(reference).items()} == expected
