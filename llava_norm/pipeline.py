@@ -33,7 +33,7 @@ from llava_norm.analysis.ablation import run_name, write_tables
 from llava_norm.config import ConfigError, load_config, stage_problem
 from llava_norm.evaluation.arguments import DEFAULT_DATA_ROOT, parse_eval_args
 from llava_norm.evaluation.table import EVAL_SUMMARY
-from llava_norm.layout import CHAIN_LAUNCH, PROJECTOR_FILE
+from llava_norm.layout import CHAIN_LAUNCH, MODEL_DIR, PROJECTOR_FILE
 from llava_norm.provenance import Record, fingerprint, read_record, write_record
 from llava_norm.reuse import Decision, compare, eval_decision, stage_decision
 
@@ -224,7 +224,7 @@ class ArmDirs:
 
 def eval_argv(config: PipelineConfig, dirs: ArmDirs, name: str) -> list[str]:
     """The ``llava-norm eval`` words for one run: what is launched and what its reuse is judged by."""
-    return [str(dirs.stage2 / "model"), "--benchmarks", config.benchmarks, "--out", str(dirs.eval), "--name", name,
+    return [str(dirs.stage2 / MODEL_DIR), "--benchmarks", config.benchmarks, "--out", str(dirs.eval), "--name", name,
             "--data-root", str(Path(config.data_root).resolve()), *config.eval_args]
 
 
@@ -311,7 +311,7 @@ def table_step(config: PipelineConfig, marks: dict[str, list[str]]) -> Step:
         md, _, stats = write_tables({name: d.eval for name, d in dirs.items()}, prefix, arm_name(config.arms[0]),
                                     first_name, names, {r.name: r.options for r in requests},
                                     {r.name: Path(r.path) for r in requests}, marks,
-                                    {name: d.stage2 / "model" for name, d in dirs.items()})
+                                    {name: d.stage2 / MODEL_DIR for name, d in dirs.items()})
         tqdm.write(stats.read_text())
         tqdm.write(f"per-run table: {md}")
 

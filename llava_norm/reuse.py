@@ -14,7 +14,7 @@ from llava_norm.config_checks import check_inputs, check_paths
 from llava_norm.evaluation.arguments import parse_eval_args
 from llava_norm.evaluation.predictions import read_json_output
 from llava_norm.evaluation.settings import benchmark_settings, settings_differences
-from llava_norm.layout import PROJECTOR_FILE
+from llava_norm.layout import MODEL_DIR, PROJECTOR_FILE
 from llava_norm.provenance import (Record, config_difference, differences, environment, environment_differences,
                                    fingerprint, read_record)
 from llava_norm.train.record import training_record
@@ -71,7 +71,7 @@ def _stage_decision(expected: Record, out: Path, code_counts: bool) -> Decision:
     keep = ("world_size",) if expected.config.get("train.global_batch_size") is not None else ()
     reasons, notes = compare(found, expected, code_counts, keep)
     kept = [said for key in keep if (said := config_difference(found, expected, key))]
-    outputs = {"model": out / "model", "projector": out / PROJECTOR_FILE}
+    outputs = {"model": out / MODEL_DIR, "projector": out / PROJECTOR_FILE}
     missing = [name for name in found.outputs if not outputs[name].exists()]
     changed = [name for name, recorded in found.outputs.items()
                if found.complete and name not in missing and recorded != fingerprint(outputs[name])]

@@ -346,7 +346,7 @@ BREAKS = [
           "    except KeyboardInterrupt:  # Ctrl-C: what is kept", "    except ZeroDivisionError:  # Ctrl-C: what is kept",
           "tests/test_eval_runner.py::test_bad_input_and_ctrl_c_end_the_command_in_one_line"),
     Break("eval without --out writing to the checkpoint's parent's eval/", "llava_norm/evaluation/arguments.py",
-          '    return folder.parent / ("eval" if folder.name == "model" else f"eval-{folder.name}")',
+          '    return folder.parent / ("eval" if folder.name == MODEL_DIR else f"eval-{folder.name}")',
           '    return folder.parent / "eval"',
           "tests/test_eval_runner.py::test_bad_input_and_ctrl_c_end_the_command_in_one_line"),
     Break("merge-lora ending on a folder without an adapter with a traceback", "llava_norm/cli.py",

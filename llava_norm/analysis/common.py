@@ -19,7 +19,7 @@ import torch
 
 from llava_norm.data.prompts import PromptSettings, training_prompt_settings
 from llava_norm.files import write_atomically
-from llava_norm.layout import CONFIG_FILE
+from llava_norm.layout import CONFIG_FILE, MODEL_DIR
 from llava_norm.config_schema import is_hub_id, resolve_dtype
 from llava_norm.model.builder import Bundle, load_bundle, load_tokenizer, torch_dtype
 from llava_norm.provenance import make_record
@@ -107,10 +107,10 @@ def load_analysis_bundle(path: str | Path, device: torch.device | None = None, a
             path, dtype=torch_dtype(dtype), attn_implementation=attn_implementation
         )
         run_dir = path.parent
-        if _has_tokenizer(run_dir / "model"):
-            tokenizer = AutoTokenizer.from_pretrained(run_dir / "model")
+        if _has_tokenizer(run_dir / MODEL_DIR):
+            tokenizer = AutoTokenizer.from_pretrained(run_dir / MODEL_DIR)
             tokenizer.padding_side = "right"
-            processor = AutoImageProcessor.from_pretrained(run_dir / "model")
+            processor = AutoImageProcessor.from_pretrained(run_dir / MODEL_DIR)
         elif (run_dir / CONFIG_FILE).is_file():
             from omegaconf import OmegaConf
 

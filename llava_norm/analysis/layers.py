@@ -27,6 +27,7 @@ from llava_norm.analysis.masks import interleave_prompts, prompt_batches
 from llava_norm.analysis.plots import dynamics_figure, layers_figure
 from llava_norm.analysis.samples import SampleSet
 from llava_norm.data.prompts import PromptSettings
+from llava_norm.layout import MODEL_DIR
 from llava_norm.train.rundir import SUMMARY, complete_checkpoints
 
 GROUPS = ("image", "text")
@@ -144,7 +145,7 @@ def run_checkpoints(run_dir: str | Path, include_final: bool = True) -> list[Lab
     is those weights again, so that checkpoint is labelled final instead of being read twice."""
     run = Path(run_dir)
     found = [Labeled(f"step {re.sub(r'^checkpoint-', '', p.name)}", p) for p in complete_checkpoints(run)]
-    if include_final and (run / "model" / "config.json").is_file():
+    if include_final and (run / MODEL_DIR / "config.json").is_file():
         try:
             ended_at = json.loads((run / SUMMARY).read_text()).get("global_step")
         except (OSError, ValueError):  # no summary (or one cut short): the final model is read as well
@@ -152,7 +153,7 @@ def run_checkpoints(run_dir: str | Path, include_final: bool = True) -> list[Lab
         if found and found[-1].path.name == f"checkpoint-{ended_at}":
             found[-1] = Labeled(f"{found[-1].label} (final)", found[-1].path)
         else:
-            found.append(Labeled("final", run / "model"))
+            found.append(Labeled("final", run / MODEL_DIR))
     if not found:
         raise FileNotFoundError(f"{run}: no complete checkpoint-N dirs and no model/ dir")
     return found

@@ -20,7 +20,7 @@ from llava_norm.analysis.interface import checkpoint_interface_norms, interface_
 from llava_norm.analysis.layers import dynamics, layer_curves
 from llava_norm.analysis.report import write_report
 from llava_norm.analysis.samples import load_samples
-from llava_norm.layout import CONFIG_FILE
+from llava_norm.layout import CONFIG_FILE, MODEL_DIR
 
 
 @dataclass
@@ -47,7 +47,7 @@ def run_suite(inputs: SuiteInputs, out_dir: str | Path, title: str = "llava-norm
     """Runs all seven analyses into ``out_dir`` and writes the report (default ``out_dir/REPORT.md``);
     returns its path."""
     out = Path(out_dir)
-    finals = [Labeled(label, Path(run) / "model") for label, run in inputs.runs.items()]
+    finals = [Labeled(label, Path(run) / MODEL_DIR) for label, run in inputs.runs.items()]
     interface = [Labeled(k, Path(v)) for k, v in inputs.interface_models.items()] if inputs.interface_models else finals
     gains = [Labeled(k, Path(v)) for k, v in inputs.gain_models.items()] if inputs.gain_models else finals
     samples = load_samples(inputs.samples, inputs.limit, inputs.image_folder)

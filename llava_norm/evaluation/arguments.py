@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from llava_norm.config_schema import PROMPT_FORMATS, is_hub_id
+from llava_norm.layout import MODEL_DIR
 from llava_norm.saved_model import check_saved_model
 
 
@@ -88,7 +89,7 @@ def default_out_dir(checkpoint: str) -> Path:
     if not folder.exists() and is_hub_id(checkpoint):
         return Path.cwd() / f"eval-{folder.name}"
     folder = folder.resolve()
-    return folder.parent / ("eval" if folder.name == "model" else f"eval-{folder.name}")
+    return folder.parent / ("eval" if folder.name == MODEL_DIR else f"eval-{folder.name}")
 
 
 def eval_config_from_args(args: argparse.Namespace):

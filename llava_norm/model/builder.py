@@ -25,7 +25,7 @@ from transformers import (
 
 from llava_norm.data.conversation import IMAGE_PLACEHOLDER
 from llava_norm.data.prompts import run_config_file
-from llava_norm.layout import CONFIG_FILE
+from llava_norm.layout import CONFIG_FILE, MODEL_DIR
 from llava_norm.model.lora import is_lora_dir, merge_lora
 from llava_norm.model.modeling import LlavaNormConfig, LlavaNormForConditionalGeneration, blank_image
 from llava_norm.model.norm_align import get_arm, text_embedding_norm
@@ -200,8 +200,8 @@ def merge_lora_dir(in_dir: str | Path, out_dir: str | Path, dtype: str = "float3
     with the run's config.yaml beside its weights: evaluation and chat read the prompt settings it
     was trained with (chat template options, system prompt, image aspect) from there."""
     in_dir = Path(in_dir)
-    if not is_lora_dir(in_dir) and is_lora_dir(in_dir / "model"):
-        in_dir = in_dir / "model"
+    if not is_lora_dir(in_dir) and is_lora_dir(in_dir / MODEL_DIR):
+        in_dir = in_dir / MODEL_DIR
     if not is_lora_dir(in_dir):
         raise FileNotFoundError(f"{in_dir}: no adapter_config.json; not a LoRA model dir (nor a run dir with one)")
     if Path(out_dir).resolve() == in_dir.resolve():

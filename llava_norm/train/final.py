@@ -20,7 +20,7 @@ from transformers.utils import SAFE_WEIGHTS_NAME
 from llava_norm.config import RunConfig
 from llava_norm.config_checks import projector_origin
 from llava_norm.files import write_atomically
-from llava_norm.layout import PROJECTOR_FILE, PROJECTOR_PREFIX
+from llava_norm.layout import MODEL_DIR, PROJECTOR_FILE, PROJECTOR_PREFIX
 from llava_norm.model.builder import Bundle
 from llava_norm.model.lora import split_saved_model
 
@@ -45,7 +45,7 @@ def save_with_sorted_metadata(tensors: dict[str, torch.Tensor], path: Path, meta
 def save_final(trainer, bundle: Bundle, config: RunConfig) -> Path:
     """Every rank calls it (ZeRO-3 gathers the shards); the main process writes."""
     out = Path(config.train.output_dir)
-    model_dir = out / "model"
+    model_dir = out / MODEL_DIR
     trainer.save_model(str(model_dir))  # gathers ZeRO-3 shards into safetensors
     if trainer.args.should_save:
         (model_dir / "training_args.bin").unlink(missing_ok=True)  # a pickle: never part of an exported model

@@ -28,7 +28,7 @@ import yaml
 
 from llava_norm.config import RunConfig, to_yaml
 from llava_norm.files import REMOVING
-from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE
+from llava_norm.layout import CONFIG_FILE, MODEL_DIR, PROJECTOR_FILE
 from llava_norm.provenance import RECORD, flatten
 from llava_norm.train.rundir import (COMPLETE_MARKER, PROFILE_DIR, RUN_CONFIG, SKIPPED, SUMMARY, WANDB_RUN_ID,
                                      checkpoint_step, complete_checkpoints)
@@ -49,7 +49,7 @@ SCHEDULE_KEYS = frozenset({"train.max_steps", "train.epochs"})  # what train.ext
 INPUT_KEYS = ("model.vision_tower", "model.llm", "model.pretrained_projector", "train.deepspeed")
 SOURCE_PATHS = ("path", "image_folder")
 # What a run writes into output_dir, and so what train.restart removes (nothing else is touched).
-RUN_OUTPUTS = ("model", PROJECTOR_FILE, SUMMARY, CONFIG_FILE, SKIPPED, "runs", RECORD, WANDB_RUN_ID, PROFILE_DIR)
+RUN_OUTPUTS = (MODEL_DIR, PROJECTOR_FILE, SUMMARY, CONFIG_FILE, SKIPPED, "runs", RECORD, WANDB_RUN_ID, PROFILE_DIR)
 
 
 class RelaunchError(RuntimeError):

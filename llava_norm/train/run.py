@@ -29,7 +29,7 @@ from llava_norm.data.dataset import SupervisedDataset, count_by_cause
 from llava_norm.data.packing import PackedDataset, collate_packed
 from llava_norm.data.rows import WHOLE_FILE
 from llava_norm.files import finish_removals, write_atomically
-from llava_norm.layout import CONFIG_FILE, PROJECTOR_FILE, PROJECTOR_PREFIX
+from llava_norm.layout import CONFIG_FILE, MODEL_DIR, PROJECTOR_FILE, PROJECTOR_PREFIX
 from llava_norm.model.builder import ModelSpec, build_model
 from llava_norm.model.compile import compile_layers
 from llava_norm.plan import format_plan, make_plan
@@ -173,7 +173,7 @@ def _run_training(config: RunConfig, check) -> Path | None:
     if plan.action == "done":
         if int(os.environ.get("RANK", "0")) == 0:
             out = Path(t.output_dir)
-            complete_finished_run(config, {"model": out / "model", "projector": out / PROJECTOR_FILE})
+            complete_finished_run(config, {"model": out / MODEL_DIR, "projector": out / PROJECTOR_FILE})
             print(f"[llava-norm] {plan.message}")
         return None
     if t.restart:
