@@ -926,6 +926,14 @@ BREAKS = [
           "            raise ConfigError(_override_yaml_problem(overrides) or _yaml_problem(error) + where) from None",
           "            raise ConfigError(_yaml_problem(error) + where) from None",
           "tests/test_config.py::test_missing_required_keys_and_bad_yaml_name_the_file"),
+    Break("analyze taking a run's folder for a model without naming the model in it", "llava_norm/analysis/common.py",
+          '    if not (path / "config.json").is_file() and (path / MODEL_DIR / "config.json").is_file():',
+          "    if False:",
+          "tests/test_analysis.py::test_a_run_folder_or_a_folder_without_a_model_is_named_as_such"),
+    Break("analyze saying a missing folder has no config.json", "llava_norm/analysis/common.py",
+          "    if not path.is_dir():\n        raise FileNotFoundError(f\"{path}: no such folder",
+          "    if False:\n        raise FileNotFoundError(f\"{path}: no such folder",
+          "tests/test_analysis.py::test_unlabelled_checkpoints_get_labels_that_tell_them_apart"),
 ]
 
 

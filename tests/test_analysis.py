@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -266,7 +267,25 @@ def test_unlabelled_checkpoints_get_labels_that_tell_them_apart():
     with pytest.raises(SystemExit) as stop:  # and a missing folder, named
         main(["analyze", "gain-stats", "--checkpoint", "/nowhere/stage2/model"])
     said = stop.value.code
-    assert said == "analyze gain-stats: /nowhere/stage2/model: no config.json; expected a saved model dir or a checkpoint-N dir"
+    assert said == (f"analyze gain-stats: /nowhere/stage2/model: no such folder (from {Path.cwd()}); expected a saved "
+                    "model dir, RUN/model, or a checkpoint-N dir")
+
+
+def test_a_run_folder_or_a_folder_without_a_model_is_named_as_such(tmp_path):
+    """A training run's folder given where a model belongs is named as one, with its model's path;
+    a folder without config.json is named as that."""
+    from llava_norm.cli import main
+
+    (tmp_path / "run" / "model").mkdir(parents=True)
+    (tmp_path / "run" / "model" / "config.json").write_text("{}")
+    with pytest.raises(SystemExit) as stop:
+        main(["analyze", "gain-stats", "--checkpoint", str(tmp_path / "run")])
+    assert stop.value.code == (f"analyze gain-stats: {tmp_path / 'run'} is a training run's folder: give its model, "
+                               f"{tmp_path / 'run' / 'model'}, or one of its checkpoint-N dirs")
+    with pytest.raises(SystemExit) as stop:
+        main(["analyze", "gain-stats", "--checkpoint", str(tmp_path)])
+    assert stop.value.code == (f"analyze gain-stats: {tmp_path}: no config.json; expected a saved model dir or a "
+                               "checkpoint-N dir")
 
 
 def test_a_missing_llm_and_a_count_below_one_are_refused_in_one_line(capsys):

@@ -77,6 +77,12 @@ def saved_model_config(path: str | Path) -> dict:
     """The ``config.json`` of a saved model dir or a ``checkpoint-N`` dir; FileNotFoundError naming
     the folder where there is none."""
     path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such folder (from {Path.cwd()}); expected a saved model dir, RUN/{MODEL_DIR}, "
+                                "or a checkpoint-N dir")
+    if not (path / "config.json").is_file() and (path / MODEL_DIR / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is a training run's folder: give its model, {path / MODEL_DIR}, or one of "
+                                "its checkpoint-N dirs")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: no config.json; expected a saved model dir or a checkpoint-N dir")
     return json.loads((path / "config.json").read_text())
