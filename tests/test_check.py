@@ -457,3 +457,30 @@ def test_a_plan_that_does_not_fit_is_a_problem(world, monkeypatch):
     report = preflight(config, [], gpus=2, gpu_memory_gib=0.01)
     assert not report.ok
     assert [p for p in report.problems if p.startswith("plan: peak ") and "does not fit 0.0 GiB" in p], report.problems
+
+
+def test_a_template_key_the_chat_template_never_reads_is_named(world, tiny_dir, monkeypatch, tmp_path):
+    """A misspelt data.template_kwargs key (Jinja ignores variables it does not read) is one line
+    naming the key and the variables the template reads, from chat_template.jinja or, in another
+    folder, from tokenizer_config.json's named templates; a key it reads, the default date on a
+    template without it and the plain format pass."""
+    root, config, data, _, _ = world
+    monkeypatch.setenv("CHECK_DATA", str(data.parent))
+    report = preflight(config, ["data.template_kwargs={date_string: 1 Jan 2025, date_strng: 1 Jan 2025}"], gpus=2,
+                       plan=False)
+    assert report.problems == [
+        f"{config}: key 'data.template_kwargs.date_strng': the chat template of {tiny_dir}/llama reads no variable "
+        "'date_strng' (the variables it reads: date_string, system_message)"], report.problems
+    assert preflight(config, ["data.prompt_format=plain", "data.template_kwargs={date_strng: 1}"], gpus=2,
+                     plan=False).ok
+    qwen = tmp_path / "qwen2"
+    shutil.copytree(tiny_dir / "qwen2", qwen)
+    template = (qwen / "chat_template.jinja").read_text()
+    (qwen / "chat_template.jinja").unlink()
+    settings = json.loads((qwen / "tokenizer_config.json").read_text())
+    settings["chat_template"] = [{"name": "default", "template": template}, {"name": "tool_use", "template": "{{ x }}"}]
+    (qwen / "tokenizer_config.json").write_text(json.dumps(settings))
+    on_qwen = [f"model.llm={qwen}", "data.template_kwargs={date_string: 1 Jan 2025, enable_thinking: false}"]
+    assert preflight(config, on_qwen, gpus=2, plan=False).problems == [
+        f"{config}: key 'data.template_kwargs.enable_thinking': the chat template of {qwen} reads no variable "
+        "'enable_thinking' (the variables it reads: none besides transformers' own)"]

@@ -4,7 +4,8 @@ Owns the preflight of one config on a given launch shape: the config itself and 
 environment variables its YAML files read; the world size against the global batch; the
 DeepSpeed JSON and the paths the config names; each data source (a sample of a JSON source's
 images in their folder, every parquet shard's footer, a hub card's row count); each backbone
-(a local folder, or the hub cache when offline, and a gated id without a token); the DeepSpeed
+(a local folder, or the hub cache when offline, and a gated id without a token); the template
+keys the LLM's chat template never reads (``llava_norm.data.templates``); the DeepSpeed
 JSON as DeepSpeed itself reads it (``llava_norm.train.deepspeed_keys``); and the plan's
 verdict on the GPU named. Every problem is one line naming the key, file or variable.
 ``llava-norm train`` runs it on rank 0 before anything loads, and ``llava-norm sweep --slurm``
@@ -25,6 +26,7 @@ from llava_norm.config_checks import path_problems
 from llava_norm.config_schema import ConfigError, DataSource, RunConfig, effective_grad_accum, take_count
 from llava_norm.data.rows import BadSampleError, no_rows, read_entries
 from llava_norm.data.sources import check_layout, resolve
+from llava_norm.data.templates import template_kwargs_problems
 from llava_norm.train.rundir import (NO_DATA_STATE, SUMMARY, complete_checkpoints, data_state, global_batch_problem,
                                      processes)
 from llava_norm.worker import environment_variable
@@ -249,6 +251,9 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
     for key in ("vision_tower", "llm"):
         problems, where[key] = backbone_problems(getattr(config.model, key), f"model.{key}")
         report.problems += [problem for problem in problems if not _said_already(report, problem)]
+    if config.data.prompt_format == "chat":  # the plain format renders no template
+        report.problems += [f"{path}: {problem}" for problem in
+                            template_kwargs_problems(config.model.llm, config.data.template_kwargs)]
     report.summary += [
         f"world size {world} ({nodes} node(s) x {gpus} GPUs), gradient accumulation {accum}, "
         f"global batch {t.global_batch_size or t.per_device_batch_size * (accum or 1) * world}",
