@@ -104,8 +104,8 @@ class Predictor:
         for start in range(0, len(pairs), batch_size):
             examples = []
             for context, continuation in pairs[start:start + batch_size]:
-                ctx = bos + tokenizer.encode(context, add_special_tokens=False)
-                cont = tokenizer.encode(continuation, add_special_tokens=False)
+                ctx, cont = encode_pair(tokenizer, context, continuation)
+                ctx = bos + ctx
                 examples.append(Example(ctx + cont, [IGNORE_INDEX] * len(ctx) + cont, None))
             batch = self._to_device(collate(examples, tokenizer.pad_token_id, padding_side="right"))
             labels = batch.pop("labels")
@@ -118,3 +118,16 @@ class Predictor:
             for score, is_greedy in zip((picked * mask).sum(dim=-1).tolist(), greedy.all(dim=-1).tolist()):
                 results.append((score, bool(is_greedy)))
         return results
+
+
+def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """(context ids, continuation ids) as lm-eval's HF model splits a pair (the results record it:
+    ``benchmarks.base.PAIR_ENCODING``): whitespace ending the
+    context moves to the continuation (so its log-probability is scored: a HellaSwag context
+    can end in a space), and the continuation's ids are the whole text's after the context's,
+    so a token spanning the boundary is the one the whole text has."""
+    kept = context.rstrip()
+    context, continuation = kept, context[len(kept):] + continuation
+    ids = tokenizer.encode(context, add_special_tokens=False)
+    whole = tokenizer.encode(context + continuation, add_special_tokens=False)
+    return ids, whole[len(ids):]

@@ -940,6 +940,15 @@ BREAKS = [
     Break("the check reading a tokenizer's named templates as none", "llava_norm/data/templates.py",
           "    if isinstance(template, list):  # named templates", "    if False:  # named templates",
           "tests/test_check.py::test_a_template_key_the_chat_template_never_reads_is_named"),
+    Break("a log-likelihood pair's context and continuation tokenised apart", "llava_norm/inference.py",
+          "                ctx, cont = encode_pair(tokenizer, context, continuation)",
+          "                ctx, cont = (tokenizer.encode(context, add_special_tokens=False), "
+          "tokenizer.encode(continuation, add_special_tokens=False))",
+          "tests/test_eval_runner.py::test_a_pair_is_scored_on_the_whole_texts_tokens_with_the_contexts_trailing_space"),
+    Break("a log-likelihood context's trailing space left out of the scored tokens", "llava_norm/inference.py",
+          "    context, continuation = kept, context[len(kept):] + continuation",
+          "    kept = context",
+          "tests/test_eval_runner.py::test_a_pair_is_scored_on_the_whole_texts_tokens_with_the_contexts_trailing_space"),
 ]
 
 

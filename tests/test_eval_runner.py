@@ -373,6 +373,30 @@ def test_loglikelihood_flags_exactly_the_greedy_continuation(tiny_dir):
     assert s_other == pytest.approx(expected[ranked[1]].item(), abs=1e-4)
 
 
+def test_a_pair_is_scored_on_the_whole_texts_tokens_with_the_contexts_trailing_space(tiny_dir):
+    """As lm-eval's HF model scores a (context, continuation) pair: the whole text is tokenised
+    once and every token after the context's (its trailing whitespace stripped) is scored, so a
+    HellaSwag context's final space counts; computed here from one forward pass over the whole."""
+    import torch
+
+    from llava_norm.inference import Predictor
+
+    bundle = build_model(ModelSpec(f"{tiny_dir}/siglip", f"{tiny_dir}/llama"))
+    predictor, tok = Predictor(bundle), bundle.tokenizer
+    pairs = [("Personal Care: How to wash a dog. Fill the tub. ", " Then the dog jumps in."),
+             ("Question: which shape is red?\nAnswer:", " circle")]
+    for (context, continuation), score in zip(pairs, predictor.loglikelihood(pairs)):
+        ids = [tok.bos_token_id] + tok.encode(context + continuation, add_special_tokens=False)
+        start = 1 + len(tok.encode(context.rstrip(), add_special_tokens=False))
+        with torch.no_grad():
+            logprobs = torch.log_softmax(bundle.model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+        expected = sum(logprobs[i - 1, ids[i]].item() for i in range(start, len(ids)))
+        assert score == pytest.approx(expected, abs=1e-4), (context, score, expected)
+    # the context's space is a token of its own here: scored with the continuation, not dropped
+    assert tok.encode(pairs[0][0], add_special_tokens=False)[-1] not in \
+        tok.encode(pairs[0][0].rstrip(), add_special_tokens=False)[-1:]
+
+
 def test_a_run_folder_or_checkpoint_given_as_the_model_names_the_folder_to_evaluate(tmp_path):
     from llava_norm.evaluation.arguments import check_saved_model
 

@@ -25,6 +25,10 @@ from PIL import Image
 
 from llava_norm.stats import Statistic, mean_of
 
+# How llava_norm.inference.encode_pair splits a (context, continuation) pair into token ids.
+PAIR_ENCODING = ("context's trailing whitespace moved to the continuation; continuation ids = the whole text's "
+                 "after the context's (lm-eval's HF model)")
+
 KINDS = ("generate", "loglikelihood")
 SCALE = "0-1"  # how metrics ("scale") and settings ("headline_metric") mark a fraction in [0, 1]
 
@@ -234,6 +238,8 @@ class Benchmark(ABC):
         declared: dict[str, Any] = {"benchmark": self.name, "data": self.declaration.source}
         if self.max_new_tokens is not None:
             declared["max_new_tokens"] = self.max_new_tokens
+        if self.kind == "loglikelihood":  # a result scored with another tokenisation of its pairs is another result
+            declared["pair_encoding"] = PAIR_ENCODING
         return {**declared, **self.details(), "headline_metric": self.declaration.headline.describe()}
 
     def check_option(self, option: str, allowed: Iterable[str]) -> None:
