@@ -10,7 +10,7 @@ import torch
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
-from llava_norm.config import load_config
+from llava_norm.config import ConfigError, load_config
 from llava_norm.model.builder import ModelSpec, build_model
 from llava_norm.plan import format_plan, make_plan
 from llava_norm.plan.backbones import SHIPPED_BACKBONES, backbone_config
@@ -165,6 +165,34 @@ def test_every_backbone_the_configs_name_is_shipped():
     assert names and all((SHIPPED_BACKBONES / name / "config.json").is_file() for name in names), names
     for name in names:
         assert backbone_config(name, "model.llm").source.startswith("shipped")
+
+
+def test_a_hub_id_the_hub_cannot_be_reached_for_says_how_to_run_offline(monkeypatch):
+    """A backbone neither local, cached nor shipped, where the hub does not answer (transformers'
+    own wording for no connection, stood in for: the real one retries for half a minute): the
+    key, the id and how to run without internet; another failure says only what it was."""
+    import llava_norm.plan.backbones as backbones
+
+    def unreachable(name, **kwargs):
+        if kwargs.get("local_files_only"):
+            raise OSError(f"{name} is not in the cache")
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them "
+                      "in the cached files.\nCheck your internet connection")
+
+    monkeypatch.setattr(backbones.AutoConfig, "from_pretrained", unreachable)
+    with pytest.raises(ConfigError) as said:
+        backbone_config("org/some-llm", "model.llm")
+    assert str(said.value).startswith("key 'model.llm': 'org/some-llm' is not a local directory, not in the hub cache")
+    assert str(said.value).endswith("; without internet here, download it where there is (hf download org/some-llm) "
+                                    "into the cache this machine reads (HF_HOME) and set HF_HUB_OFFLINE=1")
+
+    def refused(name, **kwargs):
+        raise OSError("org/other is not a valid model identifier")
+
+    monkeypatch.setattr(backbones.AutoConfig, "from_pretrained", refused)
+    with pytest.raises(ConfigError) as said:
+        backbone_config("org/other", "model.llm")
+    assert str(said.value).endswith("the hub did not answer (org/other is not a valid model identifier)")
 
 
 def test_accumulated_gradients_do_not_overlap_the_activations():

@@ -44,8 +44,12 @@ def backbone_config(name: str, key: str, trust_remote_code: bool = False) -> Bac
     try:
         return BackboneConfig(AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code), "hub")
     except (OSError, ValueError) as error:
+        said = str(error).splitlines()[0]
+        # a compute node without internet: huggingface_hub retried for half a minute before saying so
+        way = (f"; without internet here, download it where there is (hf download {name}) into the cache this "
+               "machine reads (HF_HOME) and set HF_HUB_OFFLINE=1") if "connect" in said else ""
         raise ConfigError(f"key '{key}': {name!r} is not a local directory, not in the hub cache, not shipped under "
-                          f"{SHIPPED_BACKBONES} and the hub did not answer ({str(error).splitlines()[0]})") from None
+                          f"{SHIPPED_BACKBONES} and the hub did not answer ({said}){way}") from None
 
 
 def _load(path, key: str, trust_remote_code: bool) -> PretrainedConfig:
