@@ -44,13 +44,18 @@ def register_chains(sub) -> None:
 
 def _chain_config(args, arms: list[str], **grid):
     # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.evaluation.arguments import check_eval_words
+    from llava_norm.evaluation.arguments import check_eval_words, eval_data_problem
     from llava_norm.pipeline import PipelineConfig
 
     try:  # before anything trains: a misspelt flag would otherwise stop each chain at its evaluation
         check_eval_words(args.eval_arg)
     except ValueError as error:
         sys.exit(f"{args.command}: --eval-arg: {error}")
+    # the benchmark data too (--slurm lists it among the grid's problems; a table reads results only)
+    if not (getattr(args, "slurm", None) or grid.get("table_only")):
+        problem = eval_data_problem(args.eval_arg, args.benchmarks, args.data_root)
+        if problem:
+            sys.exit(f"{args.command}: evaluation: {problem}")
 
     return PipelineConfig(arms=arms, runs_dir=args.runs, data_root=args.data_root, benchmarks=args.benchmarks,
                           stage1_overrides=args.stage1, stage2_overrides=args.stage2, eval_args=args.eval_arg,

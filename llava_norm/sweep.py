@@ -89,15 +89,13 @@ def check_grid(config: PipelineConfig, gpus: int) -> tuple[list[str], float | No
     for every arm's two stage configs; seeds change nothing it reads), each problem prefixed with
     the arm and stage, and the host memory a task needs in GiB (None without a plan)."""
     # lazy: the checks load the configs, the data sources' footers and the plan
-    from llava_norm.evaluation.settings import resolve_benchmarks
+    from llava_norm.evaluation.arguments import eval_data_problem
     from llava_norm.train.preflight import preflight
 
     problems, host, sources, found = [], None, {}, {}  # found: problem -> {arm: [stages]}
-    try:
-        resolve_benchmarks(config.benchmarks.split(","), config.data_root, {}, {})
-    except (ValueError, FileNotFoundError) as error:
-        where = "" if "EVAL_DATA" in os.environ else " (EVAL_DATA is unset)"
-        problems.append(f"evaluation: {error}{where}")
+    data_problem = eval_data_problem(config.eval_args, config.benchmarks, config.data_root)
+    if data_problem:
+        problems.append(f"evaluation: {data_problem}")
     for i, arm in enumerate(config.arms):
         for stage in (1, 2):
             # stage 2 starts from the projector its chain's stage 1 writes: checked when stage 2 starts

@@ -953,6 +953,13 @@ BREAKS = [
           'machine reads (HF_HOME) and set HF_HUB_OFFLINE=1") if "connect" in said else ""',
           'machine reads (HF_HOME) and set HF_HUB_OFFLINE=1") if False else ""',
           "tests/test_plan.py::test_a_hub_id_the_hub_cannot_be_reached_for_says_how_to_run_offline"),
+    Break("a pipeline or local sweep training before finding its benchmark data missing", "llava_norm/chain_cli.py",
+          '    if not (getattr(args, "slurm", None) or grid.get("table_only")):', "    if False:",
+          "tests/test_check.py::test_a_chain_without_its_benchmark_data_stops_before_anything_trains"),
+    Break("a chain's benchmark data looked for without its --eval-arg words", "llava_norm/evaluation/arguments.py",
+          '        ["MODEL", "--benchmarks", benchmarks, "--data-root", data_root, *words])',
+          '        ["MODEL", "--benchmarks", benchmarks, "--data-root", data_root])',
+          "tests/test_check.py::test_a_chain_without_its_benchmark_data_stops_before_anything_trains"),
 ]
 
 

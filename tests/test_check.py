@@ -251,7 +251,8 @@ def test_a_sweep_is_checked_before_its_slurm_files_are_written(tmp_path):
     # config is refused before its data and backbones are read)
     assert [line.split(": ")[1] for line in problems if "environment variable LLAVA_DATA is unset" in line] == \
         ["none, stage 1", "every arm, stage 2"], text
-    assert "evaluation: " in text and "(EVAL_DATA is unset)" in text
+    assert "evaluation: mmbench_en_dev: data path does not exist: data/eval/mmbench; the data root is data/eval: " \
+        "--data-root DIR or EVAL_DATA=DIR names another" in text and "EVAL_DATA is unset" not in text
     assert [line.split(": ")[1] for line in problems if "meta-llama/Llama-3.2-3B-Instruct is not in the Hugging Face "
             "cache" in line] == ["none, stages 1 and 2; ln_textnorm, stage 2"], text
     assert not out.exists()
@@ -276,6 +277,28 @@ def test_a_chains_evaluation_words_are_checked_before_anything_trains(tmp_path, 
     assert not out.exists() and not (tmp_path / "runs").exists()
 
 
+def test_a_chain_without_its_benchmark_data_stops_before_anything_trains(tmp_path, monkeypatch):
+    """The new user's trial: a pipeline or local sweep with a data root that lacks the benchmarks
+    trained both stages, then failed at evaluation. Said first, naming the root; nothing written.
+    The --eval-arg words win as in eval: their --data-root or --data is where the data is looked for."""
+    from llava_norm.cli import main
+    from llava_norm.evaluation.arguments import eval_data_problem
+
+    monkeypatch.chdir(REPO)
+    for command in (["pipeline", "configs/tiny/none"], ["sweep", "configs/tiny", "--arms", "none"]):
+        with pytest.raises(SystemExit) as stop:
+            main([*command, "--runs", str(tmp_path / "runs"), "--data-root", "/nowhere/eval", "--benchmarks", "pope"])
+        assert stop.value.code == (f"{command[0]}: evaluation: pope: data path does not exist: /nowhere/eval/pope; "
+                                   "the data root is /nowhere/eval: --data-root DIR or EVAL_DATA=DIR names another "
+                                   "(see eval/README.md for where to get it)"), stop.value.code
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "eval" / "pope").mkdir(parents=True)
+    (tmp_path / "pope.jsonl").write_text("")
+    assert eval_data_problem([f"--data-root={tmp_path / 'eval'}"], "pope", "/nowhere/eval") is None
+    assert eval_data_problem([f"--data=pope={tmp_path / 'pope.jsonl'}"], "pope", "/nowhere/eval") is None
+    assert eval_data_problem([], "pope", str(tmp_path / "eval")) is None
+
+
 def test_ctrl_c_on_a_chain_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
     """Ctrl-C reaches the step a pipeline or sweep launched (which says where it stands) and the
     chain itself, which waits on it: one line and the shell's interrupt status."""
@@ -288,8 +311,10 @@ def test_ctrl_c_on_a_chain_is_one_line_not_a_traceback(tmp_path, monkeypatch, ca
     monkeypatch.chdir(REPO)
     monkeypatch.setattr(pipeline, "plan", lambda config: ([], {}))
     monkeypatch.setattr(pipeline, "run_steps", interrupted)
+    (tmp_path / "eval" / "pope").mkdir(parents=True)  # the chain's benchmark data, checked first
     try:  # a KeyboardInterrupt escaping would stop pytest itself: caught here, as a failure
-        main(["pipeline", "configs/tiny/none", "--runs", str(tmp_path / "runs")])
+        main(["pipeline", "configs/tiny/none", "--runs", str(tmp_path / "runs"), "--benchmarks", "pope",
+              "--data-root", str(tmp_path / "eval")])
     except SystemExit as stop:
         code = stop.code
     except KeyboardInterrupt:

@@ -133,5 +133,21 @@ def check_eval_words(words: list[str]) -> None:
     benchmark_options(args.option)
 
 
+def eval_data_problem(words: list[str], benchmarks: str, data_root: str) -> str | None:
+    """Where a chain's evaluations (``llava-norm eval MODEL --benchmarks B --data-root R`` and the
+    ``--eval-arg`` words, which win as they come last) would find no benchmark data: said before
+    anything trains, not after both stages. None when every benchmark's data is there."""
+    from llava_norm.evaluation.settings import resolve_benchmarks  # lazy: the settings load torch
+
+    args = add_eval_arguments(_Refusing(prog="llava-norm eval")).parse_args(
+        ["MODEL", "--benchmarks", benchmarks, "--data-root", data_root, *words])
+    try:
+        resolve_benchmarks(args.benchmarks.split(","), args.data_root, key_values(args.data, "--data"),
+                           benchmark_options(args.option))
+    except (ValueError, FileNotFoundError) as error:
+        return str(error)
+    return None
+
+
 def parse_eval_args(argv: list[str]):
     return eval_config_from_args(add_eval_arguments(argparse.ArgumentParser(prog="llava-norm eval")).parse_args(argv))
