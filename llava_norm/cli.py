@@ -262,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="problems and summary as JSON")
     p.set_defaults(func=_check)
 
+    # lazy: start-up; a subcommand loads only the stages it runs (argparse's types are light)
+    from llava_norm.evaluation.arguments import positive_int
+
     p = sub.add_parser("chat", help="ask a trained model about an image, with its run's own prompt settings "
                                     "(greedy, as evaluation; the reply streams)")
     p.add_argument("model_dir", help="a saved model directory (e.g. RUN/model)")
@@ -269,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image", help="an image file the question is about")
     p.add_argument("--interactive", action="store_true",
                    help="then read questions from stdin, one a line, until EOF, 'exit' or 'quit' (blank lines skipped)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.set_defaults(func=_chat)
 

@@ -960,6 +960,16 @@ BREAKS = [
           '        ["MODEL", "--benchmarks", benchmarks, "--data-root", data_root, *words])',
           '        ["MODEL", "--benchmarks", benchmarks, "--data-root", data_root])',
           "tests/test_check.py::test_a_chain_without_its_benchmark_data_stops_before_anything_trains"),
+    Break("chat taking a reply budget below one token", "llava_norm/cli.py",
+          '    p.add_argument("--max-new-tokens", type=positive_int, default=256)',
+          '    p.add_argument("--max-new-tokens", type=int, default=256)',
+          "tests/test_chat.py::test_a_folder_without_a_saved_model_is_named_before_anything_loads"),
+    Break("merge-lora writing into the run folder holding the adapter", "llava_norm/model/builder.py",
+          "    if out == in_dir.resolve() or out in in_dir.resolve().parents:", "    if out == in_dir.resolve():",
+          "tests/test_lora.py::test_merged_model_matches_unmerged"),
+    Break("merge-lora writing over another model's files", "llava_norm/model/builder.py",
+          "    if out.is_dir() and any(out.iterdir()):", "    if False:",
+          "tests/test_lora.py::test_merged_model_matches_unmerged"),
 ]
 
 

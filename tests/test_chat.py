@@ -67,10 +67,11 @@ def test_streaming_hands_over_the_reply_piece_by_piece(saved):
     assert len(pieces) > 1  # several pieces, not the whole reply at the end
 
 
-def test_a_folder_without_a_saved_model_is_named_before_anything_loads(saved, tiny_dir, tmp_path):
+def test_a_folder_without_a_saved_model_is_named_before_anything_loads(saved, tiny_dir, tmp_path, capsys):
     """The run folder instead of RUN/model (an easy slip) is named with the model inside it; a
     checkpoint (no tokenizer: transformers' traceback) and a backbone (its hundred model classes)
-    are named as such, each in one line."""
+    are named as such, each in one line; a reply budget below one token is refused by argparse
+    (it ended in a traceback)."""
     from llava_norm.cli import main
 
     checkpoint = tmp_path / "run" / "checkpoint-2"
@@ -86,6 +87,11 @@ def test_a_folder_without_a_saved_model_is_named_before_anything_loads(saved, ti
         with pytest.raises(SystemExit) as stop:
             main(["chat", str(folder), "a question"])
         assert str(stop.value.code).startswith(said), stop.value.code
+    for count in ("0", "-3"):  # a reply budget below one token: argparse's refusal naming the option
+        with pytest.raises(SystemExit) as stop:
+            main(["chat", str(saved / "model"), "a question", "--max-new-tokens", count])
+        assert stop.value.code == 2
+        assert f"argument --max-new-tokens: {count} is not at least 1" in capsys.readouterr().err
     # the loader every command shares says the same (the diagnostics, the lmms-eval plugin)
     with pytest.raises(ValueError, match=r"a 'llama' model \(its config.json\), not one a llava-norm run saved"):
         load_bundle(tiny_dir / "llama")
