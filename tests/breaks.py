@@ -970,6 +970,12 @@ BREAKS = [
     Break("merge-lora writing over another model's files", "llava_norm/model/builder.py",
           "    if out.is_dir() and any(out.iterdir()):", "    if False:",
           "tests/test_lora.py::test_merged_model_matches_unmerged"),
+    Break("train.resume naming no folder said as an older version's checkpoint", "llava_norm/train/relaunch.py",
+          "    if not checkpoint.is_dir():  # train.resume naming nothing", "    if False:  # train.resume naming nothing",
+          "tests/test_relaunch.py::test_a_cut_summary_resumes_the_run_and_an_unfinished_checkpoint_is_refused"),
+    Break("the check saying a missing train.resume twice", "llava_norm/train/preflight.py",
+          """and not _said_already(report, "key 'train.resume'"):""", ":",
+          "tests/test_relaunch.py::test_a_cut_summary_resumes_the_run_and_an_unfinished_checkpoint_is_refused"),
 ]
 
 

@@ -143,6 +143,16 @@ def test_a_cut_summary_resumes_the_run_and_an_unfinished_checkpoint_is_refused(r
                                             r"Complete ones beside it: checkpoint-3$"):
         plan_launch(load_config(path, [f"train.resume={out / 'checkpoint-2'}"]))
     assert plan_launch(load_config(path, [f"train.resume={out / 'checkpoint-3'}"])).action == "resume"
+    # train.resume naming no folder: said as that, not as a checkpoint of an older version; the
+    # launch check says it once, by its key
+    missing = out / "checkpoint-30"
+    with pytest.raises(RelaunchError, match=rf"checkpoint-30 was asked for, but there is no such folder\. Complete "
+                                            rf"checkpoints beside it: {out / 'checkpoint-3'}$"):
+        plan_launch(load_config(path, [f"train.resume={missing}"], check_paths=False))
+    from llava_norm.train.preflight import preflight
+
+    assert preflight(path, [f"train.resume={missing}"], gpus=1, plan=False).problems == [
+        f"{path}: key 'train.resume': path does not exist: {missing}"]
 
 
 class _Payload:

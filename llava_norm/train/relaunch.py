@@ -112,6 +112,10 @@ def _finished_step(out: Path) -> int | None:
 
 
 def _checked_resume(checkpoint: Path, config: RunConfig, allowed: frozenset, why: str) -> LaunchPlan:
+    if not checkpoint.is_dir():  # train.resume naming nothing (a typo, another run's folder)
+        complete = ", ".join(str(p) for p in complete_checkpoints(checkpoint.parent)) or "none"
+        raise RelaunchError(f"{checkpoint}: {why}, but there is no such folder. Complete checkpoints beside it: "
+                            f"{complete}")
     if checkpoint.is_dir() and not (checkpoint / COMPLETE_MARKER).is_file():  # one train.resume names
         complete = ", ".join(p.name for p in complete_checkpoints(checkpoint.parent)) or "none"
         raise RelaunchError(f"{checkpoint}: {why}, but it has no {COMPLETE_MARKER}: its save never finished (a "
