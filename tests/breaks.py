@@ -704,7 +704,7 @@ BREAKS = [
           "    for key in sorted(set(settings) - seen.read - READ_ELSEWHERE):", "    for key in sorted(set(settings) - seen.read):",
           "tests/test_check.py::test_a_deepspeed_key_that_deepspeed_never_reads_or_refuses_is_named"),
     Break("a sweep's grid check judges a relaunch in the YAML's own output dir", "llava_norm/train/preflight.py",
-          "    if accum is not None and output_dir:", "    if accum is not None:",
+          "    if accum is not None and output_dir and not", "    if accum is not None and not",
           "tests/test_relaunch.py::test_llava_norm_check_says_a_relaunch_would_be_refused"),
     Break("the statistics read moved benchmark files where they were at evaluation", "llava_norm/analysis/ablation.py",
           "        cells = ablation_cells(runs, baseline, benchmarks, options, data)\n",
