@@ -80,8 +80,12 @@ class SlurmSettings:
 
 
 # A task's host memory: the plan's start-up estimate (every process holds the fp32 model before
-# DeepSpeed partitions it) and a quarter more for the Python processes, data workers and buffers.
+# DeepSpeed partitions it) and a quarter more for data workers and buffers, plus each process's
+# own: the interpreter with torch, transformers and DeepSpeed loaded peaks at about half a GiB
+# with a tiny model on a CPU (README, "Arms x seeds"), so a small model's task was given less than
+# its processes hold (a CUDA process maps its libraries on top: --slurm-mem sets it exactly).
 MEMORY_MARGIN = 1.25
+PROCESS_HOST_GIB = 1.0
 
 
 def check_grid(config: PipelineConfig, gpus: int) -> tuple[list[str], float | None]:
@@ -144,7 +148,7 @@ def write_slurm(config: PipelineConfig, argv: list[str], out_dir: str | Path, sl
     problems, host = check_grid(config, slurm.gpus)
     if problems:
         raise GridProblems(problems)
-    mem = slurm.mem or (f"{math.ceil(host * MEMORY_MARGIN)}G" if host else None)
+    mem = slurm.mem or (f"{math.ceil(host * MEMORY_MARGIN + slurm.gpus * PROCESS_HOST_GIB)}G" if host else None)
     cpus = slurm.cpus_per_task or 8 * slurm.gpus
     out = Path(out_dir).resolve()
     logs = out / "logs"

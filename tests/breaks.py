@@ -754,8 +754,10 @@ BREAKS = [
           '        f"#SBATCH --output=\\"{logs}/table_job_%j.out\\"\\n"',
           "tests/test_sweep.py::test_slurm_files_name_every_chain"),
     Break("--slurm-mem and --slurm-cpus-per-task ignored", "llava_norm/sweep.py",
-          "    mem = slurm.mem or (f\"{math.ceil(host * MEMORY_MARGIN)}G\" if host else None)\n    cpus = slurm.cpus_per_task or 8 * slurm.gpus",
-          "    mem = (f\"{math.ceil(host * MEMORY_MARGIN)}G\" if host else None)\n    cpus = 8 * slurm.gpus",
+          "    mem = slurm.mem or (f\"{math.ceil(host * MEMORY_MARGIN + slurm.gpus * PROCESS_HOST_GIB)}G\" if host else "
+          "None)\n    cpus = slurm.cpus_per_task or 8 * slurm.gpus",
+          "    mem = (f\"{math.ceil(host * MEMORY_MARGIN + slurm.gpus * PROCESS_HOST_GIB)}G\" if host else None)\n"
+          "    cpus = 8 * slurm.gpus",
           "tests/test_sweep.py::test_multi_gpu_tasks_take_a_port_from_their_job_and_task"),
     Break("the statistics' figure drawn without its intervals", "llava_norm/analysis/ablation.py",
           "            panels.setdefault(c.benchmark, []).append((c.arm, c.delta.estimate, c.delta.low, c.delta.high))",
@@ -976,6 +978,9 @@ BREAKS = [
     Break("the check saying a missing train.resume twice", "llava_norm/train/preflight.py",
           """and not _said_already(report, "key 'train.resume'"):""", ":",
           "tests/test_relaunch.py::test_a_cut_summary_resumes_the_run_and_an_unfinished_checkpoint_is_refused"),
+    Break("a Slurm task's memory without its processes' own", "llava_norm/sweep.py",
+          "math.ceil(host * MEMORY_MARGIN + slurm.gpus * PROCESS_HOST_GIB)", "math.ceil(host * MEMORY_MARGIN)",
+          "tests/test_sweep.py::test_slurm_files_ask_the_plans_host_memory_and_a_quarter_and_keep_the_data_roots"),
 ]
 
 

@@ -122,7 +122,7 @@ def test_multi_gpu_tasks_take_a_port_from_their_job_and_task(sweep, tmp_path):
 
 def test_slurm_files_ask_the_plans_host_memory_and_a_quarter_and_keep_the_data_roots(sweep, tmp_path, monkeypatch):
     """--mem from the grid's host memory (check_grid's, here 10 GiB) with MEMORY_MARGIN's quarter
-    more, rounded up; LLAVA_DATA and EVAL_DATA as set when the files are written, in both jobs;
+    more and PROCESS_HOST_GIB for each process, rounded up; LLAVA_DATA and EVAL_DATA as set when the files are written, in both jobs;
     and written from another checkout than the package's, nothing is written and both are named."""
     import llava_norm.sweep as sweeps
 
@@ -134,7 +134,9 @@ def test_slurm_files_ask_the_plans_host_memory_and_a_quarter_and_keep_the_data_r
     for name in ("sweep.sbatch", "table.sbatch"):
         text = (tmp_path / "a" / name).read_text()
         assert "export LLAVA_DATA='/data/llava next'\nexport EVAL_DATA=/data/eval\n" in text, text
-    assert "#SBATCH --mem=13G\n" in (tmp_path / "a" / "sweep.sbatch").read_text()  # 10 x 1.25 = 12.5
+    assert "#SBATCH --mem=14G\n" in (tmp_path / "a" / "sweep.sbatch").read_text()  # 10 x 1.25 + 1 process's 1
+    two = _cli("sweep", *sweep.args, "--slurm", str(tmp_path / "two"), "--slurm-gpus", "2")
+    assert two.returncode == 0 and "#SBATCH --mem=15G\n" in (tmp_path / "two" / "sweep.sbatch").read_text()
     other = tmp_path / "checkout"
     (other / "llava_norm").mkdir(parents=True)
     (other / "llava_norm" / "__init__.py").write_text("")
