@@ -146,6 +146,10 @@ def write_slurm(config: PipelineConfig, argv: list[str], out_dir: str | Path, sl
         raise ValueError(f"--slurm-gpus must be at least 1, got {slurm.gpus}")
     workdir = launch_dir()
     problems, host = check_grid(config, slurm.gpus)
+    if any("path does not exist" in problem for problem in problems) and workdir != REPO.resolve():
+        # the shipped configs' relative paths (runs/..., configs/deepspeed/...) are the checkout's
+        problems.append(f"relative paths are read from the directory this command runs in, {workdir}, as the jobs "
+                        f"will read them; the shipped configs' are relative to the checkout: run it from {REPO}")
     if problems:
         raise GridProblems(problems)
     mem = slurm.mem or (f"{math.ceil(host * MEMORY_MARGIN + slurm.gpus * PROCESS_HOST_GIB)}G" if host else None)

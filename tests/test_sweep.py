@@ -290,6 +290,19 @@ def test_the_table_job_marks_runs_a_rerun_would_not_reuse(sweep, tmp_path):
     assert (tmp_path / "early.md").is_file() and not (tmp_path / "early_stats.md").exists()
 
 
+def test_from_outside_the_checkout_missing_relative_paths_come_with_where_they_are_read(tmp_path):
+    """The new user's trial: the shipped configs' relative paths (runs/..., configs/deepspeed/...)
+    from another directory were listed as missing with nothing saying why; the last problem now
+    says where relative paths are read and where to run it. Nothing is written."""
+    done = _cli("sweep", str(REPO / "configs/tiny"), "--arms", "none", "--slurm", str(tmp_path / "out"), cwd=tmp_path)
+    problems = [line for line in done.stdout.splitlines() if line.startswith("problem: ")]
+    assert done.returncode == 1 and any("path does not exist: configs/deepspeed/zero2.json" in p for p in problems)
+    assert problems[-1] == (f"problem: relative paths are read from the directory this command runs in, "
+                            f"{tmp_path.resolve()}, as the jobs will read them; the shipped configs' are relative to "
+                            f"the checkout: run it from {REPO}"), problems
+    assert not (tmp_path / "out").exists()
+
+
 def test_bad_grids_are_refused_before_anything_runs(sweep):
     out_of_range = _cli("sweep", *sweep.args, "--task", "4")
     assert out_of_range.returncode != 0 and "task 4 is not in 0..3" in out_of_range.stderr
