@@ -373,6 +373,31 @@ def test_loglikelihood_flags_exactly_the_greedy_continuation(tiny_dir):
     assert s_other == pytest.approx(expected[ranked[1]].item(), abs=1e-4)
 
 
+def test_table_given_a_run_its_model_or_a_file_names_the_evaluation_folder(tmp_path):
+    """The new user's trial: `table RUN` or `table RUN/model` said "run llava-norm eval first"
+    though RUN/eval held the results; a file was "not found". Each is one line naming what to give."""
+    from llava_norm.cli import main
+
+    run = tmp_path / "stage2"
+    (run / "model").mkdir(parents=True)
+    (run / "eval").mkdir()
+    (run / "eval" / "summary.json").write_text("{}")
+    for given in (run, run / "model"):
+        with pytest.raises(SystemExit) as stop:
+            main(["table", str(given)])
+        assert stop.value.code == f"table: {given}: no benchmark result files here; its evaluation is " \
+                                  f"{run / 'eval'}: give that folder"
+    (tmp_path / "notes.txt").write_text("")
+    with pytest.raises(SystemExit) as stop:
+        main(["table", str(tmp_path / "notes.txt")])
+    assert stop.value.code == f"table: {tmp_path / 'notes.txt'}: a file; give the evaluation's folder (llava-norm " \
+                              "eval's --out)"
+    with pytest.raises(SystemExit) as stop:  # nothing beside it either: evaluate first
+        main(["table", str(tmp_path)])
+    assert stop.value.code == f"table: {tmp_path}: no benchmark result files (<benchmark>.json); run `llava-norm " \
+                              "eval` first"
+
+
 def test_a_pair_is_scored_on_the_whole_texts_tokens_with_the_contexts_trailing_space(tiny_dir):
     """As lm-eval's HF model scores a (context, continuation) pair: the whole text is tokenised
     once and every token after the context's (its trailing whitespace stripped) is scored, so a

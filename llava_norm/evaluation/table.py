@@ -69,12 +69,19 @@ def read_run(run_dir: str | Path, benchmarks: list[str] | None = None) -> tuple[
     """(run name, {benchmark: result json}) from an ``llava-norm eval`` output directory; only
     ``benchmarks`` if given (results left over from an earlier request are not tabulated)."""
     run_dir = Path(run_dir)
+    if run_dir.is_file():
+        raise ValueError(f"{run_dir}: a file; give the evaluation's folder (llava-norm eval's --out)")
     if not run_dir.is_dir():
         raise FileNotFoundError(f"evaluation directory not found: {run_dir}")
     summary = run_dir / EVAL_SUMMARY
     name = read_json_output(summary)["run_name"] if summary.exists() else run_dir.name
     results = {k: v for k, v in read_results(run_dir).items() if benchmarks is None or k in benchmarks}
     if not results:
+        # a run's folder or its saved model given for the evaluation beside them (eval's default --out)
+        beside = next((d for d in (run_dir / "eval", run_dir.parent / "eval") if d != run_dir and
+                       (d / EVAL_SUMMARY).is_file()), None)
+        if beside is not None:
+            raise ValueError(f"{run_dir}: no benchmark result files here; its evaluation is {beside}: give that folder")
         raise ValueError(f"{run_dir}: no benchmark result files (<benchmark>.json); run `llava-norm eval` first")
     return name, results
 
