@@ -106,11 +106,12 @@ def check_grid(config: PipelineConfig, gpus: int) -> tuple[list[str], float | No
             overrides = [*config.stage1_overrides] if stage == 1 else [*config.stage2_overrides,
                                                                      "model.pretrained_projector=null"]
             # each chain writes under --runs, not where the YAML's own train.output_dir points
-            report = preflight(Path(arm) / f"stage{stage}.yaml", overrides, gpus, plan=i == 0, sources=sources,
-                               output_dir=False)
-            mismatch = report.config and stage_problem(Path(arm) / f"stage{stage}.yaml", report.config, stage)
+            path = Path(arm) / f"stage{stage}.yaml"
+            report = preflight(path, overrides, gpus, plan=i == 0, sources=sources, output_dir=False)
+            mismatch = report.config and stage_problem(path, report.config, stage)
             for problem in [*report.problems, *([mismatch] if mismatch else [])]:  # a stage its script refuses
-                found.setdefault(problem, {}).setdefault(Path(arm).name, []).append(stage)
+                # the file is said by its arm and stage: the same cause in every arm's file is one problem
+                found.setdefault(problem.removeprefix(f"{path}: "), {}).setdefault(Path(arm).name, []).append(stage)
             if report.plan is not None:
                 host = max(host or 0.0, report.plan.host_memory_gib())
     return problems + [f"{_where(places, len(config.arms))}: {problem}" for problem, places in found.items()], host
