@@ -995,6 +995,13 @@ BREAKS = [
           '                found.setdefault(problem.removeprefix(f"{path}: "), {})',
           "                found.setdefault(problem, {})",
           "tests/test_sweep.py::test_from_outside_the_checkout_missing_relative_paths_come_with_where_they_are_read"),
+    Break("stage 2 from a random projector said by no check", "llava_norm/train/preflight.py",
+          "    if t.stage == 2 and not config.model.pretrained_projector and not complete_checkpoints(t.output_dir):",
+          "    if False:",
+          "tests/test_check.py::test_a_good_launch_passes_with_a_summary"),
+    Break("a relaunch warned of a random projector its checkpoint does not have", "llava_norm/train/preflight.py",
+          " and not complete_checkpoints(t.output_dir):", ":",
+          "tests/test_relaunch.py::test_a_cut_summary_resumes_the_run_and_an_unfinished_checkpoint_is_refused"),
 ]
 
 

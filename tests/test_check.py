@@ -30,17 +30,36 @@ train: {{stage: 2, per_device_batch_size: 2, global_batch_size: 8, deepspeed: {R
     return root, config, data, images, shards
 
 
-def test_a_good_launch_passes_with_a_summary(world, monkeypatch):
+@pytest.fixture(scope="module")
+def projector(tmp_path_factory):
+    """Overrides naming a stage-1 projector file of the world's arm (its tensors' names, as the
+    config checks read them; its origin not recorded, so allowed by the config)."""
+    import torch
+    from safetensors.torch import save_file
+
+    path = tmp_path_factory.mktemp("projector") / "projector.safetensors"
+    save_file({f"model.multi_modal_projector.{name}.weight": torch.zeros(1) for name in ("linear_1", "linear_2", "norm")},
+              str(path))
+    return [f"model.pretrained_projector={path}", "model.allow_projector_mismatch=true"]
+
+
+def test_a_good_launch_passes_with_a_summary(world, monkeypatch, projector):
+    """Also: stage 2 without a stage-1 projector is said as a warning (it trains from a random
+    projector and norm layer, silently before)."""
     root, config, data, _, _ = world
     monkeypatch.setenv("CHECK_DATA", str(data.parent))
-    report = preflight(config, [], gpus=2, gpu_memory_gib=80)
+    random_start = preflight(config, [], gpus=2, plan=False)
+    assert random_start.ok and random_start.warnings == [
+        f"{config}: key 'model.pretrained_projector' is unset: stage 2 starts the projector and norm layer from "
+        "random weights, without stage 1's pretraining (give stage 1's projector.safetensors)"]
+    report = preflight(config, projector, gpus=2, gpu_memory_gib=80)
     assert report.ok, report.problems
     text = "\n".join(report.summary)
     assert "world size 2 (1 node(s) x 2 GPUs), gradient accumulation 2, global batch 8" in text
     assert "data: 16 rows in 2 source(s)" in text  # 8 JSON rows + the same 8 in the shards
     assert "(fits 80.0 GiB)" in text and "host memory at start-up" in text
     assert not report.warnings, report.warnings
-    saves_none = preflight(config, ["train.save_steps=0"], gpus=2, gpu_memory_gib=80, plan=False)
+    saves_none = preflight(config, [*projector, "train.save_steps=0"], gpus=2, gpu_memory_gib=80, plan=False)
     assert saves_none.ok and any("'train.save_steps': 0 writes no checkpoint" in w for w in saves_none.warnings)
 
 
@@ -346,7 +365,7 @@ def test_a_malformed_jsonl_line_is_a_warning_under_skip_and_a_problem_under_erro
     assert [p for p in report.problems if p.startswith(f"key 'data.mixture[0]': {jsonl}: none of its ")], report.problems
 
 
-def test_some_images_missing_is_a_warning_under_skip_and_a_problem_under_error(world, tmp_path):
+def test_some_images_missing_is_a_warning_under_skip_and_a_problem_under_error(world, tmp_path, projector):
     """Two of a source's images gone (a partial unpack): the run skips their rows when drawn, or
     under error stops at the first; the check says which, before a job is queued, of the rows
     the source's take leaves to the run only."""
@@ -372,7 +391,7 @@ def test_some_images_missing_is_a_warning_under_skip_and_a_problem_under_error(w
         if path.name != rows[kept]["image"]:
             path.unlink()
     taken = f"data.mixture=[{{path: {data}, image_folder: {folder}, take: 'first:{kept + 1}'}}]"
-    strict = preflight(config, [taken, "data.on_bad_sample=error"], gpus=2, plan=False)
+    strict = preflight(config, [taken, "data.on_bad_sample=error", *projector], gpus=2, plan=False)
     assert strict.ok and not strict.warnings, (strict.problems, strict.warnings)
     taken = f"data.mixture=[{{path: {data}, image_folder: {folder}, take: 'first:{kept + 2}'}}]"
     assert "1 of 2 sampled images" in "\n".join(preflight(config, [taken], gpus=2, plan=False).warnings)

@@ -153,6 +153,11 @@ def test_a_cut_summary_resumes_the_run_and_an_unfinished_checkpoint_is_refused(r
 
     assert preflight(path, [f"train.resume={missing}"], gpus=1, plan=False).problems == [
         f"{path}: key 'train.resume': path does not exist: {missing}"]
+    # a stage-2 run without a stage-1 projector is warned of at its start only: a relaunch resumes
+    # its checkpoint's trained projector
+    assert not [w for w in preflight(path, [], gpus=1, plan=False).warnings if "pretrained_projector" in w]
+    assert [w for w in preflight(path, [f"train.output_dir={out}-new"], gpus=1, plan=False).warnings
+            if "key 'model.pretrained_projector' is unset" in w]
 
 
 class _Payload:

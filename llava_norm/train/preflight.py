@@ -263,6 +263,10 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
     if t.save_steps == 0:
         report.warnings.append(f"{path}: key 'train.save_steps': 0 writes no checkpoint: a killed or requeued run "
                                "starts over from step 0")
+    if t.stage == 2 and not config.model.pretrained_projector and not complete_checkpoints(t.output_dir):
+        report.warnings.append(f"{path}: key 'model.pretrained_projector' is unset: stage 2 starts the projector and "
+                               "norm layer from random weights, without stage 1's pretraining (give stage 1's "
+                               "projector.safetensors)")
     if accum is not None and output_dir and not _said_already(report, "key 'train.resume'"):  # a missing one: said
         _resume_shape(report, path, config, world, accum, launch)
     if plan and accum is not None:  # without a world size that divides the batch there is no launch to plan
