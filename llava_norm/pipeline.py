@@ -228,6 +228,15 @@ def eval_argv(config: PipelineConfig, dirs: ArmDirs, name: str) -> list[str]:
             "--data-root", str(Path(config.data_root).resolve()), *config.eval_args]
 
 
+def arm_dir_problems(config_dir: str) -> list[str]:
+    """Why ``config_dir`` is not an arm directory (a folder with stage1.yaml and stage2.yaml)."""
+    cfg = Path(config_dir).resolve()
+    if not cfg.is_dir():
+        return [f"{cfg}: no such arm directory (from {Path.cwd()}; an arm directory holds stage1.yaml and stage2.yaml)"]
+    return [f"{cfg}: no {stage}.yaml (an arm directory needs stage1.yaml and stage2.yaml)"
+            for stage in ("stage1", "stage2") if not (cfg / f"{stage}.yaml").is_file()]
+
+
 def arm_steps(config: PipelineConfig, config_dir: str, seed: int | None = None) -> list[Step]:
     """Stage 1, stage 2 and evaluation of one arm with one seed (None: the config's own)."""
     arm = run_name(arm_name(config_dir), seed)  # the chain's name: its steps, log lines and table row
@@ -236,9 +245,9 @@ def arm_steps(config: PipelineConfig, config_dir: str, seed: int | None = None) 
     runs, stage1, stage2, eval_dir = dirs.root, dirs.stage1, dirs.stage2, dirs.eval
     logs = None if config.stream else runs
     world = launch_world_size(config.env)
-    for stage in ("stage1", "stage2"):
-        if not (cfg / f"{stage}.yaml").is_file():
-            raise FileNotFoundError(f"{cfg}: no {stage}.yaml (an arm directory needs stage1.yaml and stage2.yaml)")
+    missing = arm_dir_problems(config_dir)
+    if missing:
+        raise FileNotFoundError(missing[0])
 
     def overrides(stage: int) -> list[str]:
         seeded = [] if seed is None else [f"train.seed={seed}"]
@@ -328,6 +337,10 @@ def plan(config: PipelineConfig) -> tuple[list[Step], dict[str, list[str]]]:
         if not 0 <= config.task < len(grid):
             raise ValueError(f"task {config.task} is not in 0..{len(grid) - 1} ({len(grid)} runs: arms x seeds)")
         grid = [grid[config.task]]
+    missing = [problem for config_dir in dict.fromkeys(spec.config_dir for spec in grid)
+               for problem in arm_dir_problems(config_dir)]
+    if missing:  # every arm's at once
+        raise FileNotFoundError("\n".join(missing))
     steps = [step for spec in grid for step in arm_steps(config, spec.config_dir, spec.seed)]
     problems = [problem for spec in dict.fromkeys(spec.config_dir for spec in grid)
                 for problem in stage_problems(config, spec)]

@@ -1002,6 +1002,12 @@ BREAKS = [
     Break("a relaunch warned of a random projector its checkpoint does not have", "llava_norm/train/preflight.py",
           " and not complete_checkpoints(t.output_dir):", ":",
           "tests/test_relaunch.py::test_a_cut_summary_resumes_the_run_and_an_unfinished_checkpoint_is_refused"),
+    Break("a pipeline saying one broken arm directory at a time", "llava_norm/pipeline.py",
+          '        raise FileNotFoundError("\\n".join(missing))', "        raise FileNotFoundError(missing[0])",
+          "tests/test_check.py::test_a_chain_without_its_benchmark_data_stops_before_anything_trains"),
+    Break("a missing arm directory said to lack its stage1.yaml", "llava_norm/pipeline.py",
+          "    if not cfg.is_dir():\n        return [f\"{cfg}: no such arm directory", "    if False:\n        return [f\"{cfg}: no such arm directory",
+          "tests/test_check.py::test_a_chain_without_its_benchmark_data_stops_before_anything_trains"),
 ]
 
 

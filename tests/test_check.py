@@ -301,7 +301,8 @@ def test_a_chains_evaluation_words_are_checked_before_anything_trains(tmp_path, 
 def test_a_chain_without_its_benchmark_data_stops_before_anything_trains(tmp_path, monkeypatch):
     """The new user's trial: a pipeline or local sweep with a data root that lacks the benchmarks
     trained both stages, then failed at evaluation. Said first, naming the root; nothing written.
-    The --eval-arg words win as in eval: their --data-root or --data is where the data is looked for."""
+    The --eval-arg words win as in eval: their --data-root or --data is where the data is looked for.
+    Arm directories that are not ones are said all at once (one at a time before)."""
     from llava_norm.cli import main
     from llava_norm.evaluation.arguments import eval_data_problem
 
@@ -318,6 +319,16 @@ def test_a_chain_without_its_benchmark_data_stops_before_anything_trains(tmp_pat
     assert eval_data_problem([f"--data-root={tmp_path / 'eval'}"], "pope", "/nowhere/eval") is None
     assert eval_data_problem([f"--data=pope={tmp_path / 'pope.jsonl'}"], "pope", "/nowhere/eval") is None
     assert eval_data_problem([], "pope", str(tmp_path / "eval")) is None
+    # every arm directory that is not one, at once (one a run, a missing one said as missing)
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "stage1.yaml").write_text("")
+    with pytest.raises(SystemExit) as stop:
+        main(["pipeline", str(tmp_path / "nowhere"), "configs/tiny/none", str(tmp_path / "half"), "--runs",
+              str(tmp_path / "runs"), "--benchmarks", "pope", "--data-root", str(tmp_path / "eval")])
+    assert stop.value.code == (
+        f"pipeline: {tmp_path / 'nowhere'}: no such arm directory (from {REPO}; an arm directory holds stage1.yaml "
+        f"and stage2.yaml)\n{tmp_path / 'half'}: no stage2.yaml (an arm directory needs stage1.yaml and stage2.yaml)")
+    assert not (tmp_path / "runs").exists()
 
 
 def test_ctrl_c_on_a_chain_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
