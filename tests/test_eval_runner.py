@@ -387,6 +387,11 @@ def test_table_given_a_run_its_model_or_a_file_names_the_evaluation_folder(tmp_p
             main(["table", str(given)])
         assert stop.value.code == f"table: {given}: no benchmark result files here; its evaluation is " \
                                   f"{run / 'eval'}: give that folder"
+    for other in (run / "checkpoint-2", run / "eval-checkpoint-2"):  # not the final model's: no pointer to it
+        other.mkdir()
+        with pytest.raises(SystemExit) as stop:
+            main(["table", str(other)])
+        assert stop.value.code.endswith("no benchmark result files (<benchmark>.json); run `llava-norm eval` first")
     (tmp_path / "notes.txt").write_text("")
     with pytest.raises(SystemExit) as stop:
         main(["table", str(tmp_path / "notes.txt")])

@@ -99,13 +99,19 @@ def test_merged_model_matches_unmerged(lora_run, tmp_path):
         assert stop.value.code == f"merge-lora: {wrong}: no adapter_config.json; not a LoRA model dir (nor a run " \
             "dir with one)"
     before = sorted(p.name for p in out.iterdir())
-    for target, said in ((out, "write the merged model to a new directory, not over the LoRA dir or the run "
-                                "holding it"),  # the run's own folder
+    for target, said in ((out, "write the merged model to a new directory, not over or inside the LoRA dir or "
+                                "the run holding it"),  # the run's own folder
+                         (out / "model" / "merged", "write the merged model to a new directory, not over or inside "
+                                                    "the LoRA dir or the run holding it"),  # inside the model
                          (merged_dir, "already holds files; give a new or empty directory")):  # another model's
         with pytest.raises(SystemExit) as stop:
             cli_main(["merge-lora", str(out), str(target)])
-        assert stop.value.code == f"merge-lora: {target}: " + said + ("" if target == out else " for the merged model")
+        assert stop.value.code == f"merge-lora: {target}: " + said + (" for the merged model" if target == merged_dir
+                                                                       else "")
     assert sorted(p.name for p in out.iterdir()) == before  # nothing written into the run
+    (tmp_path / "empty").mkdir()  # an empty folder made for it is taken
+    cli_main(["merge-lora", str(out), str(tmp_path / "empty")])
+    assert (tmp_path / "empty" / "model.safetensors").is_file()
     assert not is_lora_dir(merged_dir) and not any("lora_" in k for k in load_file(
         str(merged_dir / "model.safetensors")))
     # evaluated or chatted with on its own, the merged model keeps the run's prompt settings

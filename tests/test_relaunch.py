@@ -127,7 +127,7 @@ def test_checkpoint_with_another_config_is_refused_unless_allowed(run):
     assert not (out / "checkpoint-4").exists() and not (out / "train_summary.json").exists()
 
 
-def test_a_cut_summary_resumes_the_run_and_an_unfinished_checkpoint_is_refused(run, caplog):
+def test_a_cut_summary_resumes_the_run_and_an_unfinished_checkpoint_is_refused(run, caplog, monkeypatch):
     launch, out, path = run
     launch()
     summary = out / "train_summary.json"
@@ -156,8 +156,17 @@ def test_a_cut_summary_resumes_the_run_and_an_unfinished_checkpoint_is_refused(r
     # a stage-2 run without a stage-1 projector is warned of at its start only: a relaunch resumes
     # its checkpoint's trained projector
     assert not [w for w in preflight(path, [], gpus=1, plan=False).warnings if "pretrained_projector" in w]
-    assert [w for w in preflight(path, [f"train.output_dir={out}-new"], gpus=1, plan=False).warnings
-            if "key 'model.pretrained_projector' is unset" in w]
+    def random_start(*overrides):
+        return [w for w in preflight(path, list(overrides), gpus=1, plan=False).warnings
+                if "key 'model.pretrained_projector' is unset" in w]
+
+    assert random_start(f"train.output_dir={out}-new")  # a new run
+    assert random_start("train.restart=true")  # the run deleted, then trained from the built model
+    assert not random_start(f"train.output_dir={out}-new", f"train.resume={out / 'checkpoint-3'}")  # its weights
+    # train.resume under ~, as the config checks read it
+    monkeypatch.setenv("HOME", str(out.parent))
+    plan = plan_launch(load_config(path, [f"train.resume=~/{out.name}/checkpoint-3"]))
+    assert (plan.action, plan.checkpoint) == ("resume", out / "checkpoint-3")
 
 
 class _Payload:

@@ -125,8 +125,8 @@ def load_analysis_bundle(path: str | Path, device: torch.device | None = None, a
             processor = AutoImageProcessor.from_pretrained(run.model.vision_tower)
         else:
             raise FileNotFoundError(
-                f"{path}: checkpoint dir without a tokenizer, and neither {run_dir / 'model'} nor "
-                f"{run_dir / 'config.yaml'} exists to take one from"
+                f"{path}: checkpoint dir without a tokenizer, and neither {run_dir / MODEL_DIR} nor "
+                f"{run_dir / CONFIG_FILE} exists to take one from"
             )
         bundle = Bundle(model=model, tokenizer=tokenizer, image_processor=processor)
     bundle.model.to(device).eval()

@@ -19,6 +19,7 @@ from pathlib import Path
 from llava_norm.evaluation.benchmarks import BENCHMARKS, Headline
 from llava_norm.evaluation.predictions import read_json_output
 from llava_norm.evaluation.sources import RowSource, csv_fields, markdown_section, row_source
+from llava_norm.layout import MODEL_DIR
 from llava_norm.provenance import fingerprint, make_record, write_record
 
 
@@ -78,8 +79,10 @@ def read_run(run_dir: str | Path, benchmarks: list[str] | None = None) -> tuple[
     results = {k: v for k, v in read_results(run_dir).items() if benchmarks is None or k in benchmarks}
     if not results:
         # a run's folder or its saved model given for the evaluation beside them (eval's default --out)
-        beside = next((d for d in (run_dir / "eval", run_dir.parent / "eval") if d != run_dir and
-                       (d / EVAL_SUMMARY).is_file()), None)
+        # (only a run's folder, holding its model, or that model folder: a checkpoint's evaluation is another)
+        candidates = [run_dir / "eval"] if (run_dir / MODEL_DIR).is_dir() else \
+            [run_dir.parent / "eval"] if run_dir.name == MODEL_DIR else []
+        beside = next((d for d in candidates if (d / EVAL_SUMMARY).is_file()), None)
         if beside is not None:
             raise ValueError(f"{run_dir}: no benchmark result files here; its evaluation is {beside}: give that folder")
         raise ValueError(f"{run_dir}: no benchmark result files (<benchmark>.json); run `llava-norm eval` first")

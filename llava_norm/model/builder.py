@@ -205,9 +205,10 @@ def merge_lora_dir(in_dir: str | Path, out_dir: str | Path, dtype: str = "float3
     if not is_lora_dir(in_dir):
         raise FileNotFoundError(f"{in_dir}: no adapter_config.json; not a LoRA model dir (nor a run dir with one)")
     out = Path(out_dir).resolve()
-    if out == in_dir.resolve() or out in in_dir.resolve().parents:  # the run's own folder, say
-        raise ValueError(f"{out_dir}: write the merged model to a new directory, not over the LoRA dir or the run "
-                         "holding it")
+    lora = in_dir.resolve()
+    if out == lora or out in lora.parents or lora in out.parents:  # the run's folder; the model's own files
+        raise ValueError(f"{out_dir}: write the merged model to a new directory, not over or inside the LoRA dir or "
+                         "the run holding it")
     if out.is_dir() and any(out.iterdir()):  # another model's files would be mixed with this one's
         raise ValueError(f"{out_dir}: already holds files; give a new or empty directory for the merged model")
     load_bundle(in_dir, dtype=dtype).save(out_dir)

@@ -143,7 +143,7 @@ def plan_launch(config: RunConfig) -> LaunchPlan:
     if t.restart:
         return LaunchPlan("fresh", message="train.restart: starting over")
     if t.resume not in ("auto", "none"):
-        return _checked_resume(Path(t.resume), config, frozenset(), f"train.resume={t.resume} was asked for")
+        return _checked_resume(Path(t.resume).expanduser(), config, frozenset(), f"train.resume={t.resume} was asked for")
     finished = _finished_step(out)
     checkpoints = complete_checkpoints(out)
     if t.resume == "none":
