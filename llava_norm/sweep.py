@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ class GridProblems(ValueError):
         super().__init__("\n".join(problems))
         self.problems = problems
 DATA_VARIABLES = ("LLAVA_DATA", "EVAL_DATA")
+# a path the checks found missing, as their problems say it
+MISSING_PATH = re.compile(r"(?:does not exist|not found): (\S+)")
 
 
 def arm_dirs(backbone: str | Path, arms: str = "all", baseline: str = "none") -> list[str]:
@@ -147,10 +150,10 @@ def write_slurm(config: PipelineConfig, argv: list[str], out_dir: str | Path, sl
         raise ValueError(f"--slurm-gpus must be at least 1, got {slurm.gpus}")
     workdir = launch_dir()
     problems, host = check_grid(config, slurm.gpus)
-    if any("path does not exist" in problem for problem in problems) and workdir != REPO.resolve():
-        # the shipped configs' relative paths (runs/..., configs/deepspeed/...) are the checkout's
-        problems.append(f"relative paths are read from the directory this command runs in, {workdir}, as the jobs "
-                        f"will read them; the shipped configs' are relative to the checkout: run it from {REPO}")
+    missing = [m.group(1) for problem in problems for m in [MISSING_PATH.search(problem)] if m]
+    if any(not Path(path).is_absolute() for path in missing) and workdir != REPO.resolve():
+        problems.append(f"relative paths were read from {workdir}, where this command runs; each launch reads them "
+                        f"from the checkout, {REPO} (scripts/_launch.sh): run the command from there")
     if problems:
         raise GridProblems(problems)
     mem = slurm.mem or (f"{math.ceil(host * MEMORY_MARGIN + slurm.gpus * PROCESS_HOST_GIB)}G" if host else None)

@@ -989,7 +989,7 @@ BREAKS = [
           "math.ceil(host * MEMORY_MARGIN + slurm.gpus * PROCESS_HOST_GIB)", "math.ceil(host * MEMORY_MARGIN)",
           "tests/test_sweep.py::test_slurm_files_ask_the_plans_host_memory_and_a_quarter_and_keep_the_data_roots"),
     Break("sweep --slurm from outside the checkout listing missing relative paths without why", "llava_norm/sweep.py",
-          '    if any("path does not exist" in problem for problem in problems) and workdir != REPO.resolve():',
+          "    if any(not Path(path).is_absolute() for path in missing) and workdir != REPO.resolve():",
           "    if False:",
           "tests/test_sweep.py::test_from_outside_the_checkout_missing_relative_paths_come_with_where_they_are_read"),
     Break("table given a run or its model saying evaluate first though the evaluation is beside it",
@@ -1023,6 +1023,10 @@ BREAKS = [
           "        return _checked_resume(Path(t.resume).expanduser(), config,",
           "        return _checked_resume(Path(t.resume), config,",
           "tests/test_relaunch.py::test_a_cut_summary_resumes_the_run_and_an_unfinished_checkpoint_is_refused"),
+    Break("sweep --slurm advising the checkout for a missing absolute path", "llava_norm/sweep.py",
+          "    if any(not Path(path).is_absolute() for path in missing) and workdir != REPO.resolve():",
+          "    if missing and workdir != REPO.resolve():",
+          "tests/test_sweep.py::test_from_outside_the_checkout_missing_relative_paths_come_with_where_they_are_read"),
 ]
 
 

@@ -290,7 +290,7 @@ def test_the_table_job_marks_runs_a_rerun_would_not_reuse(sweep, tmp_path):
     assert (tmp_path / "early.md").is_file() and not (tmp_path / "early_stats.md").exists()
 
 
-def test_from_outside_the_checkout_missing_relative_paths_come_with_where_they_are_read(tmp_path):
+def test_from_outside_the_checkout_missing_relative_paths_come_with_where_they_are_read(tmp_path, monkeypatch):
     """The new user's trial: the shipped configs' relative paths (runs/..., configs/deepspeed/...)
     from another directory were listed as missing with nothing saying why, once per arm; now once,
     and the last problem says where relative paths are read and where to run it. Nothing is written."""
@@ -300,10 +300,17 @@ def test_from_outside_the_checkout_missing_relative_paths_come_with_where_they_a
     # a cause every arm's files share is one problem (each file's path no longer tells them apart)
     assert done.returncode == 1 and [p for p in problems if "configs/deepspeed/zero2.json" in p] == [
         "problem: every arm, stages 1 and 2: key 'train.deepspeed': path does not exist: configs/deepspeed/zero2.json"]
-    assert problems[-1] == (f"problem: relative paths are read from the directory this command runs in, "
-                            f"{tmp_path.resolve()}, as the jobs will read them; the shipped configs' are relative to "
-                            f"the checkout: run it from {REPO}"), problems
+    assert problems[-1] == (f"problem: relative paths were read from {tmp_path.resolve()}, where this command runs; "
+                            f"each launch reads them from the checkout, {REPO} (scripts/_launch.sh): run the command "
+                            "from there"), problems
     assert not (tmp_path / "out").exists()
+    # only missing absolute paths (the grid's check stood in for): running from the checkout would not help
+    import llava_norm.sweep as sweeps
+
+    absolute = "evaluation: pope: data path does not exist: /nowhere/eval/pope; the data root is /nowhere/eval"
+    monkeypatch.setattr(sweeps, "check_grid", lambda config, gpus: ([absolute], 1.0))
+    done = _cli("sweep", str(REPO / "configs/tiny"), "--arms", "none", "--slurm", str(tmp_path / "out"), cwd=tmp_path)
+    assert [line for line in done.stdout.splitlines() if line.startswith("problem: ")] == [f"problem: {absolute}"]
 
 
 def test_bad_grids_are_refused_before_anything_runs(sweep):
