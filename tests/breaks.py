@@ -1027,6 +1027,16 @@ BREAKS = [
           "    if any(not Path(path).is_absolute() for path in missing) and workdir != REPO.resolve():",
           "    if missing and workdir != REPO.resolve():",
           "tests/test_sweep.py::test_from_outside_the_checkout_missing_relative_paths_come_with_where_they_are_read"),
+    Break("the template check refusing keys the template reads", "llava_norm/data/templates.py",
+          "for key in asked if key not in reads]", "for key in asked]",
+          "tests/test_check.py::test_a_template_key_the_chat_template_never_reads_is_named"),
+    Break("the template check silenced by transformers' template syntax", "llava_norm/data/templates.py",
+          "        reads = jinja2.meta.find_undeclared_variables(ENVIRONMENT.parse(text))",
+          "        reads = jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(text))",
+          "tests/test_check.py::test_a_template_key_the_chat_template_never_reads_is_named"),
+    Break("the template check reading named templates kept as a mapping as none", "llava_norm/data/templates.py",
+          "    elif isinstance(template, dict):", "    elif False:",
+          "tests/test_check.py::test_a_template_key_the_chat_template_never_reads_is_named"),
 ]
 
 

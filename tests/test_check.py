@@ -519,7 +519,8 @@ def test_a_plan_that_does_not_fit_is_a_problem(world, monkeypatch):
 def test_a_template_key_the_chat_template_never_reads_is_named(world, tiny_dir, monkeypatch, tmp_path):
     """A misspelt data.template_kwargs key (Jinja ignores variables it does not read) is one line
     naming the key and the variables the template reads, from chat_template.jinja or, in another
-    folder, from tokenizer_config.json's named templates; a key it reads, the default date on a
+    folder, from tokenizer_config.json's named templates (a list, or a mapping whose template uses
+    transformers' loop controls and generation block); a key it reads, the default date on a
     template without it and the plain format pass."""
     root, config, data, _, _ = world
     monkeypatch.setenv("CHECK_DATA", str(data.parent))
@@ -541,3 +542,16 @@ def test_a_template_key_the_chat_template_never_reads_is_named(world, tiny_dir, 
     assert preflight(config, on_qwen, gpus=2, plan=False).problems == [
         f"{config}: key 'data.template_kwargs.enable_thinking': the chat template of {qwen} reads no variable "
         "'enable_thinking' (the variables it reads: none besides transformers' own)"]
+    # a key the template reads passes: Qwen3's enable_thinking (its configs set it)
+    assert preflight(config, [f"model.llm={tiny_dir}/qwen3", "data.template_kwargs={enable_thinking: false}"], gpus=2,
+                     plan=False).ok
+    # syntax of transformers' template environment (loop controls, the generation block), in a
+    # tokenizer_config.json that keeps its named templates as a mapping: still read
+    settings["chat_template"] = {"default": "{% for m in messages %}{% if m.role == 'x' %}{% break %}{% endif %}"
+                                            "{% generation %}{{ m.content }}{{ enable_thinking }}{% endgeneration %}"
+                                            "{% endfor %}"}
+    (qwen / "tokenizer_config.json").write_text(json.dumps(settings))
+    assert preflight(config, [f"model.llm={qwen}", "data.template_kwargs={enable_thinkng: false}"], gpus=2,
+                     plan=False).problems == [
+        f"{config}: key 'data.template_kwargs.enable_thinkng': the chat template of {qwen} reads no variable "
+        "'enable_thinkng' (the variables it reads: enable_thinking)"]

@@ -14,13 +14,30 @@ import json
 from pathlib import Path
 
 import jinja2
+import jinja2.ext
 import jinja2.meta
+import jinja2.nodes
 
 from llava_norm.config_schema import TEMPLATE_KWARGS
 
 # Variables transformers' apply_chat_template sets itself: never the user's to give.
 SET_BY_TRANSFORMERS = {"messages", "add_generation_prompt", "tools", "documents", "bos_token", "eos_token",
                        "pad_token", "unk_token", "raise_exception", "strftime_now", "continue_final_message"}
+
+
+class _Generation(jinja2.ext.Extension):
+    """The ``{% generation %}`` block transformers' template environment adds (it marks the
+    assistant's tokens): parsed here as its body, which is what it reads."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        next(parser.stream)
+        return jinja2.nodes.Scope(parser.parse_statements(("name:endgeneration",), drop_needle=True))
+
+
+# Parsed as transformers compiles chat templates: loop controls and the generation block are syntax there.
+ENVIRONMENT = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _Generation])
 
 
 def _template_text(llm: str) -> str | None:
@@ -50,6 +67,8 @@ def _template_text(llm: str) -> str | None:
     if isinstance(template, list):  # named templates: apply_chat_template takes "default"
         template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
                         None)
+    elif isinstance(template, dict):  # the same, kept as a mapping of names to templates
+        template = template.get("default")
     return template if isinstance(template, str) else None
 
 
@@ -61,7 +80,7 @@ def template_kwargs_problems(llm: str, kwargs: dict) -> list[str]:
     if text is None:
         return []
     try:
-        reads = jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(text))
+        reads = jinja2.meta.find_undeclared_variables(ENVIRONMENT.parse(text))
     except jinja2.TemplateSyntaxError:  # the tokenizer says it when it renders
         return []
     offered = ", ".join(sorted(reads - SET_BY_TRANSFORMERS)) or "none besides transformers' own"
