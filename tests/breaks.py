@@ -952,8 +952,8 @@ BREAKS = [
           "    kept = context",
           "tests/test_eval_runner.py::test_a_pair_is_scored_on_the_whole_texts_tokens_with_the_contexts_trailing_space"),
     Break("a hub id the hub cannot be reached for said without how to run offline", "llava_norm/plan/backbones.py",
-          'machine reads (HF_HOME) and set HF_HUB_OFFLINE=1") if "connect" in said else ""',
-          'machine reads (HF_HOME) and set HF_HUB_OFFLINE=1") if False else ""',
+          """             "machine reads (HF_HOME) and set HF_HUB_OFFLINE=1") if "couldn't connect" in said else \"\"""",
+          """             "machine reads (HF_HOME) and set HF_HUB_OFFLINE=1") if False else \"\"""",
           "tests/test_plan.py::test_a_hub_id_the_hub_cannot_be_reached_for_says_how_to_run_offline"),
     Break("a pipeline or local sweep training before finding its benchmark data missing", "llava_norm/chain_cli.py",
           '    if not (getattr(args, "slurm", None) or grid.get("table_only")):', "    if False:",
@@ -1037,6 +1037,15 @@ BREAKS = [
     Break("the template check reading named templates kept as a mapping as none", "llava_norm/data/templates.py",
           "    elif isinstance(template, dict):", "    elif False:",
           "tests/test_check.py::test_a_template_key_the_chat_template_never_reads_is_named"),
+    Break("a log-likelihood continuation tokenised on its own after the moved space", "llava_norm/inference.py",
+          "    return ids, whole[len(ids):]", "    return ids, tokenizer.encode(continuation, add_special_tokens=False)",
+          "tests/test_eval_runner.py::test_a_pair_is_scored_on_the_whole_texts_tokens_with_the_contexts_trailing_space"),
+    Break("a log-likelihood result not recording how its pairs were tokenised", "llava_norm/evaluation/benchmarks/base.py",
+          '            declared["pair_encoding"] = PAIR_ENCODING', "            pass",
+          "tests/test_eval_runner.py::test_a_pair_is_scored_on_the_whole_texts_tokens_with_the_contexts_trailing_space"),
+    Break("the offline advice given where HF_HUB_OFFLINE is set already", "llava_norm/plan/backbones.py",
+          "               \"this machine reads (HF_HOME)\") if offline else \\", "               \"this machine reads (HF_HOME)\") if False else \\",
+          "tests/test_plan.py::test_a_hub_id_the_hub_cannot_be_reached_for_says_how_to_run_offline"),
 ]
 
 

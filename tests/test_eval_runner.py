@@ -404,9 +404,10 @@ def test_table_given_a_run_its_model_or_a_file_names_the_evaluation_folder(tmp_p
 
 
 def test_a_pair_is_scored_on_the_whole_texts_tokens_with_the_contexts_trailing_space(tiny_dir):
-    """As lm-eval's HF model scores a (context, continuation) pair: the whole text is tokenised
-    once and every token after the context's (its trailing whitespace stripped) is scored, so a
-    HellaSwag context's final space counts; computed here from one forward pass over the whole."""
+    """As lm-eval's HF model scores a (context, continuation) pair: the context (its trailing
+    whitespace stripped) is tokenised on its own, the continuation's tokens are the whole text's
+    after as many as the context has, so a HellaSwag context's final space counts and a token
+    spanning the boundary is the whole text's; computed here from one forward pass."""
     import torch
 
     from llava_norm.inference import Predictor
@@ -414,17 +415,31 @@ def test_a_pair_is_scored_on_the_whole_texts_tokens_with_the_contexts_trailing_s
     bundle = build_model(ModelSpec(f"{tiny_dir}/siglip", f"{tiny_dir}/llama"))
     predictor, tok = Predictor(bundle), bundle.tokenizer
     pairs = [("Personal Care: How to wash a dog. Fill the tub. ", " Then the dog jumps in."),
-             ("Question: which shape is red?\nAnswer:", " circle")]
+             ("Question: which shape is red?\nAnswer:", " circle"),
+             ("Question: red", "dish")]  # a token spanning the boundary: the whole text's, not "dish" alone
     for (context, continuation), score in zip(pairs, predictor.loglikelihood(pairs)):
-        ids = [tok.bos_token_id] + tok.encode(context + continuation, add_special_tokens=False)
-        start = 1 + len(tok.encode(context.rstrip(), add_special_tokens=False))
+        # the stripped context's own ids, then the whole text's ids after as many as those
+        own = tok.encode(context.rstrip(), add_special_tokens=False)
+        ids = [tok.bos_token_id] + own + tok.encode(context + continuation, add_special_tokens=False)[len(own):]
+        start = 1 + len(own)
         with torch.no_grad():
             logprobs = torch.log_softmax(bundle.model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
         expected = sum(logprobs[i - 1, ids[i]].item() for i in range(start, len(ids)))
         assert score == pytest.approx(expected, abs=1e-4), (context, score, expected)
-    # the context's space is a token of its own here: scored with the continuation, not dropped
+    # the cases are what they stand for: the first context's tokens change when its space is
+    # stripped, and the last continuation's tokens within the whole text are not its own
     assert tok.encode(pairs[0][0], add_special_tokens=False)[-1] not in \
         tok.encode(pairs[0][0].rstrip(), add_special_tokens=False)[-1:]
+    context, continuation = pairs[2]
+    whole = tok.encode(context + continuation, add_special_tokens=False)
+    assert whole[len(tok.encode(context, add_special_tokens=False)):] != tok.encode(continuation, add_special_tokens=False)
+    # and a result records the tokenisation, so one scored under another is not taken as current
+    from llava_norm.evaluation.benchmarks import get_benchmark
+    from llava_norm.evaluation.benchmarks.base import PAIR_ENCODING
+
+    assert get_benchmark("hellaswag").settings()["pair_encoding"] == PAIR_ENCODING
+    assert get_benchmark("mmlu").settings()["pair_encoding"] == PAIR_ENCODING
+    assert "pair_encoding" not in get_benchmark("pope").settings()
 
 
 def test_a_run_folder_or_checkpoint_given_as_the_model_names_the_folder_to_evaluate(tmp_path):

@@ -180,11 +180,18 @@ def test_a_hub_id_the_hub_cannot_be_reached_for_says_how_to_run_offline(monkeypa
                       "in the cached files.\nCheck your internet connection")
 
     monkeypatch.setattr(backbones.AutoConfig, "from_pretrained", unreachable)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     with pytest.raises(ConfigError) as said:
         backbone_config("org/some-llm", "model.llm")
     assert str(said.value).startswith("key 'model.llm': 'org/some-llm' is not a local directory, not in the hub cache")
     assert str(said.value).endswith("; without internet here, download it where there is (hf download org/some-llm) "
                                     "into the cache this machine reads (HF_HOME) and set HF_HUB_OFFLINE=1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # already set: the hub was not asked, and setting it is no advice
+    with pytest.raises(ConfigError) as said:
+        backbone_config("org/some-llm", "model.llm")
+    assert str(said.value).endswith("; HF_HUB_OFFLINE is set, so the hub was not asked: download it (hf download "
+                                    "org/some-llm) into the cache this machine reads (HF_HOME)")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
 
     def refused(name, **kwargs):
         raise OSError("org/other is not a valid model identifier")

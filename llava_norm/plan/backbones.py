@@ -10,6 +10,7 @@ no storage), built by the same config path as training, in well under a second f
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,8 +47,11 @@ def backbone_config(name: str, key: str, trust_remote_code: bool = False) -> Bac
     except (OSError, ValueError) as error:
         said = str(error).splitlines()[0]
         # a compute node without internet: huggingface_hub retried for half a minute before saying so
-        way = (f"; without internet here, download it where there is (hf download {name}) into the cache this "
-               "machine reads (HF_HOME) and set HF_HUB_OFFLINE=1") if "connect" in said else ""
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+        way = (f"; HF_HUB_OFFLINE is set, so the hub was not asked: download it (hf download {name}) into the cache "
+               "this machine reads (HF_HOME)") if offline else \
+            (f"; without internet here, download it where there is (hf download {name}) into the cache this "
+             "machine reads (HF_HOME) and set HF_HUB_OFFLINE=1") if "couldn't connect" in said else ""
         raise ConfigError(f"key '{key}': {name!r} is not a local directory, not in the hub cache, not shipped under "
                           f"{SHIPPED_BACKBONES} and the hub did not answer ({said}){way}") from None
 
