@@ -44,7 +44,7 @@ def register_chains(sub) -> None:
 
 def _chain_config(args, arms: list[str], **grid):
     # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.evaluation.arguments import check_eval_words, eval_data_problem
+    from llava_norm.evaluation.arguments import absolute_data_words, check_eval_words, eval_data_problem
     from llava_norm.pipeline import PipelineConfig
 
     try:  # before anything trains: a misspelt flag would otherwise stop each chain at its evaluation
@@ -58,7 +58,8 @@ def _chain_config(args, arms: list[str], **grid):
             sys.exit(f"{args.command}: evaluation: {problem}")
 
     return PipelineConfig(arms=arms, runs_dir=args.runs, data_root=args.data_root, benchmarks=args.benchmarks,
-                          stage1_overrides=args.stage1, stage2_overrides=args.stage2, eval_args=args.eval_arg,
+                          stage1_overrides=args.stage1, stage2_overrides=args.stage2,
+                          eval_args=absolute_data_words(args.eval_arg),
                           table=args.table, stream=args.stream, code_counts=args.code_counts,
                           reuse_stale=args.reuse_stale, **grid)
 

@@ -1046,6 +1046,14 @@ BREAKS = [
     Break("the offline advice given where HF_HUB_OFFLINE is set already", "llava_norm/plan/backbones.py",
           "               \"this machine reads (HF_HOME)\") if offline else \\", "               \"this machine reads (HF_HOME)\") if False else \\",
           "tests/test_plan.py::test_a_hub_id_the_hub_cannot_be_reached_for_says_how_to_run_offline"),
+    Break("a chain's evaluations reading --eval-arg's relative paths from the checkout", "llava_norm/chain_cli.py",
+          "                          eval_args=absolute_data_words(args.eval_arg),",
+          "                          eval_args=args.eval_arg,",
+          "tests/test_check.py::test_a_chain_without_its_benchmark_data_stops_before_anything_trains"),
+    Break("--eval-arg's --data paths left relative", "llava_norm/evaluation/arguments.py",
+          '        return f"{bench}={Path(path).expanduser().resolve()}" if eq else value',
+          '        return value',
+          "tests/test_check.py::test_a_chain_without_its_benchmark_data_stops_before_anything_trains"),
 ]
 
 

@@ -329,6 +329,18 @@ def test_a_chain_without_its_benchmark_data_stops_before_anything_trains(tmp_pat
         f"pipeline: {tmp_path / 'nowhere'}: no such arm directory (from {REPO}; an arm directory holds stage1.yaml "
         f"and stage2.yaml)\n{tmp_path / 'half'}: no stage2.yaml (an arm directory needs stage1.yaml and stage2.yaml)")
     assert not (tmp_path / "runs").exists()
+    # relative paths among the words are made absolute from where the chain starts: its
+    # evaluations run in the checkout
+    from llava_norm import pipeline
+
+    started = []
+    monkeypatch.setattr(pipeline, "plan", lambda config: (started.append(config), ([], {}))[1])
+    monkeypatch.chdir(tmp_path)
+    main(["pipeline", str(REPO / "configs/tiny/none"), "--runs", "runs", "--benchmarks", "pope",
+          "--eval-arg=--data-root=eval", "--eval-arg=--data", "--eval-arg=pope=pope.jsonl", "--eval-arg=--limit=2"])
+    assert started[0].eval_args == [f"--data-root={tmp_path / 'eval'}", "--data", f"pope={tmp_path / 'pope.jsonl'}",
+                                    "--limit=2"]
+    monkeypatch.chdir(REPO)
 
 
 def test_ctrl_c_on_a_chain_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):

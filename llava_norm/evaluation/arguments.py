@@ -133,6 +133,29 @@ def check_eval_words(words: list[str]) -> None:
     benchmark_options(args.option)
 
 
+def absolute_data_words(words: list[str]) -> list[str]:
+    """``words`` with the paths of ``--data-root DIR`` and ``--data NAME=PATH`` (either spelling)
+    made absolute from here: a chain's evaluations run in the checkout, not where it was started."""
+    def absolute(flag: str, value: str) -> str:
+        if flag == "--data-root":
+            return str(Path(value).expanduser().resolve())
+        bench, eq, path = value.partition("=")
+        return f"{bench}={Path(path).expanduser().resolve()}" if eq else value
+
+    out, pending = [], None
+    for word in words:
+        flag, eq, value = word.partition("=")
+        if pending:
+            out.append(absolute(pending, word))
+            pending = None
+        elif flag in ("--data-root", "--data") and eq:
+            out.append(f"{flag}={absolute(flag, value)}")
+        else:
+            pending = word if word in ("--data-root", "--data") else None
+            out.append(word)
+    return out
+
+
 def eval_data_problem(words: list[str], benchmarks: str, data_root: str) -> str | None:
     """Where a chain's evaluations (``llava-norm eval MODEL --benchmarks B --data-root R`` and the
     ``--eval-arg`` words, which win as they come last) would find no benchmark data: said before
