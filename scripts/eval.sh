@@ -6,6 +6,8 @@
 # e.g. EVAL_DATA=/datasets/eval scripts/eval.sh runs/llama/ln_textnorm_gwc/stage2/model pope,mmlu --option mmlu.num_fewshot=5
 set -euo pipefail
 checkpoint=${1:?usage: scripts/eval.sh CHECKPOINT [BENCHMARKS] [options ...]}; shift
+# a folder named from where you call it (a hub id stays one); _launch.sh runs from the repository root
+[ -e "$checkpoint" ] && checkpoint="$(cd "$(dirname "$checkpoint")" && pwd)/$(basename "$checkpoint")"
 benchmarks=all
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then benchmarks=$1; shift; fi
 exec "$(dirname "$0")/_launch.sh" eval "$checkpoint" --benchmarks "$benchmarks" \

@@ -831,7 +831,7 @@ BREAKS = [
           "        if made and not finished and [p.name for p in folder.iterdir()] == [LOCK]:", "        if False:",
           "tests/test_check.py::test_the_command_exits_non_zero_and_train_stops_before_loading"),
     Break("a stage script's config looked for from the repository root only", "scripts/pretrain.sh",
-          '[ -f "$config" ] && config="$(cd "$(dirname "$config")" && pwd)/$(basename "$config")"', "true",
+          'case "$config" in /*) ;; *) config="$PWD/$config" ;; esac', "true",
           "tests/test_config.py::test_a_stage_script_refuses_the_other_stages_config"),
     Break("a launch's own check refusing the lock its process 0 holds", "llava_norm/train/preflight.py",
           "    held = None if launch else folder_in_use(config.train.output_dir)",
@@ -1054,6 +1054,13 @@ BREAKS = [
           '        return f"{bench}={Path(path).expanduser().resolve()}" if eq else value',
           '        return value',
           "tests/test_check.py::test_a_chain_without_its_benchmark_data_stops_before_anything_trains"),
+    Break("pretrain.sh naming a missing config as if under the repository root", "scripts/pretrain.sh",
+          'case "$config" in /*) ;; *) config="$PWD/$config" ;; esac',
+          '[ -f "$config" ] && config="$(cd "$(dirname "$config")" && pwd)/$(basename "$config")"',
+          "tests/test_config.py::test_the_scripts_read_paths_from_where_they_are_called"),
+    Break("eval.sh reading a relative checkpoint from the repository root", "scripts/eval.sh",
+          '[ -e "$checkpoint" ] && checkpoint=', 'false && checkpoint=',
+          "tests/test_config.py::test_the_scripts_read_paths_from_where_they_are_called"),
 ]
 
 

@@ -375,6 +375,23 @@ def test_a_stage_script_refuses_the_other_stages_config(tmp_path, script, config
         f"not stage {this} (scripts/{script} runs stage {this}): use the other script, or give train.stage={this}")
 
 
+def test_the_scripts_read_paths_from_where_they_are_called(tmp_path):
+    """The new user's trial: a misspelt config given to pretrain.sh from another folder was named
+    as if under the repository root, and eval.sh read a relative checkpoint from there."""
+    run = tmp_path / "stage2"
+    (run / "model").mkdir(parents=True)
+    (run / "model" / "config.json").write_text("{}")
+    said = {}
+    for script, given in (("pretrain.sh", "stage1.yml"), ("eval.sh", "stage2")):
+        result = subprocess.run(["bash", str(REPO / "scripts" / script), given], capture_output=True, text=True,
+                                cwd=tmp_path, env={**os.environ, "GPUS_PER_NODE": "1"}, timeout=120)
+        assert result.returncode != 0
+        said[script] = result.stderr.strip().splitlines()[-1]
+    assert said["pretrain.sh"] == f"config error: {tmp_path / 'stage1.yml'}: config file not found", said
+    assert said["eval.sh"] == f"eval: {run} is a training run's folder, not a saved model: its model is " \
+                              f"{run / 'model'}", said
+
+
 @pytest.mark.parametrize("command", ["train", "plan"])
 def test_train_and_plan_name_every_key_the_config_refuses_not_the_first_alone(command, tmp_path):
     """As `llava-norm check` lists them: a launch that fixes one key at a time would otherwise

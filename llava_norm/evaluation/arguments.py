@@ -159,7 +159,8 @@ def absolute_data_words(words: list[str]) -> list[str]:
 def eval_data_problem(words: list[str], benchmarks: str, data_root: str) -> str | None:
     """Where a chain's evaluations (``llava-norm eval MODEL --benchmarks B --data-root R`` and the
     ``--eval-arg`` words, which win as they come last) would find no benchmark data: said before
-    anything trains, not after both stages. None when every benchmark's data is there."""
+    anything trains, not after both stages. None when every benchmark's data path exists (what is
+    in it is read when the evaluation loads it)."""
     from llava_norm.evaluation.settings import resolve_benchmarks  # lazy: the settings load torch
 
     args = add_eval_arguments(_Refusing(prog="llava-norm eval")).parse_args(
