@@ -326,8 +326,8 @@ def test_llava_norm_check_says_a_relaunch_would_be_refused(run):
     assert report.ok and f"relaunch: {out}: complete at step 3; nothing to do" in "\n".join(report.summary), \
         report.summary
     report = preflight(path, ["train.restart=true"], gpus=1, plan=False)  # maybe another experiment's folder
-    assert report.ok and report.warnings == [f"{path}: train.restart=true deletes what {out} holds, a finished run, "
-                                             "before training"], report.warnings
+    assert report.ok and [w for w in report.warnings if "pretrained_projector" not in w] == [
+        f"{path}: train.restart=true deletes what {out} holds, a finished run, before training"], report.warnings
     report = preflight(path, ["train.max_steps=4"], gpus=1, plan=False)
     assert len(report.problems) == 1 and report.problems[0].startswith(
         f"{path}: relaunch refused: {out}: a finished run (step 3) with a different config: train.max_steps: 3 -> 4"), \
