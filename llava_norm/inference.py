@@ -105,7 +105,9 @@ class Predictor:
             examples = []
             for context, continuation in pairs[start:start + batch_size]:
                 ctx, cont = encode_pair(tokenizer, context, continuation)
-                ctx = bos + ctx
+                # no context and no BOS (Qwen): lm-eval's model puts its end-of-text token first, so the
+                # continuation's first token is scored too
+                ctx = bos + ctx if bos or context else [tokenizer.eos_token_id]
                 examples.append(Example(ctx + cont, [IGNORE_INDEX] * len(ctx) + cont, None))
             batch = self._to_device(collate(examples, tokenizer.pad_token_id, padding_side="right"))
             labels = batch.pop("labels")

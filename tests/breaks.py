@@ -1061,6 +1061,10 @@ BREAKS = [
     Break("eval.sh reading a relative checkpoint from the repository root", "scripts/eval.sh",
           '[ -e "$checkpoint" ] && checkpoint=', 'false && checkpoint=',
           "tests/test_config.py::test_the_scripts_read_paths_from_where_they_are_called"),
+    Break("a log-likelihood continuation's first token unscored without a context or BOS", "llava_norm/inference.py",
+          "                ctx = bos + ctx if bos or context else [tokenizer.eos_token_id]",
+          "                ctx = bos + ctx",
+          "tests/test_eval_runner.py::test_a_pair_is_scored_on_the_whole_texts_tokens_with_the_contexts_trailing_space"),
 ]
 
 

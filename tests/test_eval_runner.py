@@ -433,6 +433,16 @@ def test_a_pair_is_scored_on_the_whole_texts_tokens_with_the_contexts_trailing_s
     context, continuation = pairs[2]
     whole = tok.encode(context + continuation, add_special_tokens=False)
     assert whole[len(tok.encode(context, add_special_tokens=False)):] != tok.encode(continuation, add_special_tokens=False)
+    # no context on an LLM without BOS (the tiny Qwen): scored after the end-of-text token, as
+    # lm-eval does, so the continuation's first token counts
+    qwen = build_model(ModelSpec(f"{tiny_dir}/siglip", f"{tiny_dir}/qwen2"))
+    qtok = qwen.tokenizer
+    assert qtok.bos_token_id is None
+    ids = [qtok.eos_token_id] + qtok.encode("circle", add_special_tokens=False)
+    with torch.no_grad():
+        logprobs = torch.log_softmax(qwen.model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+    expected = sum(logprobs[i - 1, ids[i]].item() for i in range(1, len(ids)))
+    assert Predictor(qwen).loglikelihood([("", "circle")]) == [pytest.approx(expected, abs=1e-4)]
     # and a result records the tokenisation, so one scored under another is not taken as current
     from llava_norm.evaluation.benchmarks import get_benchmark
     from llava_norm.evaluation.benchmarks.base import PAIR_ENCODING

@@ -27,7 +27,7 @@ from llava_norm.stats import Statistic, mean_of
 
 # How llava_norm.inference.encode_pair splits a (context, continuation) pair into token ids.
 PAIR_ENCODING = ("context's trailing whitespace moved to the continuation; continuation ids = the whole text's "
-                 "after the context's (lm-eval's HF model)")
+                 "after the context's; no context and no BOS: the end-of-text token first (lm-eval's HF model)")
 
 KINDS = ("generate", "loglikelihood")
 SCALE = "0-1"  # how metrics ("scale") and settings ("headline_metric") mark a fraction in [0, 1]
