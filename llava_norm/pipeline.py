@@ -337,13 +337,12 @@ def plan(config: PipelineConfig) -> tuple[list[Step], dict[str, list[str]]]:
         if not 0 <= config.task < len(grid):
             raise ValueError(f"task {config.task} is not in 0..{len(grid) - 1} ({len(grid)} runs: arms x seeds)")
         grid = [grid[config.task]]
-    missing = [problem for config_dir in dict.fromkeys(spec.config_dir for spec in grid)
-               for problem in arm_dir_problems(config_dir)]
+    folders = list(dict.fromkeys(spec.config_dir for spec in grid))
+    missing = [problem for config_dir in folders for problem in arm_dir_problems(config_dir)]
     if missing:  # every arm's at once
         raise FileNotFoundError("\n".join(missing))
     steps = [step for spec in grid for step in arm_steps(config, spec.config_dir, spec.seed)]
-    problems = [problem for spec in dict.fromkeys(spec.config_dir for spec in grid)
-                for problem in stage_problems(config, spec)]
+    problems = [problem for config_dir in folders for problem in stage_problems(config, config_dir)]
     if problems:  # before any stage trains: finetune.sh would refuse its file only after stage 1
         raise ValueError("\n".join(problems))
     return steps + ([] if config.task is not None else [table_step(config, marks)]), marks

@@ -263,10 +263,6 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
     if t.save_steps == 0:
         report.warnings.append(f"{path}: key 'train.save_steps': 0 writes no checkpoint: a killed or requeued run "
                                "starts over from step 0")
-    if t.stage == 2 and not config.model.pretrained_projector and _starts_fresh(config):
-        report.warnings.append(f"{path}: key 'model.pretrained_projector' is unset: stage 2 starts the projector and "
-                               "norm layer from random weights, without stage 1's pretraining (give stage 1's "
-                               "projector.safetensors)")
     if accum is not None and output_dir and not _said_already(report, "key 'train.resume'"):  # a missing one: said
         _resume_shape(report, path, config, world, accum, launch)
     if plan and accum is not None:  # without a world size that divides the batch there is no launch to plan
@@ -298,6 +294,11 @@ def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: in
     checkpoint = relaunch.checkpoint
     if relaunch.action == "done":  # a launch would exit at once: said, so an OK is not read as "will train"
         report.summary.append(f"relaunch: {relaunch.message}")
+    # a stage 2 that starts fresh (not resuming a checkpoint's trained weights) from no stage-1 projector
+    if relaunch.action == "fresh" and config.train.stage == 2 and not config.model.pretrained_projector:
+        report.warnings.append(f"{path}: key 'model.pretrained_projector' is unset: stage 2 starts the projector and "
+                               "norm layer from random weights, without stage 1's pretraining (give stage 1's "
+                               "projector.safetensors)")
     out = Path(config.train.output_dir)
     if config.train.restart:  # the folder may hold another experiment's run
         found = complete_checkpoints(out)
@@ -322,17 +323,6 @@ def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: in
     converted = " after its DeepSpeed state is converted to the universal format (disk: README)" \
         if config.train.deepspeed else ""
     report.summary.append(f"resumes {checkpoint} (saved on {processes(saved_world)}) on {processes(world)}{converted}")
-
-
-def _starts_fresh(config: RunConfig) -> bool:
-    """Whether a launch would train from the built model (not resume a checkpoint, nor find the
-    run finished); a relaunch it would refuse is said apart."""
-    from llava_norm.train.relaunch import RelaunchError, plan_launch  # lazy: relaunch reads the run's files
-
-    try:
-        return plan_launch(config).action == "fresh"
-    except (RelaunchError, OSError, ValueError):
-        return False
 
 
 def _said_already(report: Report, problem: str) -> bool:
