@@ -307,9 +307,13 @@ def table_step(config: PipelineConfig, marks: dict[str, list[str]]) -> Step:
         grid = runs(config)
         dirs = {spec.name: ArmDirs.of(config.runs_dir, spec.arm, spec.seed) for spec in grid}
         if config.table_only:  # whatever runs exist (a sweep's array tasks may not all have finished)
-            dirs = {name: d for name, d in dirs.items() if (d.eval / EVAL_SUMMARY).is_file()}
+            unfinished = [name for name, d in dirs.items() if not (d.eval / EVAL_SUMMARY).is_file()]
+            dirs = {name: d for name, d in dirs.items() if name not in unfinished}
             if not dirs:
                 raise FileNotFoundError(f"no finished evaluation under {Path(config.runs_dir).resolve()}")
+            if unfinished:  # a failed or unfinished array task: said, or the table looks complete
+                tqdm.write(f"[pipeline] {len(unfinished)} of {len(grid)} runs have no finished evaluation and are "
+                           f"left out of the tables: {', '.join(unfinished)}")
             _mark_unmatched(config, [spec for spec in grid if spec.name in dirs], marks)
         first_name, first = next(iter(dirs.items()))
         # Where the checkpoints and the benchmark files are now, which the evaluations' own

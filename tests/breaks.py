@@ -1066,6 +1066,9 @@ BREAKS = [
           "                ctx = bos + ctx if bos or context else [tokenizer.eos_token_id]",
           "                ctx = bos + ctx",
           "tests/test_eval_runner.py::test_a_pair_is_scored_on_the_whole_texts_tokens_with_the_contexts_trailing_space"),
+    Break("the table job leaving out unfinished runs without a word", "llava_norm/pipeline.py",
+          "            if unfinished:  # a failed or unfinished array task", "            if False:  # a failed or unfinished array task",
+          "tests/test_sweep.py::test_the_table_job_marks_runs_a_rerun_would_not_reuse"),
 ]
 
 

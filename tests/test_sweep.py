@@ -287,6 +287,10 @@ def test_the_table_job_marks_runs_a_rerun_would_not_reuse(sweep, tmp_path):
         for summary in summaries:
             summary.with_name("summary.json.aside").rename(summary)
     assert early.returncode != 0 and "baseline arm 'none' not among the runs' arms" in early.stderr, early.stderr
+    # the runs left out are named (a failed array task would otherwise leave a table that looks whole)
+    left_out = [name for name in NAMES if name.startswith("none@")]
+    assert f"{len(left_out)} of {len(NAMES)} runs have no finished evaluation and are left out of the tables: " \
+           f"{', '.join(left_out)}" in early.stdout, early.stdout
     assert (tmp_path / "early.md").is_file() and not (tmp_path / "early_stats.md").exists()
 
 
