@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from llava_norm.worker import frozen_imports
+from llava_norm.worker import frozen_imports, how_stopped, stop_on_sigterm
 
 
 def register_chains(sub) -> None:
@@ -70,16 +70,18 @@ def _run_chain(config, command: str, dry_run: bool) -> None:
         from llava_norm.config import ConfigError
         from llava_norm.pipeline import plan, run_steps
 
+    stop_on_sigterm()
     try:
         steps, marks = plan(config)
         for name, status, seconds in run_steps(steps, reuse_stale=config.reuse_stale, marks=marks, dry_run=dry_run):
             print(f"{name:40s} {status:9s} {seconds:7.1f} s")
     except (RuntimeError, OSError, ValueError, ConfigError) as error:  # OSError: a file where a folder goes, say
         sys.exit(f"{command}: {error}")
-    except KeyboardInterrupt:  # Ctrl-C reaches the launched step too, which says where it stands
-        print(f"\n{command}: interrupted; finished steps are kept, and the same command goes on from them",
+    except KeyboardInterrupt as stop:  # Ctrl-C reaches the launched step too, which says where it stands
+        word, status = how_stopped(stop)  # or SIGTERM (a scancel reaches every process of the job)
+        print(f"\n{command}: {word}; finished steps are kept, and the same command goes on from them",
               file=sys.stderr, flush=True)
-        sys.exit(130)
+        sys.exit(status)
 
 
 def _pipeline(args) -> None:

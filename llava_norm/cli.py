@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from llava_norm.chain_cli import register_chains
-from llava_norm.worker import (die_with_launcher, exit_launched_worker, frozen_imports, one_scan_of_transformers_models,
-                               quiet_transformers)
+from llava_norm.worker import (die_with_launcher, exit_launched_worker, frozen_imports, how_stopped,
+                               one_scan_of_transformers_models, quiet_transformers, stop_on_sigterm)
 
 
 def _config_errors(args, first) -> str:
@@ -53,6 +53,7 @@ def _train(args) -> None:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    stop_on_sigterm()
     try:  # the checks of `llava-norm check`, on this launch's shape (the start-up plan is printed apart)
         run_training(config, check=lambda: preflight(args.config, args.overrides, per_node, max(1, world // per_node),
                                                       plan=False, launch=True))
@@ -69,19 +70,21 @@ def _train(args) -> None:
         sys.exit(f"config error: {args.config}: {error}")
     except BadSampleError as error:  # data found unusable before training starts (its file and row named)
         sys.exit(f"data error: {error}")
-    except KeyboardInterrupt:  # Ctrl-C: where the run stands and how it goes on, not a traceback per rank
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: where the run stands and how it goes on, not a traceback per rank
+        word, status = how_stopped(stop)
         if os.environ.get("RANK", "0") == "0":
             # on a line of its own: a progress bar may hold the current one
-            print("\n" + interrupted(config.train), file=sys.stderr, flush=True)
-        sys.exit(130)  # as the shell reports an interrupt: not a failure of the run
+            print("\n" + interrupted(config.train, word), file=sys.stderr, flush=True)
+        sys.exit(status)  # as the shell reports a signal: not a failure of the run
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # leave together: no rank tears the group down under one still saving
         dist.destroy_process_group()
 
 
-def interrupted(train) -> str:
-    """The line an interrupted training run leaves: its last complete checkpoint and what the
-    same command does next (``train.restart`` and ``train.resume`` decide, as train/relaunch.py)."""
+def interrupted(train, word: str = "interrupted") -> str:
+    """The line an interrupted training run leaves (starting with ``word``, ``how_stopped``'s): its
+    last complete checkpoint and what the same command does next (``train.restart`` and
+    ``train.resume`` decide, as train/relaunch.py)."""
     # lazy: only once interrupted
     from llava_norm.layout import CHAIN_LAUNCH
     from llava_norm.train.rundir import complete_checkpoints
@@ -89,8 +92,8 @@ def interrupted(train) -> str:
     out = Path(train.output_dir)
     found = complete_checkpoints(out) if out.is_dir() else []
     if not found:
-        return "interrupted: no checkpoint was complete yet; the same command starts the run again"
-    where = f"interrupted: its last complete checkpoint is {found[-1]}"
+        return f"{word}: no checkpoint was complete yet; the same command starts the run again"
+    where = f"{word}: its last complete checkpoint is {found[-1]}"
     if os.environ.get(CHAIN_LAUNCH):  # the chain's rerun decides (a stale stage it restarted now resumes)
         return f"{where}; the pipeline (or sweep) that launched it resumes from it when run again"
     if train.restart:
@@ -183,16 +186,18 @@ def _eval(args) -> None:
     except (ValueError, FileNotFoundError) as error:
         sys.exit(f"eval: {error}")
     main_rank = os.environ.get("RANK", "0") == "0"
+    stop_on_sigterm()
     try:
         summary = run_evaluation(config)
     # every rank meets these alike: one says it
     except (SettingsMismatchError, BenchmarkDataError, DamagedFileError, FileNotFoundError) as error:
         sys.exit(f"eval: {error}" if main_rank else 1)
-    except KeyboardInterrupt:  # Ctrl-C: what is kept and how it goes on, not a traceback per rank
+    except KeyboardInterrupt as stop:  # Ctrl-C: what is kept and how it goes on, not a traceback per rank
+        word, status = how_stopped(stop)  # or SIGTERM
         if main_rank:  # on a line of its own: a progress bar may hold the current one
-            print(f"\ninterrupted: the predictions so far are kept in {config.out_dir}; the same command continues "
+            print(f"\n{word}: the predictions so far are kept in {config.out_dir}; the same command continues "
                   "from them", file=sys.stderr, flush=True)
-        sys.exit(130)
+        sys.exit(status)
     if summary is not None:  # each benchmark's headline, as the results table heads its column
         print(f"results in {config.out_dir}:")
         for name, result in summary["benchmarks"].items():

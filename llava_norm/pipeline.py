@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -36,6 +37,7 @@ from llava_norm.evaluation.table import EVAL_SUMMARY
 from llava_norm.layout import CHAIN_LAUNCH, MODEL_DIR, PROJECTOR_FILE
 from llava_norm.provenance import Record, fingerprint, read_record, write_record
 from llava_norm.reuse import Decision, compare, eval_decision, stage_decision
+from llava_norm.worker import Terminated
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -119,7 +121,7 @@ def launch(command: list[str], log: Path | None, env: dict | None = None) -> Non
     environment_vars = {**os.environ, "PYTHON": sys.executable, CHAIN_LAUNCH: "1", **(env or {})}
     command = on_every_node(command, environment_vars)
     if log is None:
-        code = subprocess.run(command, cwd=REPO, env=environment_vars).returncode
+        code = _wait(subprocess.Popen(command, cwd=REPO, env=environment_vars))
         if code != 0:
             raise RuntimeError(f"step failed (exit {code}): {' '.join(command)} (its output is above)")
         return
@@ -128,10 +130,30 @@ def launch(command: list[str], log: Path | None, env: dict | None = None) -> Non
         handle.write(f"\n$ {' '.join(command)}\n".encode())
         handle.flush()
         start = handle.tell()
-        code = subprocess.run(command, cwd=REPO, env=environment_vars, stdout=handle,
-                              stderr=subprocess.STDOUT).returncode
+        code = _wait(subprocess.Popen(command, cwd=REPO, env=environment_vars, stdout=handle, stderr=subprocess.STDOUT))
     if code != 0:
         raise RuntimeError(f"step failed (exit {code}): {' '.join(command)}\n{failure_report(log, start)}")
+
+
+STOP_GRACE_S = 60  # torchrun gives its workers 30 s after its SIGTERM before it kills them
+
+
+def _wait(launched: subprocess.Popen) -> int:
+    """The launch's exit status. Stopped while it runs, the chain lets it stop first: SIGTERM
+    (sent to the chain alone, say by ``kill``) is passed on, Ctrl-C reached it from the terminal.
+    Why: killed at once, as ``subprocess.run`` does, torchrun's workers would die with it before
+    saying which checkpoint the rerun resumes from; a second Ctrl-C kills it."""
+    try:
+        return launched.wait()
+    except KeyboardInterrupt as stop:
+        if isinstance(stop, Terminated):
+            launched.send_signal(signal.SIGTERM)
+        try:
+            launched.wait(timeout=STOP_GRACE_S)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            launched.kill()
+            launched.wait()
+        raise
 
 
 TAIL_LINES = 40

@@ -1,7 +1,7 @@
 """A ``llava-norm`` process's life: it starts without the collector walking its imports or
 transformers scanning its model folders twice (or at all, where an earlier process stored the
-scans and no file changed since), dies with its launcher and leaves without interpreter
-finalisation.
+scans and no file changed since), dies with its launcher, stops on SIGTERM as on Ctrl-C and
+leaves without interpreter finalisation.
 
 Owns the process-level rules; the command line applies them around each subcommand.
 """
@@ -275,6 +275,36 @@ def die_with_launcher() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
     if os.getppid() == 1:  # the launcher died before the line above took effect
         os._exit(1)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt (see ``stop_on_sigterm``)."""
+
+    status = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
+
+
+def stop_on_sigterm() -> None:
+    """Have SIGTERM end this process as Ctrl-C does: through the subcommand's ``except
+    KeyboardInterrupt``, which says where the run stands and how it goes on.
+
+    Why: SIGTERM is what ``scancel`` and a Slurm preemption send first, and what torchrun sends
+    its workers when it stops; Python's default for it ends the process without a word, so a
+    preempted run's log never said which checkpoint its requeue resumes from. A second SIGTERM
+    ends the process at once, as the default does.
+    """
+    import signal
+
+    def raise_terminated(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, raise_terminated)
+
+
+def how_stopped(error: KeyboardInterrupt) -> tuple[str, int]:
+    """The word an interrupted subcommand's line starts with, and the exit status it leaves:
+    130 for Ctrl-C and 143 for SIGTERM, as a shell reports them."""
+    return ("terminated by SIGTERM", Terminated.status) if isinstance(error, Terminated) else ("interrupted", 130)
 
 
 def exit_launched_worker() -> None:

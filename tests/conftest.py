@@ -64,3 +64,39 @@ def tiny_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny")
     make_tiny(out, seed=0)
     return out
+
+
+class UnhandledSigterm(Exception):
+    """What a SIGTERM raises in a test that expected the code under test to handle it."""
+
+
+@pytest.fixture
+def sigterm_to_self():
+    """Send this process SIGTERM from a thread, once ``when()`` is true: the code under test is to
+    have installed its own handler by then. Until it does, and after the test, SIGTERM raises
+    UnhandledSigterm here, never the default that would end the pytest worker."""
+    import signal
+    import threading
+
+    def unhandled(signum, frame):
+        raise UnhandledSigterm("SIGTERM reached a handler the code under test did not install")
+
+    before = signal.signal(signal.SIGTERM, unhandled)
+    over = threading.Event()  # the test ended: a signal not yet sent is not sent
+    threads = []
+
+    def send(when=lambda: True):
+        def fire():
+            while not when():
+                if over.wait(0.05):
+                    return
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threads.append(threading.Thread(target=fire, daemon=True))
+        threads[-1].start()
+
+    yield send
+    over.set()
+    for thread in threads:
+        thread.join()
+    signal.signal(signal.SIGTERM, before)

@@ -368,6 +368,43 @@ def test_ctrl_c_on_a_chain_is_one_line_not_a_traceback(tmp_path, monkeypatch, ca
         "pipeline: interrupted; finished steps are kept, and the same command goes on from them"
 
 
+# A launch that needs a moment after SIGTERM to say where it stands (as torchrun's workers do).
+SLOW_TO_STOP = """
+import pathlib, signal, sys, time
+def stop(signum, frame):
+    time.sleep(1.0)
+    pathlib.Path(sys.argv[1]).write_text("stopped on SIGTERM")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+pathlib.Path(sys.argv[2]).write_text("")
+time.sleep(60)
+"""
+
+
+def test_sigterm_to_a_chain_alone_is_passed_to_its_launch_which_is_let_stop(tmp_path, monkeypatch, capsys,
+                                                                             sigterm_to_self):
+    """`kill PID` of a pipeline or sweep: its running launch gets the SIGTERM and the time to stop
+    (subprocess.run would kill it a quarter second after an interrupt, and torchrun's workers
+    with it, before they say which checkpoint the rerun resumes from); then the chain's line, 143."""
+    from llava_norm import pipeline
+    from llava_norm.cli import main
+
+    said, ready = tmp_path / "said", tmp_path / "ready"
+    step = pipeline.Step("slow to stop", lambda: False,
+                         lambda: pipeline.launch([sys.executable, "-c", SLOW_TO_STOP, str(said), str(ready)], None))
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(pipeline, "plan", lambda config: ([step], {}))
+    (tmp_path / "eval" / "pope").mkdir(parents=True)
+    sigterm_to_self(when=ready.exists)
+    with pytest.raises(SystemExit) as stop:
+        main(["pipeline", "configs/tiny/none", "--runs", str(tmp_path / "runs"), "--benchmarks", "pope",
+              "--data-root", str(tmp_path / "eval")])
+    assert stop.value.code == 143
+    assert said.read_text() == "stopped on SIGTERM"
+    assert capsys.readouterr().err.strip().endswith(
+        "pipeline: terminated by SIGTERM; finished steps are kept, and the same command goes on from them")
+
+
 def test_a_malformed_jsonl_line_is_a_warning_under_skip_and_a_problem_under_error(world, tmp_path):
     """One JSONL line that does not read is one bad row (the dataset skips it under skip, the
     default), not a launch-stopping problem; under error it stops the launch, naming the line."""

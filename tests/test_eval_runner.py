@@ -346,6 +346,26 @@ def test_bad_input_and_ctrl_c_end_the_command_in_one_line(setup, tmp_path, monke
                                        "same command continues from them\n")
 
 
+def test_sigterm_on_an_evaluation_says_what_is_kept_with_the_status_a_shell_gives_it(
+        setup, tmp_path, monkeypatch, capsys, sigterm_to_self):
+    """A real SIGTERM (scancel, a preemption) is handled as Ctrl-C is, with 143 (128 + SIGTERM)."""
+    from llava_norm import cli
+    from llava_norm.evaluation import runner
+
+    def terminated(config):
+        sigterm_to_self()
+        time.sleep(30)  # the handler raises here
+
+    monkeypatch.setattr(runner, "run_evaluation", terminated)
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(SystemExit) as left:
+        cli.main(["eval", str(setup / "ckpt"), "--benchmarks", "pope", "--data-root", str(setup / "world/benchmarks"),
+                  "--out", str(tmp_path / "out")])
+    assert left.value.code == 143
+    assert capsys.readouterr().err.endswith(f"\nterminated by SIGTERM: the predictions so far are kept in "
+                                            f"{tmp_path / 'out'}; the same command continues from them\n")
+
+
 def test_loglikelihood_flags_exactly_the_greedy_continuation(tiny_dir):
     import torch
 

@@ -209,11 +209,39 @@ def test_ctrl_c_leaves_one_line_naming_the_checkpoint_to_resume_from(tmp_path, m
     from llava_norm.layout import CHAIN_LAUNCH
 
     given = {}
-    monkeypatch.setattr(pipeline.subprocess, "run", lambda command, cwd, env, **kw: given.update(env) or
-                        argparse.Namespace(returncode=0))
+    monkeypatch.setattr(pipeline.subprocess, "Popen", lambda command, cwd, env, **kw: given.update(env) or
+                        argparse.Namespace(wait=lambda: 0))
     pipeline.launch(["true"], None)
     monkeypatch.setenv(CHAIN_LAUNCH, given[CHAIN_LAUNCH])
     assert said(["train.restart=true"]) == f"{last}; the pipeline (or sweep) that launched it resumes from it when run again"
+
+
+def test_sigterm_leaves_the_same_line_as_ctrl_c_and_the_status_a_shell_gives_it(tmp_path, monkeypatch, capsys,
+                                                                                  sigterm_to_self):
+    """What scancel, a preemption and torchrun's own stop send: a real SIGTERM, handled as Ctrl-C is."""
+    import argparse
+    import time
+
+    import pytest
+
+    from llava_norm import cli
+    from llava_norm.train import run
+
+    def terminated(config, check):
+        sigterm_to_self()
+        time.sleep(30)  # the handler raises here
+
+    monkeypatch.setattr(run, "run_training", terminated)
+    monkeypatch.delenv("RANK", raising=False)
+    (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "checkpoint-2" / COMPLETE_MARKER).write_text("")
+    args = argparse.Namespace(config="configs/tiny/none/stage1.yaml", overrides=[f"train.output_dir={tmp_path}"],
+                              stage=None)
+    with pytest.raises(SystemExit) as left:
+        cli._train(args)
+    assert left.value.code == 143  # 128 + SIGTERM
+    assert capsys.readouterr().err == (f"\nterminated by SIGTERM: its last complete checkpoint is "
+                                       f"{tmp_path / 'checkpoint-2'}; relaunch the same command to resume from it\n")
 
 
 def test_a_wandb_run_id_you_set_wins_and_is_kept_and_a_restart_makes_a_new_one(tmp_path, monkeypatch):
