@@ -343,7 +343,11 @@ def test_a_chain_without_its_benchmark_data_stops_before_anything_trains(tmp_pat
     monkeypatch.chdir(REPO)
 
 
-def test_ctrl_c_on_a_chain_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
+CHAINS = {"pipeline": ["configs/tiny/none"], "sweep": ["configs/tiny", "--arms", "none", "--seeds", "2"]}
+
+
+@pytest.mark.parametrize("chain", sorted(CHAINS))
+def test_ctrl_c_on_a_chain_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys, chain):
     """Ctrl-C reaches the step a pipeline or sweep launched (which says where it stands) and the
     chain itself, which waits on it: one line and the shell's interrupt status."""
     from llava_norm import pipeline
@@ -357,7 +361,7 @@ def test_ctrl_c_on_a_chain_is_one_line_not_a_traceback(tmp_path, monkeypatch, ca
     monkeypatch.setattr(pipeline, "run_steps", interrupted)
     (tmp_path / "eval" / "pope").mkdir(parents=True)  # the chain's benchmark data, checked first
     try:  # a KeyboardInterrupt escaping would stop pytest itself: caught here, as a failure
-        main(["pipeline", "configs/tiny/none", "--runs", str(tmp_path / "runs"), "--benchmarks", "pope",
+        main([chain, *CHAINS[chain], "--runs", str(tmp_path / "runs"), "--benchmarks", "pope",
               "--data-root", str(tmp_path / "eval")])
     except SystemExit as stop:
         code = stop.code
@@ -365,7 +369,7 @@ def test_ctrl_c_on_a_chain_is_one_line_not_a_traceback(tmp_path, monkeypatch, ca
         code = "the interrupt escaped as a traceback"
     assert code == 130
     assert capsys.readouterr().err.strip() == \
-        "pipeline: interrupted; finished steps are kept, and the same command goes on from them"
+        f"{chain}: interrupted; finished steps are kept, and the same command goes on from them"
 
 
 # A launch that needs a moment after SIGTERM to say where it stands (as torchrun's workers do).

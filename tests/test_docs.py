@@ -247,6 +247,21 @@ def test_the_tests_readmes_checked_rows_are_the_breaks_tests():
     assert more_clauses_than_breaks == []
 
 
+def test_every_test_a_tests_readme_row_names_exists():
+    """Each test named in a row's first cell, not only its first (a row may name several), is a
+    test function of that file: a renamed or removed test leaves no row naming it."""
+    missing = []
+    for row in (ROOT / "tests/README.md").read_text().splitlines():
+        if not row.startswith("| `"):
+            continue
+        for name in re.findall(r"`([^`]+)`", row.split("|")[1]):
+            path, _, test = re.sub(r"\[.*\]$", "", name).partition("::")
+            source = ROOT / "tests" / path
+            if not source.is_file() or (test and not re.search(rf"^def {re.escape(test)}\(", source.read_text(), re.M)):
+                missing.append(name)
+    assert missing == []
+
+
 def test_the_tests_readme_quotes_the_command_make_test_runs():
     makefile = (ROOT / "Makefile").read_text()
     jobs = re.search(r"^TEST_JOBS \?= (\d+)$", makefile, re.M).group(1)
@@ -306,3 +321,11 @@ def test_the_ablation_notes_figures_are_its_committed_tables():
                               s1=seconds(lambda n: n.endswith(": stage 1")), s2=seconds(lambda n: n.endswith(": stage 2")),
                               ev=seconds(lambda n: n.endswith(": eval")), table=seconds(lambda n: n == "results table"))
         assert figures in text, figures
+    # the README's copies of the two totals
+    totals = [json.loads((folder / name).read_text())["total_s"] / 60 for name in ("timings.json", "avx2_timings.json")]
+    assert f"it took {totals[0]:.1f} minutes, and {totals[1]:.1f} with torch's AVX2 kernels forced" in " ".join(README.split())
+
+
+def test_the_readmes_gpu_kit_deadline_is_the_kits():
+    deadline = re.search(r"^DEADLINE_S = (\d+)", (ROOT / "bench/gpu_kit.py").read_text(), re.M).group(1)
+    assert f"each half under an overall deadline of {deadline} s on one H100" in " ".join(README.split())

@@ -43,6 +43,8 @@ def test_readme_gpu_figures_are_the_kits_recorded_results():
     assert checks["sdpa"]["over_floor"] < 1 and checks["flex_attention"]["over_floor"] < 1
     small = next(r for r in train if r["run"] == "qwen0.5b_zero2")
     assert f"peaked {abs(small['measured_over_plan']):.1%} under the" in readme.replace("\n", " ")
+    ratio = small["planned_activations_gib"] / small["planned_states_gib"]
+    assert flat.count(f"activations are {ratio:.1f} times its") == 2, ratio
     # the elementwise ("other") share of GPU time, eager against compiled, at the same rows
     other = {(r["attn"], r["compiled"]): r["shares"]["other"] for r in steps if r["rows"] == "4x8x1029" and r["shares"]}
     compiled = sorted(f"{v:.0%}" for (_, c), v in other.items() if c)

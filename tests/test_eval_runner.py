@@ -46,6 +46,11 @@ def test_predictions_from_other_settings_are_refused(tmp_path):
     store.verify_settings({"checkpoint": "/a", "limit": None})
     with pytest.raises(SettingsMismatchError, match="checkpoint"):
         store.verify_settings({"checkpoint": "/b", "limit": None})
+    # a setting recorded only now (a newer version records more, pair_encoding say), or no longer
+    with pytest.raises(SettingsMismatchError, match="pair_encoding"):
+        store.verify_settings({"checkpoint": "/a", "limit": None, "pair_encoding": "lm-eval"})
+    with pytest.raises(SettingsMismatchError, match="checkpoint"):
+        store.verify_settings({"limit": None})
 
 
 # ------------------------------------------------------------------ table
@@ -391,6 +396,19 @@ def test_loglikelihood_flags_exactly_the_greedy_continuation(tiny_dir):
     expected = torch.log_softmax(logits, -1)
     assert s_best == pytest.approx(expected[ranked[0]].item(), abs=1e-4)
     assert s_other == pytest.approx(expected[ranked[1]].item(), abs=1e-4)
+    # two tokens: greedy only when both are (the first alone greedy is not enough)
+    ctx_ids = tok.encode(context, add_special_tokens=False)
+    with torch.no_grad():
+        after = bundle.model(input_ids=torch.tensor([[tok.bos_token_id, *ctx_ids, ranked[0]]])).logits[0, -1]
+
+    def two_tokens(t):  # the whole text's ids are the context's, then these two
+        return tok.encode(context + best + tok.decode([t]), add_special_tokens=False) == [*ctx_ids, ranked[0], t]
+
+    seconds = [t for t in after.argsort(descending=True).tolist() if two_tokens(t)]
+    assert seconds[0] == int(after.argmax()), "the tiny LLM's greedy second token does not tokenise apart"
+    (_, g_both), (_, g_first_only) = predictor.loglikelihood_details(
+        [(context, best + tok.decode([seconds[0]])), (context, best + tok.decode([seconds[1]]))])
+    assert g_both and not g_first_only
 
 
 def test_table_given_a_run_its_model_or_a_file_names_the_evaluation_folder(tmp_path):
@@ -463,6 +481,14 @@ def test_a_pair_is_scored_on_the_whole_texts_tokens_with_the_contexts_trailing_s
         logprobs = torch.log_softmax(qwen.model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
     expected = sum(logprobs[i - 1, ids[i]].item() for i in range(1, len(ids)))
     assert Predictor(qwen).loglikelihood([("", "circle")]) == [pytest.approx(expected, abs=1e-4)]
+    # with a context, nothing goes before it on that LLM (lm-eval adds the token for no context only)
+    ids = qtok.encode("Answer:", add_special_tokens=False) + qtok.encode(" circle", add_special_tokens=False)
+    with torch.no_grad():
+        logprobs = torch.log_softmax(qwen.model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+    start = len(qtok.encode("Answer:", add_special_tokens=False))
+    expected = sum(logprobs[i - 1, ids[i]].item() for i in range(start, len(ids)))
+    assert ids == qtok.encode("Answer: circle", add_special_tokens=False)  # the whole text splits there
+    assert Predictor(qwen).loglikelihood([("Answer:", " circle")]) == [pytest.approx(expected, abs=1e-4)]
     # and a result records the tokenisation, so one scored under another is not taken as current
     from llava_norm.evaluation.benchmarks import get_benchmark
     from llava_norm.evaluation.benchmarks.base import PAIR_ENCODING
