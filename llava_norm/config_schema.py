@@ -200,8 +200,8 @@ IMAGE_ASPECTS = ("resize", "pad")  # data.images: plain resize, or LLaVA-1.5 pad
 IMAGE_PLACEMENTS = ("front", "keep")  # data.image_placement (data.rows says what each does)
 # How the length-grouped sampler measures a row (data.dataset): "tokens" tokenises every row once, when
 # the sampler first asks (batched calls; ~0.1 ms per row on one core), "words" counts whitespace words
-# (free, but words per token vary between rows, which left 7% padding at per-device batch 16 in
-# bench/padding.py against 0.3% with token counts).
+# (free, but words per token vary between rows, so batches grouped by them carry more padding:
+# bench/padding.py measures both, the README quotes its figures).
 LENGTH_ESTIMATES = ("tokens", "words")
 
 

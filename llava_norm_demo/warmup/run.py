@@ -29,8 +29,8 @@ TOWERS = ("siglip",)
 
 @dataclass(frozen=True)
 class WarmupConfig:
-    """What to warm and how long. Defaults are the demo's (the LM about 70 s, SigLIP about 10 s
-    on 2 CPU cores)."""
+    """What to warm and how long. Defaults are the demo's, sized for 2 CPU cores (the LM takes
+    most of the time: `make demo`'s report has the steps' seconds)."""
 
     seed: int = 0
     llms: tuple[str, ...] = ("llama",)
