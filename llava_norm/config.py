@@ -49,6 +49,9 @@ def _read_yaml_chain(path: Path, seen: tuple[Path, ...] = ()) -> list:
     if not isinstance(node, DictConfig):
         raise ConfigError("the top level must be a mapping of sections (model, data, optim, train, lora)", file=path)
     bases = node.pop("base", None) or []
+    if not isinstance(bases, (str, list, ListConfig)):  # a number or a mapping: list() would take it apart
+        raise ConfigError(f"key 'base': {OmegaConf.to_container(bases) if isinstance(bases, DictConfig) else bases!r} "
+                          "is not a file name or a list of them", file=path)
     bases = [bases] if isinstance(bases, str) else list(bases)
     chain = []
     for base in bases:
@@ -168,7 +171,7 @@ def _load(path: Path, overrides: list[str], check_paths: bool) -> RunConfig:
                 try:
                     _checked_shapes(merged, dotlist, None)
                 except ConfigError as error:
-                    raise ConfigError(f"{error}{where}") from None
+                    raise ConfigError(_from_overrides(str(error), overrides)) from None
             merged = OmegaConf.merge(merged, dotlist)
         except TypeError:  # omegaconf's message for "list.0.key=..." is unhelpful
             raise ConfigError(f"key '{(indexed or overrides)[0]}': a list (e.g. data.mixture) can only be replaced "
@@ -181,9 +184,25 @@ def _load(path: Path, overrides: list[str], check_paths: bool) -> RunConfig:
             raise ConfigError(f"key '{missing[0]}': required, but not set{more}")
         config: RunConfig = OmegaConf.to_object(merged)
     except OmegaConfBaseException as error:
-        raise ConfigError(_describe(error) + (where if overrides else "")) from None
-    validate(config, check_paths)
+        raise ConfigError(_from_overrides(_describe(error), overrides)) from None
+    try:
+        validate(config, check_paths)
+    except ConfigError as error:  # a value the command line gave is not the file's to answer for
+        raise ConfigError(_from_overrides(str(error), overrides), file=error.file) from None
     return config
+
+
+def _from_overrides(message: str, overrides: list[str]) -> str:
+    """``message`` naming the command-line override that set its key (the last, as it wins), or,
+    where its key is none of theirs (or it names no key), every override; as it is without any."""
+    if not overrides:
+        return message
+    key = re.match(r"key '([^'\[]+)", message)
+    given = [o for o in overrides if key and (key.group(1) == o.partition("=")[0] or
+                                              key.group(1).startswith(o.partition("=")[0] + "."))]
+    if given:
+        return f"{message} (the command line's {given[-1]})"
+    return message if key else f"{message} (command-line overrides {overrides})"
 
 
 def file_problems(path: str | Path, overrides: list[str] = ()) -> tuple[list[str], list[str]]:
@@ -245,7 +264,9 @@ def _value_problems_of(merged: DictConfig, overrides: list[str]) -> list[str]:
         except (OmegaConfBaseException, TypeError, yaml.YAMLError):
             continue
     try:
-        return [] if OmegaConf.missing_keys(merged) else value_problems(OmegaConf.to_object(merged))
+        if OmegaConf.missing_keys(merged):
+            return []
+        return [_from_overrides(problem, overrides) for problem in value_problems(OmegaConf.to_object(merged))]
     except OmegaConfBaseException:
         return []
 

@@ -303,6 +303,20 @@ def test_missing_required_keys_and_bad_yaml_name_the_file(setup):
         "did not find expected ',' or ']'", message
     with pytest.raises(ConfigError, match="nowhere.yaml: config file not found"):
         load_config(setup["d"] / "nowhere.yaml")
+    # a base that is neither a file name nor a list of them (list() took a mapping's keys for files)
+    for base, said in (("5", "5"), ("{a: 1}", "{'a': 1}")):
+        path, message = _load_case(setup, [], f"base: {base}\n")
+        assert message == f"{path}: key 'base': {said} is not a file name or a list of them", message
+
+
+def test_a_value_the_command_line_gave_is_named_as_the_command_lines(setup):
+    """Not blamed on the file alone; of several overrides, the one that set the key."""
+    path, message = _load_case(setup, ["train.max_steps=3", "optim.lr=nan"], None)
+    assert message == f"{path}: key 'optim.lr': must be a finite number >= 0, got nan (the command line's optim.lr=nan)"
+    path, message = _load_case(setup, ["optim.lr=1e-3", "train.max_stepz=3"], None)
+    assert message.endswith("(the command line's train.max_stepz=3)") and "optim.lr" not in message, message
+    path, message = _load_case(setup, ["train.max_steps=3"], "base: base.yaml\noptim: {lr: -1}\n")  # the file's own
+    assert message == f"{path}: key 'optim.lr': must be >= 0, got -1.0", message
 
 
 def test_an_error_in_a_base_file_names_that_file(setup):

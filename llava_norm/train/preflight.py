@@ -340,8 +340,10 @@ def _plan(report: Report, gpus: int, nodes: int, memory: float | None, name: str
     except Exception as error:  # noqa: BLE001 - a plan that cannot be made is said, in one line
         said = f"plan: {type(error).__name__}: {str(error).splitlines()[0]}"
         # a backbone already said to be missing or of the wrong kind: the plan, which reads both, fails
-        # on it too (naming its key, or an attribute the other kind of model lacks)
-        if any(f"key 'model.{key}'" in problem for key in ("vision_tower", "llm") for problem in report.problems):
+        # on it too (naming its key, or an attribute the other kind of model lacks); and any key the
+        # plan's error names that has its problem said (the DeepSpeed file, say): one cause, said once
+        if any(f"key 'model.{key}'" in problem for key in ("vision_tower", "llm") for problem in report.problems) \
+                or _said_already(report, said):
             report.summary.append("plan: none until the problems above are fixed")
         else:
             report.problems.append(said)
