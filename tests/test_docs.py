@@ -329,3 +329,10 @@ def test_the_ablation_notes_figures_are_its_committed_tables():
 def test_the_readmes_gpu_kit_deadline_is_the_kits():
     deadline = re.search(r"^DEADLINE_S = (\d+)", (ROOT / "bench/gpu_kit.py").read_text(), re.M).group(1)
     assert f"each half under an overall deadline of {deadline} s on one H100" in " ".join(README.split())
+
+
+def test_the_readmes_t_factors_are_the_stats_modules():
+    from llava_norm.stats import t_quantile
+
+    factors = [f"{t_quantile(0.975, seeds - 1):.2f}" for seeds in (2, 3, 5)]
+    assert "its 95% factor is {}, against {} over 3 seeds and {} over 5".format(*factors) in " ".join(README.split())

@@ -224,6 +224,27 @@ def test_the_table_command_takes_whatever_runs_exist(sweep, tmp_path):
     assert not (tmp_path / "new.md").exists()
 
 
+def test_a_run_whose_name_and_training_record_disagree_on_its_seed_is_marked(sweep, tmp_path):
+    """Seeds are read from the names (`<arm>@seed<k>`): copies of scale_to_t@seed0's evaluation
+    named without a seed, or with another, are marked with the seed their training record gives
+    (the new user's trial: such a run paired with nothing, or with the wrong seed, unsaid)."""
+    import shutil
+
+    from llava_norm.analysis.ablation import write_tables
+
+    runs = {"none@seed0": sweep.runs / "none/seed0/eval", "none@seed1": sweep.runs / "none/seed1/eval"}
+    for name in ("scale_to_t", "other@seed1"):
+        runs[name] = shutil.copytree(sweep.runs / "scale_to_t/seed0/eval", tmp_path / name)
+        (runs[name] / "summary.json").write_text(json.dumps({**json.loads((runs[name] / "summary.json").read_text()),
+                                                             "run_name": name}))
+    _, _, stats = write_tables(runs, tmp_path / "t", "none", "none@seed0")
+    text = stats.read_text()
+    assert "- † scale_to_t: scale_to_t: its name carries no seed, so it pairs with no seeded run (its training " \
+           "record says seed 0: `llava-norm eval --name scale_to_t@seed0` names it so)" in text, text
+    assert "- † other: other@seed1: named seed 1, but its training record says seed 0: it pairs as seed 1" in text
+    assert "none †" not in text and "| none |" in text  # the runs whose names agree are not marked
+
+
 def test_the_recipe_has_every_arm_on_its_slices():
     from llava_norm.config import load_config
     from llava_norm.config_schema import NORM_ARMS

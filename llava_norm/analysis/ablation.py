@@ -29,6 +29,7 @@ from llava_norm.analysis.beside_paper import CSV_FIELDS, csv_values, markdown_se
 from llava_norm.evaluation.benchmarks import BENCHMARKS
 from llava_norm.evaluation.table import headline, read_run, write_table
 from llava_norm.evaluation.units import Units, read_units
+from llava_norm.provenance import read_record
 from llava_norm.stats import Delta, Interval, seed_paired_bootstrap, seeds_interval
 
 SEED_MARK = "@seed"
@@ -45,6 +46,33 @@ def split_name(name: str) -> tuple[str, int | None]:
     """``"ln_textnorm@seed2"`` -> ``("ln_textnorm", 2)``; a name without a seed is its own arm."""
     arm, mark, seed = name.rpartition(SEED_MARK)
     return (arm, int(seed)) if mark and arm and seed.isdigit() else (name, None)
+
+
+def trained_seed(eval_dir: Path, benchmarks: list[str] | None = None) -> int | None:
+    """The seed the evaluated checkpoint was trained with, from the training record beside it
+    (``llava_norm.provenance``); None where the results name no one checkpoint or it has no record."""
+    checkpoints = {r.get("settings", {}).get("checkpoint") for r in read_run(eval_dir, benchmarks)[1].values()}
+    if len(checkpoints) != 1 or not next(iter(checkpoints)):
+        return None
+    record = read_record(Path(next(iter(checkpoints))).parent)
+    return record.seed if record else None
+
+
+def seed_notes(runs: dict[str, Path], benchmarks: list[str] | None = None) -> dict[str, list[str]]:
+    """Per run, what its name says about its seed that its training record contradicts or leaves
+    out (a mark of its rows). Why: seeds are read from the names (``<arm>@seed<k>``), so a
+    hand-named run was paired with nothing, or with the wrong seed, without a word."""
+    notes: dict[str, list[str]] = {}
+    marked = {name for name in runs if split_name(name)[1] is not None}
+    for name, eval_dir in runs.items():
+        arm, seed = split_name(name)
+        trained = trained_seed(Path(eval_dir), benchmarks)
+        if seed is not None and trained is not None and seed != trained:
+            notes[name] = [f"named seed {seed}, but its training record says seed {trained}: it pairs as seed {seed}"]
+        elif seed is None and marked and trained is not None:
+            notes[name] = [f"its name carries no seed, so it pairs with no seeded run (its training record says "
+                           f"seed {trained}: `llava-norm eval --name {arm}{SEED_MARK}{trained}` names it so)"]
+    return notes
 
 
 @dataclass(frozen=True)
@@ -289,6 +317,8 @@ def write_tables(runs: dict[str, Path], prefix: str | Path, baseline: str, first
     Every run's predictions are read and checked against its results before any table is
     written, so a refused result leaves no table showing it. A grid the statistics cannot be
     made of (``IncompleteGrid``: no baseline run yet) still gets its per-run table, then raises."""
+    seeds = seed_notes(runs, benchmarks)
+    marks = {name: [*(marks or {}).get(name, []), *seeds.get(name, [])] for name in {*runs, *(marks or {})}}
     try:
         cells = ablation_cells(runs, baseline, benchmarks, options, data)
     except IncompleteGrid:
