@@ -498,8 +498,8 @@ BREAKS = [
           "    return seed_paired_bootstrap(pairs, statistic, level=LEVEL, resamples=RESAMPLES)",
           "tests/test_ablation.py::test_intervals_are_cut_to_what_a_score_or_a_delta_can_be"),
     Break("the deltas that cover 0 counted as excluding it", "llava_norm/analysis/ablation.py",
-          "    held = [c for c in cells if c.delta and not c.delta.covers_zero]",
-          "    held = [c for c in cells if c.delta and c.delta.covers_zero]",
+          "    held = [c for c in cells if c.delta and not c.identical and not c.delta.covers_zero]",
+          "    held = [c for c in cells if c.delta and not c.identical and c.delta.covers_zero]",
           "tests/test_ablation.py::test_the_count_of_deltas_excluding_zero_is_set_against_chance"),
     Break("the deltas expected by chance at the interval's level instead of its complement",
           "llava_norm/analysis/ablation.py", "about {tested * (1 - LEVEL):.1f} of", "about {tested * LEVEL:.1f} of",
@@ -1118,6 +1118,13 @@ BREAKS = [
     Break("a run's seed read from its name alone, its training record unread", "llava_norm/analysis/ablation.py",
           "        trained = trained_seed(Path(eval_dir), benchmarks)", "        trained = None",
           "tests/test_sweep.py::test_a_run_whose_name_and_training_record_disagree_on_its_seed_is_marked"),
+    Break("arms identical on every unit read as no detectable difference", "llava_norm/analysis/ablation.py",
+          "                    if all(np.array_equal(a, b) for a, b in pairs):", "                    if False:",
+          "tests/test_ablation.py::test_an_arm_that_scored_the_same_on_every_unit_is_not_counted_as_no_difference"),
+    Break("the count against chance without how likely it is", "llava_norm/analysis/ablation.py",
+          '                  f"{len(held)} or more would happen by chance with probability {chance:.2g} if the deltas were "',
+          '                  f"{len(held)} or more would happen by chance with probability {1 - LEVEL:.2g} if the deltas were "',
+          "tests/test_ablation.py::test_the_count_of_deltas_excluding_zero_is_set_against_chance"),
 ]
 
 

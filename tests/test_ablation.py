@@ -2,6 +2,9 @@
 and by arm: each cell is the statistic of the units the stored predictions give, the delta pairs
 seed k of an arm with seed k of the baseline, and missing seeds shrink what is paired."""
 
+import csv
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +12,7 @@ import torch
 from llava_norm.analysis.ablation import (
     ablation_cells,
     split_name,
+    to_csv,
     to_markdown,
     write_ablation,
 )
@@ -96,6 +100,12 @@ def test_missing_seeds_pair_only_what_both_arms_have(runs, tmp_path, monkeypatch
     lonely = {(c.arm, c.benchmark): c for c in ablation_cells(only_one, "base")}[("noisy", "mmlu")]
     assert lonely.delta is None and "no seed in common" in lonely.note
     assert lonely.score_method == "bootstrap over units (one seed)"
+    # a delta of one seed says that the seeds' spread was not measured
+    one = [c for c in ablation_cells({k: runs[k] for k in ("base@seed0", "noisy@seed0")}, "base")
+           if c.arm == "noisy" and not c.identical]
+    assert one, "no benchmark where the two runs differ: nothing is tested"
+    verdicts = [row["verdict"] for row in csv.DictReader(io.StringIO(to_csv(one))) if row["arm"] == "noisy"]
+    assert verdicts and all(v.endswith("(one seed: item noise only, seed-to-seed spread not measured)") for v in verdicts)
     import llava_norm.analysis.plots as plots
 
     drawn, draw = {}, plots.forest_grid
@@ -104,8 +114,10 @@ def test_missing_seeds_pair_only_what_both_arms_have(runs, tmp_path, monkeypatch
     assert md.read_text() == to_markdown(list(cells.values()), "base")
     assert (tmp_path / "t_forest.png").stat().st_size > 0 and (tmp_path / "t_stats.csv").is_file()
     # the figure draws each delta with its own interval (greyed where it covers 0: the test below)
-    assert drawn == {b: [(c.arm, c.delta.estimate, c.delta.low, c.delta.high)
-                         for c in cells.values() if c.benchmark == b and c.delta] for b in BENCHMARKS}
+    # (a delta of arms identical on every unit is 0 by construction: not drawn)
+    shown = [c for c in cells.values() if c.delta and not c.identical]
+    assert drawn == {b: [(c.arm, c.delta.estimate, c.delta.low, c.delta.high) for c in shown if c.benchmark == b]
+                     for b in BENCHMARKS if any(c.benchmark == b for c in shown)}
     assert any(low < high for rows in drawn.values() for _, _, low, high in rows), drawn  # an interval to lose
     # the same prefix again with the baseline alone: no delta, and the two-arm figure not left beside it
     text = write_ablation({k: v for k, v in runs.items() if k.startswith("base@")}, tmp_path / "t", "base").read_text()
@@ -120,7 +132,7 @@ def test_markdown_says_no_detectable_difference_exactly_where_the_interval_cover
 
     cells = ablation_cells(runs, "base")
     spans = iter([(1.0, 2.0), (-1.0, 1.0)])
-    cells = [replace(c, delta=replace(c.delta, low=low, high=high)) if c.arm == "noisy" else c
+    cells = [replace(c, delta=replace(c.delta, low=low, high=high), identical=False) if c.arm == "noisy" else c
              for c in cells for low, high in ([next(spans)] if c.arm == "noisy" else [(None, None)])]
     noisy = [c for c in cells if c.arm == "noisy"]
     assert [c.delta.covers_zero for c in noisy] == [False, True]
@@ -144,6 +156,24 @@ def test_the_count_of_deltas_excluding_zero_is_set_against_chance(runs):
     md = to_markdown([replace(c, arm="base", delta=None) for c in cells] + cells, "base")
     assert "3 of 4 deltas have an interval that excludes 0." in md
     assert "about 0.2 of 4 would exclude 0 by chance alone" in md
+    # how likely that many by chance: P[X >= 3], X ~ Binomial(4, 0.05) = 4 * 0.05**3 * 0.95 + 0.05**4
+    chance = 4 * 0.05 ** 3 * 0.95 + 0.05 ** 4
+    assert f"3 or more would happen by chance with probability {chance:.2g} if the deltas were independent" in md
+
+
+def test_an_arm_that_scored_the_same_on_every_unit_is_not_counted_as_no_difference(runs):
+    """Copies of the baseline's evaluations as another arm: every paired unit the same, so the
+    delta is 0 by construction (all "no" on POPE in the tiny ablation): said so, not "no detectable
+    difference", and left out of the count against chance."""
+    same = {**runs, **{f"same@seed{s}": runs[f"base@seed{s}"] for s in SEEDS}}
+    cells = ablation_cells(same, "base")
+    copies = [c for c in cells if c.arm == "same"]
+    assert copies and all(c.identical and c.delta.estimate == 0 for c in copies)
+    assert any(not c.identical for c in cells if c.arm == "noisy")
+    md = to_markdown(cells, "base")
+    assert "| same | 0,1,2 | identical on every unit | identical on every unit |" in md, md
+    counted = [c for c in cells if c.arm == "noisy" and not c.identical]
+    assert f"of {len(counted)} deltas have an interval" in md  # the copies uncounted
 
 
 def test_a_table_over_a_result_its_predictions_do_not_give_is_refused_before_anything_is_written(runs, tmp_path):

@@ -25,12 +25,14 @@ import io
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from llava_norm.analysis.beside_paper import CSV_FIELDS, csv_values, markdown_section, paper_comparisons
 from llava_norm.evaluation.benchmarks import BENCHMARKS
 from llava_norm.evaluation.table import headline, read_run, write_table
 from llava_norm.evaluation.units import Units, read_units
 from llava_norm.provenance import read_record
-from llava_norm.stats import Delta, Interval, seed_paired_bootstrap, seeds_interval
+from llava_norm.stats import Delta, Interval, binomial_tail, seed_paired_bootstrap, seeds_interval
 
 SEED_MARK = "@seed"
 LEVEL = 0.95
@@ -88,6 +90,7 @@ class Cell:
     delta: Delta | None = None  # percent
     delta_seeds: tuple[int | None, ...] = ()  # the seeds both arms have: what the delta pairs
     note: str = ""
+    identical: bool = False  # both arms scored the same on every paired unit: a delta of 0 by construction
 
 
 def _seed_label(seeds) -> str:
@@ -175,6 +178,8 @@ def ablation_cells(runs: dict[str, Path], baseline: str, benchmarks: list[str] |
                 if shared:
                     pairs = [(base[s].rows, mine[s].rows) for s in shared]
                     cell = replace(cell, delta=_delta(pairs, reference.statistic), delta_seeds=tuple(shared))
+                    if all(np.array_equal(a, b) for a, b in pairs):  # all "no" on POPE, all 0 on MMBench, say
+                        cell = replace(cell, identical=True, note=IDENTICAL)
                 else:
                     cell = replace(cell, note=f"no seed in common with {baseline}: no delta")
             cells.append(cell)
@@ -182,6 +187,8 @@ def ablation_cells(runs: dict[str, Path], baseline: str, benchmarks: list[str] |
 
 
 ONE_SEED = "one seed: item noise only, seed-to-seed spread not measured"
+IDENTICAL = ("both arms scored the same on every unit of every seed paired: the delta is 0 by construction, "
+             "not evidence of no effect, and is left out of the count of deltas below and of the figure")
 
 
 def _delta_text(delta: Delta) -> str:
@@ -229,15 +236,21 @@ def to_markdown(cells: list[Cell], baseline: str, marks: dict[str, list[str]] | 
     for arm in arms[1:]:
         row = [at[(arm, b)] for b in columns]
         seeds = _seed_label(row[0].delta_seeds) if row[0].delta else "none"
-        lines.append(f"| {name(arm)} | {seeds} | " + " | ".join(_delta_text(c.delta) if c.delta else "no delta"
-                                                            for c in row) + " |")
+        lines.append(f"| {name(arm)} | {seeds} | " + " | ".join(
+            "identical on every unit" if c.identical else _delta_text(c.delta) if c.delta else "no delta"
+            for c in row) + " |")
         notes += [f"- {arm}, {c.benchmark}: {c.note}" for c in row if c.note]
-    held = [c for c in cells if c.delta and not c.delta.covers_zero]
-    tested = sum(1 for c in cells if c.delta)
+    held = [c for c in cells if c.delta and not c.identical and not c.delta.covers_zero]
+    tested = sum(1 for c in cells if c.delta and not c.identical)
     if tested:
+        chance = binomial_tail(len(held), tested, 1 - LEVEL)
         lines += ["", f"{len(held)} of {tested} deltas have an interval that excludes 0. Each interval is at "
                   f"{LEVEL:.0%}: with no effect anywhere, about {tested * (1 - LEVEL):.1f} of {tested} would exclude "
-                  "0 by chance alone, so one such delta among many is not evidence of an effect."]
+                  "0 by chance alone, so one such delta among many is not evidence of an effect. "
+                  f"{len(held)} or more would happen by chance with probability {chance:.2g} if the deltas were "
+                  "independent (they are not quite: the arms share a baseline)."]
+    elif any(c.identical for c in cells):
+        lines += ["", "Every delta is 0 by construction: the arms scored the same on every unit."]
     else:
         lines += ["", f"No delta: no arm but `{baseline}`, or none sharing a training seed with it."]
     daggers = [f"- † {arm}: {m}" for arm in arms for m in _marked(arm, marks)]
@@ -264,7 +277,8 @@ def to_csv(cells: list[Cell], marks: dict[str, list[str]] | None = None,
             row.update(delta=round(c.delta.estimate, 4), delta_low=round(c.delta.low, 4),
                        delta_high=round(c.delta.high, 4), p_value=round(c.delta.p_value, 6),
                        delta_seeds=_seed_label(c.delta_seeds),
-                       verdict=c.delta.verdict + (f" ({ONE_SEED})" if c.delta.n_seeds == 1 else ""))
+                       verdict="identical on every unit" if c.identical else
+                       c.delta.verdict + (f" ({ONE_SEED})" if c.delta.n_seeds == 1 else ""))
         row.update((paper or {}).get((c.arm, c.benchmark), {}))
         writer.writerow(row)
     return buffer.getvalue()
@@ -296,7 +310,7 @@ def write_ablation(runs: dict[str, Path], prefix: str | Path, baseline: str, ben
     csv_path.write_text(to_csv(cells, marks, published))
     panels: dict[str, list[tuple[str, float, float, float]]] = {}
     for c in cells:
-        if c.delta:
+        if c.delta and not c.identical:
             panels.setdefault(c.benchmark, []).append((c.arm, c.delta.estimate, c.delta.low, c.delta.high))
     if panels:
         fig = forest_grid(panels, f"arm minus {baseline}, points (95% interval); grey: covers 0")
