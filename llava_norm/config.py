@@ -150,7 +150,9 @@ def _checked_shapes(schema: DictConfig, node, file: Path, prefix: str = ""):
         if got._is_none() or got._is_missing() or got._is_interpolation():
             continue
         if _shape(want) != _shape(got):
-            raise ConfigError(f"key '{prefix}{key}': expected {_shape(want)}, got {_shape(got)}", file=file)
+            # a lone value where a list goes (report_to=wandb, which transformers would take): its list form
+            hint = f": write [{got._value()}]" if OmegaConf.is_list(want) and _shape(got) == "a single value" else ""
+            raise ConfigError(f"key '{prefix}{key}': expected {_shape(want)}, got {_shape(got)}{hint}", file=file)
         if OmegaConf.is_dict(want) and not want._is_none():
             _checked_shapes(want, got, file, f"{prefix}{key}.")
     return node

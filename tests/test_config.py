@@ -315,6 +315,10 @@ def test_a_value_the_command_line_gave_is_named_as_the_command_lines(setup):
     assert message == f"{path}: key 'optim.lr': must be a finite number >= 0, got nan (the command line's optim.lr=nan)"
     path, message = _load_case(setup, ["optim.lr=1e-3", "train.max_stepz=3"], None)
     assert message.endswith("(the command line's train.max_stepz=3)") and "optim.lr" not in message, message
+    # a lone value where a list goes (transformers takes report_to=wandb): the list form is given
+    path, message = _load_case(setup, ["train.report_to=wandb"], None)
+    assert message == f"{path}: key 'train.report_to': expected a list, got a single value: write [wandb] (the " \
+        "command line's train.report_to=wandb)", message
     path, message = _load_case(setup, ["train.max_steps=3"], "base: base.yaml\noptim: {lr: -1}\n")  # the file's own
     assert message == f"{path}: key 'optim.lr': must be >= 0, got -1.0", message
 
