@@ -519,8 +519,12 @@ def test_bad_input_errors_name_file_row_and_column(tmp_path):
     good = {"index": 0, "question": "q", "hint": "", "A": "a", "B": "b", "answer": "A", "category": "c",
             "l2-category": "l", "image": b64(RED)}
     no_category = write_tsv(tmp_path / "a.tsv", [{k: v for k, v in good.items() if k != "category"}])
-    with pytest.raises(ValueError, match=r"a.tsv: row 0 \(index 0\): missing or empty column 'category'"):
+    # a column the file lacks is said to be absent, with the columns it has (not "missing or empty" on row 0)
+    with pytest.raises(ValueError, match=r"a.tsv: row 0 \(index 0\): no column 'category' \(its columns: 'index', "):
         get_benchmark("mmbench_en_dev").load(no_category)
+    empty_category = write_tsv(tmp_path / "e.tsv", [dict(good, category="")])
+    with pytest.raises(ValueError, match=r"e.tsv: row 0 \(index 0\): missing or empty column 'category'"):
+        get_benchmark("mmbench_en_dev").load(empty_category)
     bad_image = write_tsv(tmp_path / "b.tsv", [good, dict(good, index=1, image="@@" * 40)])
     with pytest.raises(ValueError, match=r"b.tsv: row 1 \(index 1\): column 'image' is not valid base64"):
         get_benchmark("mmbench_en_dev").load(bad_image)

@@ -70,9 +70,16 @@ class Row:
     def require(self, *columns: str) -> Any:
         column = self.first_present(*columns)
         if column is None:
-            names = " or ".join(repr(c) for c in columns)
-            raise ValueError(f"{self.where}: missing or empty column {names}")
+            raise ValueError(self.missing(*columns))
         return self.values[column]
+
+    def missing(self, *columns: str) -> str:
+        """What to say of columns none of which has a value here: absent (a file without that
+        column, or a JSONL record without that key: the row's columns are listed) or empty."""
+        names = " or ".join(repr(c) for c in columns)
+        if not any(c in self.values for c in columns):
+            return f"{self.where}: no column {names} (its columns: {', '.join(map(repr, self.values))})"
+        return f"{self.where}: missing or empty column {names}"
 
     def text(self, *columns: str) -> str:
         return str(self.require(*columns))
@@ -199,7 +206,7 @@ def required_image(row: Row, by_index: Mapping[str, Any] | None = None, column: 
     """``encoded_image`` for benchmarks whose every item has an image: an empty cell is an error."""
     image = encoded_image(row, column, by_index)
     if image is None:
-        raise ValueError(f"{row.where}: missing or empty column {column!r}")
+        raise ValueError(row.missing(column))
     return image
 
 
