@@ -233,6 +233,12 @@ class NormArm:
         return self.layer not in ("none", "scale_to_t")
 
     @property
+    def learns(self) -> bool:
+        """Whether the layer has weights that train (``optim.lr_norm`` reaches it): a norm's gain
+        (and LayerNorm's bias), scale_learned's scale; scale_fixed's is a frozen buffer."""
+        return self.layer in ("layernorm", "rmsnorm", "scale_learned")
+
+    @property
     def scale_calibrated(self) -> bool:
         """Whether ``model.scale_value`` (a number, or ``auto``: calibrated at stage 1) sets it."""
         return self.layer in ("scale_fixed", "scale_learned")

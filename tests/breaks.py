@@ -1131,6 +1131,13 @@ BREAKS = [
     Break("a column a benchmark file lacks said as an empty cell", "llava_norm/evaluation/benchmarks/tabular.py",
           "        if not any(c in self.values for c in columns):", "        if False:",
           "tests/test_eval_benchmarks.py::test_bad_input_errors_name_file_row_and_column"),
+    Break("a setting the arm never reads passed without a word", "llava_norm/train/preflight.py",
+          '    report.warnings += [f"{path}: {unused}" for unused in unused_arm_settings(config)]', "",
+          "tests/test_check.py::test_a_setting_the_arm_never_reads_is_a_warning"),
+    Break("optim.lr_norm taken as read by scale_fixed's frozen scale", "llava_norm/config_schema.py",
+          '        return self.layer in ("layernorm", "rmsnorm", "scale_learned")',
+          '        return self.layer in ("layernorm", "rmsnorm", "scale_learned", "scale_fixed")',
+          "tests/test_check.py::test_a_setting_the_arm_never_reads_is_a_warning"),
 ]
 
 

@@ -160,6 +160,24 @@ def test_every_problem_is_one_line_naming_its_key_file_or_variable(world, monkey
         report.problems
 
 
+def test_a_setting_the_arm_never_reads_is_a_warning(world, monkeypatch):
+    """The new user's trial: model.scale_value and optim.lr_norm on arm none passed the check
+    silently (in an ablation, the sign of an arm's config edited for another arm)."""
+    _, config, data, _, _ = world
+    monkeypatch.setenv("CHECK_DATA", str(data.parent))
+    settings = ["model.scale_value=2.0", "optim.lr_norm=0.1"]
+
+    def unused(arm: str) -> list[str]:
+        report = preflight(config, [f"model.norm_alignment={arm}", *settings], gpus=2, plan=False)
+        assert report.ok, report.problems
+        return [w.split("key ")[1].split(":")[0] for w in report.warnings if "it changes nothing" in w]
+
+    assert unused("none") == ["'model.scale_value'", "'optim.lr_norm'"]
+    assert unused("scale_fixed") == ["'optim.lr_norm'"]  # its scale is a frozen buffer
+    assert unused("ln_textnorm") == ["'model.scale_value'"]
+    assert unused("scale_learned") == []
+
+
 def test_a_gated_backbone_without_a_token_is_named(world, monkeypatch, tmp_path):
     _, config, data, _, _ = world
     monkeypatch.setenv("CHECK_DATA", str(data.parent))

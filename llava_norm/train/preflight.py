@@ -23,7 +23,8 @@ from pathlib import Path
 
 from llava_norm.config import _read_yaml_chain, each_config_error, load_config
 from llava_norm.config_checks import path_problems
-from llava_norm.config_schema import ConfigError, DataSource, RunConfig, effective_grad_accum, take_count
+from llava_norm.config_schema import (NORM_ARMS, ConfigError, DataSource, ModelConfig, RunConfig, effective_grad_accum,
+                                      take_count)
 from llava_norm.data.rows import BadSampleError, no_rows, read_entries
 from llava_norm.data.sources import check_layout, resolve
 from llava_norm.data.templates import template_kwargs_problems
@@ -263,6 +264,7 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
     if t.save_steps == 0:
         report.warnings.append(f"{path}: key 'train.save_steps': 0 writes no checkpoint: a killed or requeued run "
                                "starts over from step 0")
+    report.warnings += [f"{path}: {unused}" for unused in unused_arm_settings(config)]
     if accum is not None and output_dir and not _said_already(report, "key 'train.resume'"):  # a missing one: said
         _resume_shape(report, path, config, world, accum, launch)
     if plan and accum is not None:  # without a world size that divides the batch there is no launch to plan
@@ -323,6 +325,19 @@ def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: in
     converted = " after its DeepSpeed state is converted to the universal format (disk: README)" \
         if config.train.deepspeed else ""
     report.summary.append(f"resumes {checkpoint} (saved on {processes(saved_world)}) on {processes(world)}{converted}")
+
+
+def unused_arm_settings(config) -> list[str]:
+    """Settings the config's arm never reads, set all the same: in an ablation, the sign of an
+    arm's config edited for another arm."""
+    arm, found = NORM_ARMS[config.model.norm_alignment], []
+    if not arm.scale_calibrated and config.model.scale_value != ModelConfig.scale_value:
+        found.append(f"key 'model.scale_value': {config.model.scale_value!r} is set, but arm {arm.name} has no "
+                     "calibrated scale (scale_fixed and scale_learned read it): it changes nothing")
+    if not arm.learns and config.optim.lr_norm is not None:
+        found.append(f"key 'optim.lr_norm': {config.optim.lr_norm} is set, but arm {arm.name} has no alignment "
+                     "weights that train: it changes nothing")
+    return found
 
 
 def _said_already(report: Report, problem: str) -> bool:
