@@ -237,6 +237,8 @@ train: {{stage: 1, output_dir: {tmp_path}/run, max_steps: 2, per_device_batch_si
     report = (tmp_path / "analysis/REPORT.md").read_text()
     for kind in commands:
         assert f"![{kind}]({kind}.png)" in report
+    # the two T's a report shows are told apart: each model's embeddings' now, and the one built with
+    assert "| T (its embeddings) |" in report and "| T/√d (T as built) |" in report
     # The Python API make demo calls: every analysis over finished runs, then one report.
     from llava_norm.analysis import SuiteInputs, run_suite
 

@@ -25,7 +25,7 @@ def interface_figure(rows: list[dict]):
         means = [r[key]["mean"] if r.get(key) and r[key]["mean"] else np.nan for r in rows]
         stds = [r[key]["std"] if r.get(key) and r[key]["std"] is not None else 0 for r in rows]
         ax.bar(x + i * width, means, width, yerr=stds, capsize=3, label=name)
-    ax.bar(x + len(STAGES) * width, [r["text_norm_T"] for r in rows], width, label="T (text embeddings)", hatch="//")
+    ax.bar(x + len(STAGES) * width, [r["text_norm_T"] for r in rows], width, label="T (its text embeddings)", hatch="//")
     ax.set_xticks(x + width * len(STAGES) / 2, [r["label"] for r in rows], rotation=15, ha="right")
     ax.set_yscale("log")
     ax.set_ylabel("mean L2 norm per token (log)")

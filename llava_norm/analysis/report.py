@@ -42,8 +42,10 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
 def _interface(r: dict) -> list[str]:
     rows = [[x["label"], _pm(x["vision_output"]), _pm(x["projector_output"]), _pm(x["norm_output"]),
              x["text_norm_T"], _pm(x["text_tokens"])] for x in r["rows"]]
-    return [f"{r['images']} images from `{r['source']}`, {len(r['prompts'])} text prompts.", ""] + _table(
-        ["model", "vision output", "after projector", "after norm layer", "T", "text tokens"], rows)
+    return [f"{r['images']} images from `{r['source']}`, {len(r['prompts'])} text prompts; T is the mean norm of "
+            "each model's own text embeddings (stage 2 trains them, so it can differ from the T its norm layer was "
+            "built with, which the gains' table uses).", ""] + _table(
+        ["model", "vision output", "after projector", "after norm layer", "T (its embeddings)", "text tokens"], rows)
 
 
 def _top_rows(r: dict) -> list[str]:
@@ -69,7 +71,9 @@ def _gains(r: dict) -> list[str]:
     rows = [[x["label"], x["norm_alignment"], x["gain_l2"], x["gain_abs_mean"], x["gain_abs_std"],
              x["bias_abs_mean"], x["text_norm_init_abs_mean"]] for x in r["rows"]]
     # Pipes inside a Markdown table cell must be escaped or they split the cell.
-    return _table(["model", "arm", "‖g‖", r"mean\|g\|", r"std\|g\|", r"mean\|b\|", "T/√d"], rows)
+    return ["T/√d is the text-norm initialisation's mean of |g|, from the T the model was built with (its "
+            "config's `text_norm`).", ""] + _table(
+        ["model", "arm", "‖g‖", r"mean\|g\|", r"std\|g\|", r"mean\|b\|", "T/√d (T as built)"], rows)
 
 
 def _gradients(r: dict) -> list[str]:
