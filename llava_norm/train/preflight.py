@@ -329,7 +329,8 @@ def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: in
 
 def unused_arm_settings(config) -> list[str]:
     """Settings the config's arm never reads, set all the same: in an ablation, the sign of an
-    arm's config edited for another arm."""
+    arm's config edited for another arm. (Not the chat template's keyword arguments under the
+    plain format: a backbone's base file sets them for both stages on purpose.)"""
     arm, found = NORM_ARMS[config.model.norm_alignment], []
     if not arm.scale_calibrated and config.model.scale_value != ModelConfig.scale_value:
         found.append(f"key 'model.scale_value': {config.model.scale_value!r} is set, but arm {arm.name} has no "
