@@ -141,9 +141,10 @@ def _eval_command(setup, out, nproc, batch_size=4, extra=()):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
 
 
-def _run(cmd):
+def _run(cmd) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
 
 
 def _records(out):
@@ -204,8 +205,13 @@ def test_killed_evaluation_resumes_to_the_same_metrics_without_double_counting(s
                              for line in lines.splitlines())
         path.write_text(kept[path] + torn)
 
-    _run(_eval_command(setup, cut, nproc=2))  # resumed with another world size
+    by_bench = collections.Counter(bench for bench, _ in _records(cut))
+    resumed = _run(_eval_command(setup, cut, nproc=2))  # resumed with another world size
     assert kept  # resumed, not recomputed: the killed run's records kept, the rest appended after them
+    # the log says what was kept, for each benchmark the kill left unfinished (not only on the bar)
+    said = dict(re.findall(r"\[llava-norm\] (\w+): (\d+) of \d+ items predicted before are kept", resumed.stdout))
+    unfinished = {b for b, n in by_bench.items() if n < totals[b]}
+    assert unfinished and {b: int(n) for b, n in said.items()} == {b: by_bench[b] for b in unfinished}, resumed.stdout
     for path, written in kept.items():
         assert path.read_text()[:len(written)] == written, path
     ids = _records(cut)

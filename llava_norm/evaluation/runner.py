@@ -95,13 +95,17 @@ def _evaluate_one(config: EvalConfig, request: BenchmarkRequest, predictor, rank
     todo = [item for item in items if item.item_id not in done]
     mine = todo[ranks.rank::ranks.world_size]
     step = config.batch_size if bench.kind == "generate" else max(1, config.batch_size // 4)
-    bar = tqdm(total=len(todo), desc=request.name, unit="item", initial=0, disable=not ranks.is_main,
+    kept = len(items) - len(todo)
+    if kept and todo and ranks.is_main:  # said in the log, not only on a progress bar the log may not keep
+        tqdm.write(f"[llava-norm] {request.name}: {kept} of {len(items)} items predicted before are kept; "
+                   f"predicting the other {len(todo)}")
+    bar = tqdm(total=len(items), desc=request.name, unit="item", initial=kept, disable=not ranks.is_main,
                dynamic_ncols=True)
-    bar.set_postfix_str(f"{len(done)} resumed" if done else "")
+    bar.set_postfix_str(f"{kept} resumed" if kept else "")
     for start in range(0, len(mine), step):
         batch = mine[start:start + step]
         store.append(ranks.rank, _predict_batch(predictor, bench.kind, batch, config.max_new_tokens_cap))
-        bar.update(min(len(batch) * ranks.world_size, len(todo) - bar.n))
+        bar.update(min(len(batch) * ranks.world_size, len(items) - bar.n))
     bar.close()
     ranks.barrier()
     if not ranks.is_main:
