@@ -18,12 +18,7 @@ named ``<arm>@seed<k>``; the table then carries the statistics over seeds
 from __future__ import annotations
 
 import os
-import re
-import signal
-import subprocess
-import sys
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,15 +26,13 @@ from pathlib import Path
 from tqdm import tqdm
 
 from llava_norm.analysis.ablation import run_name, write_tables
+from llava_norm.chain_launch import launch
 from llava_norm.config import ConfigError, load_config, stage_problem
 from llava_norm.evaluation.arguments import DEFAULT_DATA_ROOT, parse_eval_args
 from llava_norm.evaluation.table import EVAL_SUMMARY
-from llava_norm.layout import CHAIN_LAUNCH, MODEL_DIR, PROJECTOR_FILE
+from llava_norm.layout import MODEL_DIR, PROJECTOR_FILE
 from llava_norm.provenance import Record, fingerprint, read_record, write_record
 from llava_norm.reuse import Decision, compare, eval_decision, stage_decision
-from llava_norm.worker import Terminated
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -102,85 +95,6 @@ def runs(config: PipelineConfig) -> list[RunSpec]:
     if len(set(config.seeds)) != len(config.seeds):
         raise ValueError(f"seeds must be distinct, got {config.seeds}")
     return [RunSpec(arm, seed) for arm in config.arms for seed in (config.seeds or [None])]
-
-
-def on_every_node(command: list[str], environment: dict[str, str]) -> list[str]:
-    """``command`` as one task on each node of a multi-node Slurm allocation (``srun``, with
-    NODE_RANK from Slurm), or as it is: the pipeline itself runs on the first node only, and each
-    launch spans the job's nodes."""
-    nodes = int(environment.get("NNODES") or environment.get("SLURM_NNODES") or 1)
-    if nodes == 1 or "SLURM_JOB_ID" not in environment:
-        return command
-    return ["srun", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", "-c",
-            'NODE_RANK="$SLURM_NODEID" exec "$@"', "_", *command]
-
-
-def launch(command: list[str], log: Path | None, env: dict | None = None) -> None:
-    """Run a launch script from the repo root; on failure, show this launch's part of the log
-    (``failure_report``; streamed: the output above) and stop with the step's one-line error."""
-    environment_vars = {**os.environ, "PYTHON": sys.executable, CHAIN_LAUNCH: "1", **(env or {})}
-    command = on_every_node(command, environment_vars)
-    if log is None:
-        code = _wait(subprocess.Popen(command, cwd=REPO, env=environment_vars))
-        if code != 0:
-            raise RuntimeError(f"step failed (exit {code}): {' '.join(command)} (its output is above)")
-        return
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as handle:  # binary: tell() is then a byte offset
-        handle.write(f"\n$ {' '.join(command)}\n".encode())
-        handle.flush()
-        start = handle.tell()
-        code = _wait(subprocess.Popen(command, cwd=REPO, env=environment_vars, stdout=handle, stderr=subprocess.STDOUT))
-    if code != 0:
-        raise RuntimeError(f"step failed (exit {code}): {' '.join(command)}\n{failure_report(log, start)}")
-
-
-STOP_GRACE_S = 60  # torchrun gives its workers 30 s after its SIGTERM before it kills them
-
-
-def _wait(launched: subprocess.Popen) -> int:
-    """The launch's exit status. Stopped while it runs, the chain lets it stop first: SIGTERM
-    (sent to the chain alone, say by ``kill``) is passed on, Ctrl-C reached it from the terminal.
-    Why: killed at once, as ``subprocess.run`` does, torchrun's workers would die with it before
-    saying which checkpoint the rerun resumes from; a second Ctrl-C kills it."""
-    try:
-        return launched.wait()
-    except KeyboardInterrupt as stop:
-        if isinstance(stop, Terminated):
-            launched.send_signal(signal.SIGTERM)
-        try:
-            launched.wait(timeout=STOP_GRACE_S)
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            launched.kill()
-            launched.wait()
-        raise
-
-
-TAIL_LINES = 40
-ERROR_LINES = 10  # the first and the last this many distinct ones: the first are the likeliest cause
-NAMES_AN_ERROR = re.compile(r"(?i:\berror\b|\brefused\b)|(Error|Exception)\b")  # "data error:", "ValueError"
-
-
-def failure_report(log: Path, start: int) -> str:
-    """What a failed launch wrote to ``log`` from byte ``start``: its last lines, and before them
-    the distinct lines that name an error. Why: under torchrun the workers' one-line errors (a bad
-    row, a refused relaunch) come before the agent's report of the failed workers, which can fill
-    the tail alone. Earlier launches' lines in the same log are left out; a line a progress bar
-    rewrote (carriage returns) is shown as a terminal would show it."""
-    tail, named = deque(maxlen=TAIL_LINES), {}
-    with open(log, "rb") as handle:
-        handle.seek(start if start <= log.stat().st_size else 0)
-        for raw in handle:
-            line = raw.decode(errors="replace").rstrip("\r\n").rsplit("\r", 1)[-1][:300]
-            if len(tail) == TAIL_LINES and NAMES_AN_ERROR.search(tail[0]):
-                named.setdefault(tail[0], None)  # it leaves the tail: kept once, in first-seen order
-            tail.append(line)
-    kept = list(named)
-    if len(kept) > 2 * ERROR_LINES:
-        kept = [*kept[:ERROR_LINES], f"... ({len(kept) - 2 * ERROR_LINES} more)", *kept[-ERROR_LINES:]]
-    header = f"--- lines naming an error, above the last {TAIL_LINES} ---"
-    report = "".join(f"{line}\n" for line in [header, *kept]) if kept else ""
-    return report + "".join(f"{line}\n" for line in [f"--- last lines of {log} ---", *tail])
 
 
 def recorded_step(name: str, out: Path, expected: Callable[[], Record], run: Callable[[], None],

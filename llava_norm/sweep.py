@@ -20,7 +20,8 @@ from pathlib import Path
 
 from llava_norm.config import stage_problem
 from llava_norm.config_schema import NORM_ARMS
-from llava_norm.pipeline import REPO, PipelineConfig, runs
+from llava_norm.chain_launch import REPO
+from llava_norm.pipeline import PipelineConfig, runs
 
 # Multi-GPU array tasks may share a node with each other and with other jobs: each takes a port
 # from its array job and task ids. A one-GPU task leaves MASTER_PORT unset, so its single

@@ -18,7 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from llava_norm.config_schema import NORM_ARMS
-from llava_norm.pipeline import REPO, plan, run_steps
+from llava_norm.chain_launch import REPO
+from llava_norm.pipeline import plan, run_steps
 from llava_norm_demo.driver import (
     FULL,
     DemoPaths,

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from llava_norm_demo.report import ARMS, SEED, diagnostics_step, write_report
 from llava_norm_demo.tiny import TinySizes, make_tiny
-from llava_norm.pipeline import REPO, PipelineConfig, Step, arm_steps, recorded_step, run_steps
+from llava_norm.chain_launch import REPO
+from llava_norm.pipeline import PipelineConfig, Step, arm_steps, recorded_step, run_steps
 from llava_norm.provenance import Record, cpu_kernels, make_record
 from llava_norm_demo.synth import build_world
 from llava_norm_demo.synth.benchmarks import FOLDER as BENCHMARK_FOLDER

@@ -412,12 +412,12 @@ def test_sigterm_to_a_chain_alone_is_passed_to_its_launch_which_is_let_stop(tmp_
     """`kill PID` of a pipeline or sweep: its running launch gets the SIGTERM and the time to stop
     (subprocess.run would kill it a quarter second after an interrupt, and torchrun's workers
     with it, before they say which checkpoint the rerun resumes from); then the chain's line, 143."""
-    from llava_norm import pipeline
+    from llava_norm import chain_launch, pipeline
     from llava_norm.cli import main
 
     said, ready = tmp_path / "said", tmp_path / "ready"
     step = pipeline.Step("slow to stop", lambda: False,
-                         lambda: pipeline.launch([sys.executable, "-c", SLOW_TO_STOP, str(said), str(ready)], None))
+                         lambda: chain_launch.launch([sys.executable, "-c", SLOW_TO_STOP, str(said), str(ready)], None))
     monkeypatch.chdir(REPO)
     monkeypatch.setattr(pipeline, "plan", lambda config: ([step], {}))
     (tmp_path / "eval" / "pope").mkdir(parents=True)

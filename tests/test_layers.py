@@ -34,7 +34,7 @@ LAYERS = {
     "llava_norm.evaluation": 4,
     "llava_norm.analysis": 5,
     "llava_norm.pipeline": 6, "llava_norm.reuse": 6, "llava_norm.sweep": 6, "llava_norm.cli": 6,
-    "llava_norm.chain_cli": 6,
+    "llava_norm.chain_cli": 6, "llava_norm.chain_launch": 6,
     "llava_norm_demo": 7,
 }
 NAMES = ["config", "data", "model", "train", "evaluation", "analysis", "pipeline/cli", "demo (guest wing)"]

@@ -205,13 +205,13 @@ def test_ctrl_c_leaves_one_line_naming_the_checkpoint_to_resume_from(tmp_path, m
     assert said(["train.resume=none"]) == (f"{last}; relaunch with train.resume=auto to resume from it (this "
                                            "command has train.resume=none)")
     # a stage the pipeline launched (it restarts a stale one): rerunning the chain resumes it
-    from llava_norm import pipeline
+    from llava_norm import chain_launch
     from llava_norm.layout import CHAIN_LAUNCH
 
     given = {}
-    monkeypatch.setattr(pipeline.subprocess, "Popen", lambda command, cwd, env, **kw: given.update(env) or
+    monkeypatch.setattr(chain_launch.subprocess, "Popen", lambda command, cwd, env, **kw: given.update(env) or
                         argparse.Namespace(wait=lambda: 0))
-    pipeline.launch(["true"], None)
+    chain_launch.launch(["true"], None)
     monkeypatch.setenv(CHAIN_LAUNCH, given[CHAIN_LAUNCH])
     assert said(["train.restart=true"]) == f"{last}; the pipeline (or sweep) that launched it resumes from it when run again"
 
