@@ -1141,6 +1141,9 @@ BREAKS = [
     Break("an evaluation's resume said on its progress bar only", "llava_norm/evaluation/runner.py",
           "    if kept and todo and ranks.is_main:", "    if False:",
           "tests/test_eval_runner.py::test_killed_evaluation_resumes_to_the_same_metrics_without_double_counting"),
+    Break("dynamics given a run's model folder without naming the run", "llava_norm/analysis/layers.py",
+          '        hint = f"; give the training run\'s folder, {run.parent}" if run.name == MODEL_DIR else ""',
+          '        hint = ""', "tests/test_analysis.py::test_dynamics_given_a_runs_model_folder_names_the_run_folder"),
 ]
 
 

@@ -301,3 +301,17 @@ def test_a_missing_llm_and_a_count_below_one_are_refused_in_one_line(capsys):
     with pytest.raises(SystemExit) as stop:  # argparse's own refusal, naming the option
         main(["analyze", "interface-norms", "--samples", "x", "--limit=-3"])
     assert stop.value.code == 2 and "argument --limit: -3 is not at least 1" in capsys.readouterr().err
+
+
+def test_dynamics_given_a_runs_model_folder_names_the_run_folder(tmp_path):
+    """The new user's trial: `analyze dynamics RUN/model` said only that no checkpoint was there."""
+    from llava_norm.analysis.layers import run_checkpoints
+
+    (tmp_path / "run" / "model").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError) as given_model:
+        run_checkpoints(tmp_path / "run" / "model")
+    assert str(given_model.value) == f"{tmp_path / 'run' / 'model'}: no complete checkpoint-N dirs and no model/ " \
+        f"dir; give the training run's folder, {tmp_path / 'run'}"
+    with pytest.raises(FileNotFoundError) as given_run:
+        run_checkpoints(tmp_path / "run")
+    assert str(given_run.value) == f"{tmp_path / 'run'}: no complete checkpoint-N dirs and no model/ dir"

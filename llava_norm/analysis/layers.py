@@ -155,7 +155,8 @@ def run_checkpoints(run_dir: str | Path, include_final: bool = True) -> list[Lab
         else:
             found.append(Labeled("final", run / MODEL_DIR))
     if not found:
-        raise FileNotFoundError(f"{run}: no complete checkpoint-N dirs and no model/ dir")
+        hint = f"; give the training run's folder, {run.parent}" if run.name == MODEL_DIR else ""  # RUN/model given
+        raise FileNotFoundError(f"{run}: no complete checkpoint-N dirs and no {MODEL_DIR}/ dir{hint}")
     return found
 
 
