@@ -57,6 +57,9 @@ def _train(args) -> None:
     try:  # the checks of `llava-norm check`, on this launch's shape (the start-up plan is printed apart)
         run_training(config, check=lambda: preflight(args.config, args.overrides, per_node, max(1, world // per_node),
                                                       plan=False, launch=True))
+        if dist.is_available() and dist.is_initialized():  # (a SIGTERM while one waits here is said as below)
+            dist.barrier()  # leave together: no rank tears the group down under one still saving
+            dist.destroy_process_group()
     except LaunchCheckError as error:  # one line per problem, as `llava-norm check` lists them before a launch
         sys.exit("\n".join(f"launch check: {problem}" for problem in str(error).splitlines()))
     except UnsafeFileError as error:  # a rank's own file (its RNG state, its optimizer partition): it says so
@@ -76,9 +79,6 @@ def _train(args) -> None:
             # on a line of its own: a progress bar may hold the current one
             print("\n" + interrupted(config.train, word), file=sys.stderr, flush=True)
         sys.exit(status)  # as the shell reports a signal: not a failure of the run
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()  # leave together: no rank tears the group down under one still saving
-        dist.destroy_process_group()
 
 
 def interrupted(train, word: str = "interrupted") -> str:

@@ -48,8 +48,9 @@ def _read_yaml_chain(path: Path, seen: tuple[Path, ...] = ()) -> list:
         raise ConfigError(f"cannot read the file ({error})", file=path) from None
     if not isinstance(node, DictConfig):
         raise ConfigError("the top level must be a mapping of sections (model, data, optim, train, lora)", file=path)
-    bases = node.pop("base", None) or []
-    if not isinstance(bases, (str, list, ListConfig)):  # a number or a mapping: list() would take it apart
+    bases = node.pop("base", None)
+    bases = [] if bases is None else bases  # (not `or []`: a base of 0, false, {} or '' is refused, not dropped)
+    if not isinstance(bases, (str, list, ListConfig)) or bases == "":  # list() would take a mapping apart
         raise ConfigError(f"key 'base': {OmegaConf.to_container(bases) if isinstance(bases, DictConfig) else bases!r} "
                           "is not a file name or a list of them", file=path)
     bases = [bases] if isinstance(bases, str) else list(bases)
@@ -173,7 +174,7 @@ def _load(path: Path, overrides: list[str], check_paths: bool) -> RunConfig:
                 try:
                     _checked_shapes(merged, dotlist, None)
                 except ConfigError as error:
-                    raise ConfigError(_from_overrides(str(error), overrides)) from None
+                    raise ConfigError(_from_overrides(str(error), overrides, theirs=True)) from None
             merged = OmegaConf.merge(merged, dotlist)
         except TypeError:  # omegaconf's message for "list.0.key=..." is unhelpful
             raise ConfigError(f"key '{(indexed or overrides)[0]}': a list (e.g. data.mixture) can only be replaced "
@@ -186,7 +187,7 @@ def _load(path: Path, overrides: list[str], check_paths: bool) -> RunConfig:
             raise ConfigError(f"key '{missing[0]}': required, but not set{more}")
         config: RunConfig = OmegaConf.to_object(merged)
     except OmegaConfBaseException as error:
-        raise ConfigError(_from_overrides(_describe(error), overrides)) from None
+        raise ConfigError(_from_overrides(_describe(error), overrides, theirs=True)) from None
     try:
         validate(config, check_paths)
     except ConfigError as error:  # a value the command line gave is not the file's to answer for
@@ -194,17 +195,22 @@ def _load(path: Path, overrides: list[str], check_paths: bool) -> RunConfig:
     return config
 
 
-def _from_overrides(message: str, overrides: list[str]) -> str:
-    """``message`` naming the command-line override that set its key (the last, as it wins), or,
-    where its key is none of theirs (or it names no key), every override; as it is without any."""
+def _from_overrides(message: str, overrides: list[str], theirs: bool = False) -> str:
+    """``message`` naming the command-line override that set its key (the last, as it wins), or
+    every override where none did and the error is theirs (``theirs``: it came from merging them
+    onto a file that merged; or it names no key); as it is without any."""
     if not overrides:
         return message
     key = re.match(r"key '([^'\[]+)", message)
-    given = [o for o in overrides if key and (key.group(1) == o.partition("=")[0] or
-                                              key.group(1).startswith(o.partition("=")[0] + "."))]
+
+    def section(override: str) -> str:  # data.mixture[0].path or data.mixture.0.path: data.mixture
+        return re.split(r"\[|\.\d", override.partition("=")[0])[0]
+
+    given = [o for o in overrides if key and (key.group(1) == section(o) or key.group(1).startswith(section(o) + ".")
+                                              or section(o).startswith(key.group(1) + "."))]
     if given:
         return f"{message} (the command line's {given[-1]})"
-    return message if key else f"{message} (command-line overrides {overrides})"
+    return f"{message} (command-line overrides {overrides})" if theirs or not key else message
 
 
 def file_problems(path: str | Path, overrides: list[str] = ()) -> tuple[list[str], list[str]]:

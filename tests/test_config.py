@@ -304,7 +304,8 @@ def test_missing_required_keys_and_bad_yaml_name_the_file(setup):
     with pytest.raises(ConfigError, match="nowhere.yaml: config file not found"):
         load_config(setup["d"] / "nowhere.yaml")
     # a base that is neither a file name nor a list of them (list() took a mapping's keys for files)
-    for base, said in (("5", "5"), ("{a: 1}", "{'a': 1}")):
+    # (and one that is 0, false, {} or '': refused, not dropped as if there were none)
+    for base, said in (("5", "5"), ("{a: 1}", "{'a': 1}"), ("0", "0"), ("false", "False"), ("{}", "{}"), ("''", "''")):
         path, message = _load_case(setup, [], f"base: {base}\n")
         assert message == f"{path}: key 'base': {said} is not a file name or a list of them", message
 
@@ -315,6 +316,9 @@ def test_a_value_the_command_line_gave_is_named_as_the_command_lines(setup):
     assert message == f"{path}: key 'optim.lr': must be a finite number >= 0, got nan (the command line's optim.lr=nan)"
     path, message = _load_case(setup, ["optim.lr=1e-3", "train.max_stepz=3"], None)
     assert message.endswith("(the command line's train.max_stepz=3)") and "optim.lr" not in message, message
+    # an indexed key's error names the list it is in: its override is named all the same
+    path, message = _load_case(setup, ["optim.lr=1e-3", "data.mixture[0].path=x.json"], None)
+    assert message.endswith("(the command line's data.mixture[0].path=x.json)") and "optim.lr" not in message, message
     # a lone value where a list goes (transformers takes report_to=wandb): the list form is given
     path, message = _load_case(setup, ["train.report_to=wandb"], None)
     assert message == f"{path}: key 'train.report_to': expected a list, got a single value: write [wandb] (the " \

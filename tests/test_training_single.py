@@ -237,11 +237,25 @@ def test_sigterm_leaves_the_same_line_as_ctrl_c_and_the_status_a_shell_gives_it(
     (tmp_path / "checkpoint-2" / COMPLETE_MARKER).write_text("")
     args = argparse.Namespace(config="configs/tiny/none/stage1.yaml", overrides=[f"train.output_dir={tmp_path}"],
                               stage=None)
+    said = (f"\nterminated by SIGTERM: its last complete checkpoint is {tmp_path / 'checkpoint-2'}; relaunch the "
+            "same command to resume from it\n")
     with pytest.raises(SystemExit) as left:
         cli._train(args)
     assert left.value.code == 143  # 128 + SIGTERM
-    assert capsys.readouterr().err == (f"\nterminated by SIGTERM: its last complete checkpoint is "
-                                       f"{tmp_path / 'checkpoint-2'}; relaunch the same command to resume from it\n")
+    assert capsys.readouterr().err == said
+    # a rank done training and waiting at the last barrier for one still saving: the same line
+    import torch.distributed as dist
+
+    def waiting():
+        sigterm_to_self()
+        time.sleep(30)  # the handler raises here
+
+    monkeypatch.setattr(run, "run_training", lambda config, check: None)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "barrier", waiting)
+    with pytest.raises(SystemExit) as left:
+        cli._train(args)
+    assert left.value.code == 143 and capsys.readouterr().err == said
 
 
 def test_a_wandb_run_id_you_set_wins_and_is_kept_and_a_restart_makes_a_new_one(tmp_path, monkeypatch):
