@@ -1116,7 +1116,7 @@ BREAKS = [
           "                or _said_already(report, said):", "                or False:",
           "tests/test_check.py::test_every_problem_is_one_line_naming_its_key_file_or_variable"),
     Break("a run's seed read from its name alone, its training record unread", "llava_norm/analysis/ablation.py",
-          "        trained = trained_seed(Path(eval_dir), benchmarks)", "        trained = None",
+          "        trained = trained_seed(Path(eval_dir), benchmarks, (checkpoints or {}).get(name))", "        trained = None",
           "tests/test_sweep.py::test_a_run_whose_name_and_training_record_disagree_on_its_seed_is_marked"),
     Break("arms identical on every unit read as no detectable difference", "llava_norm/analysis/ablation.py",
           "                    if all(np.array_equal(a, b) for a, b in pairs):", "                    if False:",
@@ -1155,6 +1155,9 @@ BREAKS = [
           "            dist.barrier()",
           "        if False:\n            dist.barrier()",
           "tests/test_training_single.py::test_sigterm_leaves_the_same_line_as_ctrl_c_and_the_status_a_shell_gives_it"),
+    Break("a run's seed read from where its checkpoint was, not where it is now", "llava_norm/analysis/ablation.py",
+          "    seeds = seed_notes(runs, benchmarks, checkpoints)", "    seeds = seed_notes(runs, benchmarks)",
+          "tests/test_sweep.py::test_a_run_whose_name_and_training_record_disagree_on_its_seed_is_marked"),
 ]
 
 

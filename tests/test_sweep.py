@@ -246,6 +246,12 @@ def test_a_run_whose_name_and_training_record_disagree_on_its_seed_is_marked(swe
            "record says seed 0: `llava-norm eval --name scale_to_t@seed0` names it so)" in text, text
     assert "- † other: other@seed1: named seed 1, but its training record says seed 0: it pairs as seed 1" in text
     assert "none †" not in text and "| none |" in text  # the runs whose names agree are not marked
+    # where the checkpoints are now (moved since their evaluation, say) is what is read: other@seed1's
+    # is seed 1's here, so it is not marked
+    moved = {name: sweep.runs / "none" / f"seed{s}" / "stage2" / "model" for s, name in enumerate(["none@seed0", "none@seed1"])}
+    moved["other@seed1"] = sweep.runs / "scale_to_t/seed1/stage2/model"
+    _, _, stats = write_tables(runs, tmp_path / "now", "none", "none@seed0", checkpoints=moved)
+    assert "other@seed1: named seed 1" not in stats.read_text() and "scale_to_t: scale_to_t: its name" in stats.read_text()
 
 
 def test_the_recipe_has_every_arm_on_its_slices():

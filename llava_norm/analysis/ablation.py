@@ -50,17 +50,24 @@ def split_name(name: str) -> tuple[str, int | None]:
     return (arm, int(seed)) if mark and arm and seed.isdigit() else (name, None)
 
 
-def trained_seed(eval_dir: Path, benchmarks: list[str] | None = None) -> int | None:
+def trained_seed(eval_dir: Path, benchmarks: list[str] | None = None, checkpoint: Path | None = None) -> int | None:
     """The seed the evaluated checkpoint was trained with, from the training record beside it
-    (``llava_norm.provenance``); None where the results name no one checkpoint or it has no record."""
-    checkpoints = {r.get("settings", {}).get("checkpoint") for r in read_run(eval_dir, benchmarks)[1].values()}
-    if len(checkpoints) != 1 or not next(iter(checkpoints)):
+    (``llava_norm.provenance``): the checkpoint where it is now if given (moved since), else where
+    the results say it was; None where they name no one checkpoint or it has no readable record."""
+    if checkpoint is None:
+        named = {r.get("settings", {}).get("checkpoint") for r in read_run(eval_dir, benchmarks)[1].values()}
+        if len(named) != 1 or not next(iter(named)):
+            return None
+        checkpoint = Path(next(iter(named)))
+    try:
+        record = read_record(Path(checkpoint).parent)
+    except ValueError:  # a record that does not read: the notes are information, not a refusal
         return None
-    record = read_record(Path(next(iter(checkpoints))).parent)
     return record.seed if record else None
 
 
-def seed_notes(runs: dict[str, Path], benchmarks: list[str] | None = None) -> dict[str, list[str]]:
+def seed_notes(runs: dict[str, Path], benchmarks: list[str] | None = None,
+               checkpoints: dict[str, Path] | None = None) -> dict[str, list[str]]:
     """Per run, what its name says about its seed that its training record contradicts or leaves
     out (a mark of its rows). Why: seeds are read from the names (``<arm>@seed<k>``), so a
     hand-named run was paired with nothing, or with the wrong seed, without a word."""
@@ -68,7 +75,7 @@ def seed_notes(runs: dict[str, Path], benchmarks: list[str] | None = None) -> di
     marked = {name for name in runs if split_name(name)[1] is not None}
     for name, eval_dir in runs.items():
         arm, seed = split_name(name)
-        trained = trained_seed(Path(eval_dir), benchmarks)
+        trained = trained_seed(Path(eval_dir), benchmarks, (checkpoints or {}).get(name))
         if seed is not None and trained is not None and seed != trained:
             notes[name] = [f"named seed {seed}, but its training record says seed {trained}: it pairs as seed {seed}"]
         elif seed is None and marked and trained is not None:
@@ -331,7 +338,7 @@ def write_tables(runs: dict[str, Path], prefix: str | Path, baseline: str, first
     Every run's predictions are read and checked against its results before any table is
     written, so a refused result leaves no table showing it. A grid the statistics cannot be
     made of (``IncompleteGrid``: no baseline run yet) still gets its per-run table, then raises."""
-    seeds = seed_notes(runs, benchmarks)
+    seeds = seed_notes(runs, benchmarks, checkpoints)
     marks = {name: [*(marks or {}).get(name, []), *seeds.get(name, [])] for name in {*runs, *(marks or {})}}
     try:
         cells = ablation_cells(runs, baseline, benchmarks, options, data)
