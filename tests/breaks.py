@@ -1158,6 +1158,13 @@ BREAKS = [
     Break("a run's seed read from where its checkpoint was, not where it is now", "llava_norm/analysis/ablation.py",
           "    seeds = seed_notes(runs, benchmarks, checkpoints)", "    seeds = seed_notes(runs, benchmarks)",
           "tests/test_sweep.py::test_a_run_whose_name_and_training_record_disagree_on_its_seed_is_marked"),
+    Break("a second SIGTERM raised again instead of ending the process", "llava_norm/worker.py",
+          "        signal.signal(signal.SIGTERM, signal.SIG_DFL)\n        raise Terminated", "        raise Terminated",
+          "tests/test_worker.py::test_a_second_sigterm_ends_the_process_at_once"),
+    Break("a chain's launch killed at once on Ctrl-C", "llava_norm/chain_launch.py",
+          "            launched.send_signal(signal.SIGTERM)\n        try:",
+          "            launched.send_signal(signal.SIGTERM)\n        else:\n            launched.kill()\n        try:",
+          "tests/test_check.py::test_ctrl_c_on_a_chain_lets_its_launch_stop_first"),
 ]
 
 

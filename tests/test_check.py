@@ -2,9 +2,11 @@
 and ``train`` stopping on the same problems before anything loads."""
 
 import json
+import os
 import subprocess
 import shutil
 import sys
+import time
 
 import pytest
 
@@ -405,6 +407,54 @@ signal.signal(signal.SIGTERM, stop)
 pathlib.Path(sys.argv[2]).write_text("")
 time.sleep(60)
 """
+
+
+# A launch that, given Ctrl-C (the terminal's SIGINT reaches it too), needs a moment to say where it stands.
+SLOW_ON_CTRL_C = """
+import os, pathlib, signal, sys, time
+def stop(signum, frame):
+    time.sleep(1.0)
+    pathlib.Path(sys.argv[1]).write_text("stopped on Ctrl-C")
+    sys.exit(130)
+signal.signal(signal.SIGINT, stop)
+pathlib.Path(sys.argv[2]).write_text(str(os.getpid()))
+time.sleep(60)
+"""
+
+
+def test_ctrl_c_on_a_chain_lets_its_launch_stop_first(tmp_path, monkeypatch, capsys):
+    """Ctrl-C reaches the chain and its launch at once (one process group); the chain waits for the
+    launch to say its line (subprocess.run would kill it a quarter second in), then says its own, 130."""
+    import signal
+    import threading
+
+    from llava_norm import chain_launch, pipeline
+    from llava_norm.cli import main
+
+    said, ready = tmp_path / "said", tmp_path / "ready"
+    step = pipeline.Step("slow on Ctrl-C", lambda: False,
+                         lambda: chain_launch.launch([sys.executable, "-c", SLOW_ON_CTRL_C, str(said), str(ready)], None))
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(pipeline, "plan", lambda config: ([step], {}))
+    (tmp_path / "eval" / "pope").mkdir(parents=True)
+
+    def ctrl_c():  # as a terminal sends it: to the launch and to the chain
+        while not ready.is_file() or not ready.read_text():
+            time.sleep(0.05)
+        os.kill(int(ready.read_text()), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # (a pytest worker may ignore it)
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    try:
+        with pytest.raises(SystemExit) as stop:
+            main(["pipeline", "configs/tiny/none", "--runs", str(tmp_path / "runs"), "--benchmarks", "pope",
+                  "--data-root", str(tmp_path / "eval")])
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert stop.value.code == 130 and said.read_text() == "stopped on Ctrl-C"
+    assert capsys.readouterr().err.strip().endswith(
+        "pipeline: interrupted; finished steps are kept, and the same command goes on from them")
 
 
 def test_sigterm_to_a_chain_alone_is_passed_to_its_launch_which_is_let_stop(tmp_path, monkeypatch, capsys,

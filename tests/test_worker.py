@@ -210,3 +210,29 @@ def test_a_scan_during_which_a_file_changed_is_not_stored(tmp_path):
     module.scan = StoredScan(scan_then_upgrade, str(source), store)
     assert module.scan(folder)["inner"] == {frozenset({"torch"}): {"b.py": {"B"}}}
     assert not list(store.glob("*.json"))
+
+
+SECOND_SIGTERM = """
+import os, signal, sys, time
+from llava_norm.worker import Terminated, stop_on_sigterm
+stop_on_sigterm()
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+except Terminated:
+    print("first: said", flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)  # while the first is still being handled
+    time.sleep(30)
+    print("second: survived", flush=True)
+"""
+
+
+def test_a_second_sigterm_ends_the_process_at_once():
+    """The first SIGTERM is raised where Ctrl-C is (the subcommand says where it stands); a second,
+    while that is said, ends the process as Python's default does."""
+    import signal
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", SECOND_SIGTERM], capture_output=True, text=True, timeout=60)
+    assert done.stdout == "first: said\n" and done.returncode == -signal.SIGTERM, (done.stdout, done.stderr)
