@@ -142,6 +142,12 @@ def launch_dir() -> Path:
     return here
 
 
+# Each task is one node: what the submitting shell left (sbatch hands its environment on) of
+# another job's rendezvous would send the chain's launches through srun over several nodes, or
+# have one node's processes wait for another host.
+ONE_NODE = "export NNODES=1 NODE_RANK=0\nunset MASTER_ADDR MASTER_PORT\n"
+
+
 def write_slurm(config: PipelineConfig, argv: list[str], out_dir: str | Path, slurm: SlurmSettings) -> list[Path]:
     """Write ``sweep.sbatch`` (the array), ``table.sbatch`` and ``submit.sh`` under ``out_dir``.
 
@@ -178,7 +184,7 @@ def write_slurm(config: PipelineConfig, argv: list[str], out_dir: str | Path, sl
         f"#SBATCH --cpus-per-task={cpus}\n{f'#SBATCH --mem={mem}' + chr(10) if mem else ''}#SBATCH --time={slurm.time}\n"
         f"#SBATCH --requeue\n#SBATCH --output=\"{logs}/task_%a_job_%A.out\"\n{extra}"
         f"set -euo pipefail\ncd {shlex.quote(str(workdir))}\n{data_env}"
-        f"export GPUS_PER_NODE={slurm.gpus}\n{port}"
+        f"export GPUS_PER_NODE={slurm.gpus}\n{ONE_NODE}{port}"
         f'exec {command} --task "$SLURM_ARRAY_TASK_ID"\n'
     )
     table = (
@@ -187,7 +193,7 @@ def write_slurm(config: PipelineConfig, argv: list[str], out_dir: str | Path, sl
         f"#SBATCH --output=\"{logs}/table_job_%j.out\"\n{extra}"
         f"set -euo pipefail\ncd {shlex.quote(str(workdir))}\n{data_env}"
         # The tasks' process count: what each run's record is checked against.
-        f"export GPUS_PER_NODE={slurm.gpus}\nexec {command} --table-only\n"
+        f"export GPUS_PER_NODE={slurm.gpus}\n{ONE_NODE}exec {command} --table-only\n"
     )
     submit = (
         "#!/usr/bin/env bash\n# Submit the sweep's array, then its table once every task has ended.\n"

@@ -20,6 +20,9 @@ if [ "$NNODES" -gt 1 ] && [ -z "${MASTER_ADDR:-}" ]; then
        "scontrol show hostnames \"\$SLURM_JOB_NODELIST\" | head -n 1; scripts/slurm/_nodes.sh sets it)" >&2
   exit 2
 fi
+# One node's processes meet on this machine: a MASTER_ADDR left in the environment from other
+# work would have them wait for another host.
+[ "$NNODES" -eq 1 ] && MASTER_ADDR=127.0.0.1
 exec "$PY" -m torch.distributed.run --nproc_per_node="$GPUS_PER_NODE" --nnodes="$NNODES" \
   --node_rank="$NODE_RANK" --master_addr="${MASTER_ADDR:-127.0.0.1}" --master_port="${MASTER_PORT:-29500}" \
   -m llava_norm.cli "$@"

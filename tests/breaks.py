@@ -1165,6 +1165,20 @@ BREAKS = [
           "            launched.send_signal(signal.SIGTERM)\n        try:",
           "            launched.send_signal(signal.SIGTERM)\n        else:\n            launched.kill()\n        try:",
           "tests/test_check.py::test_ctrl_c_on_a_chain_lets_its_launch_stop_first"),
+    Break("a MASTER_ADDR from the submitting shell taken for the job's", "scripts/slurm/_nodes.sh",
+          'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+          'export MASTER_ADDR=${MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)}',
+          "tests/test_slurm.py::test_a_rendezvous_left_in_the_submitting_environment_is_not_the_jobs"),
+    Break("a MASTER_PORT from the submitting shell taken for the job's", "scripts/slurm/_nodes.sh",
+          "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 40000))",
+          "export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 40000))}",
+          "tests/test_slurm.py::test_a_rendezvous_left_in_the_submitting_environment_is_not_the_jobs"),
+    Break("a one-node launch waiting for a MASTER_ADDR left in the environment", "scripts/_launch.sh",
+          '[ "$NNODES" -eq 1 ] && MASTER_ADDR=127.0.0.1', "true",
+          "tests/test_slurm.py::test_a_rendezvous_left_in_the_submitting_environment_is_not_the_jobs"),
+    Break("a sweep task taking the submitting shell's node count and rendezvous", "llava_norm/sweep.py",
+          'ONE_NODE = "export NNODES=1 NODE_RANK=0\\nunset MASTER_ADDR MASTER_PORT\\n"', 'ONE_NODE = ""',
+          "tests/test_sweep.py::test_slurm_files_name_every_chain"),
 ]
 
 

@@ -115,3 +115,25 @@ def test_a_multi_node_launch_without_a_rendezvous_address_is_refused(tmp_path):
                           timeout=60, cwd=tmp_path)
     assert done.returncode == 2 and "NNODES=2 needs MASTER_ADDR" in done.stderr, done.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_a_rendezvous_left_in_the_submitting_environment_is_not_the_jobs(tmp_path):
+    """sbatch hands the submitting shell's environment on: a MASTER_ADDR or MASTER_PORT left there
+    (a login node's) is replaced by the job's own in _nodes.sh, and a one-node launch meets on this
+    machine whatever MASTER_ADDR says (the new user's trial: it waited 900 s for another host)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(SCONTROL.replace("127.0.0.1", "nodeA"))
+    (bin_dir / "scontrol").chmod(0o755)
+    stale = {**env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "MASTER_ADDR": "loginnode", "MASTER_PORT": "29500"}
+    sourced = subprocess.run(["bash", "-c", f"source {REPO}/scripts/slurm/_nodes.sh; echo $MASTER_ADDR $MASTER_PORT"],
+                             env={**stale, "SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "nodeA,nodeB",
+                                  "SLURM_JOB_NUM_NODES": "2"}, capture_output=True, text=True, timeout=60)
+    assert sourced.stdout.split() == ["nodeA", str(20000 + 1234)], sourced.stdout + sourced.stderr
+    python = tmp_path / "python"  # stands in for the interpreter: prints the launch it was given
+    python.write_text('#!/usr/bin/env bash\necho "$@"\n')
+    python.chmod(0o755)
+    launched = subprocess.run(["bash", str(REPO / "scripts/_launch.sh"), "train", "x.yaml"], capture_output=True,
+                              env={**stale, "PYTHON": str(python), "GPUS_PER_NODE": "2", "NNODES": "1"}, text=True,
+                              timeout=60)
+    assert "--master_addr=127.0.0.1 " in launched.stdout, launched.stdout + launched.stderr

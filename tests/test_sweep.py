@@ -93,7 +93,10 @@ def test_slurm_files_name_every_chain(sweep):
     assert "#SBATCH --array=0-3" in array and "#SBATCH --partition=gpu" in array and "#SBATCH --requeue" in array
     listed = [line.split(": ", 1)[1] for line in array.splitlines() if line.startswith("#   ")]
     assert listed == NAMES  # arm-major, the baseline first: what --task N selects
-    assert "MASTER_PORT" not in array  # one GPU per task: its single process picks a free port
+    assert "export MASTER_PORT" not in array  # one GPU per task: its single process picks a free port
+    # one node each, whatever rendezvous the submitting shell left (sbatch hands its environment on)
+    for text in (array, (sweep.slurm / "table.sbatch").read_text()):
+        assert "export NNODES=1 NODE_RANK=0\nunset MASTER_ADDR MASTER_PORT\n" in text
     assert '--task "$SLURM_ARRAY_TASK_ID"' in array and f'--output="{sweep.slurm}/logs/task_%a_job_%A.out"' in array
     table = (sweep.slurm / "table.sbatch").read_text()
     assert "--table-only" in table and "#SBATCH --partition=gpu\n" in table  # --slurm-arg lines go to both jobs

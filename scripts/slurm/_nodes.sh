@@ -1,9 +1,11 @@
 # Sourced by the sbatch examples in this folder: the rendezvous every node's torchrun agent joins.
 # MASTER_ADDR is the job's first node; MASTER_PORT is the job's own, so jobs sharing a node do
 # not collide; a requeued job gets the same port and resumes from its last complete checkpoint.
+# Both are set whatever the environment holds: sbatch hands the submitting shell's on, and a
+# MASTER_ADDR left there (a login node's, another job's) would have every node wait for it.
 : "${SLURM_JOB_ID:?submit this with sbatch}"
-export MASTER_ADDR=${MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)}
-export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 40000))}
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_PORT=$((20000 + SLURM_JOB_ID % 40000))
 export NNODES=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
 # sbatch hands the submitting shell's environment on: a GPUS_PER_NODE left there from other work
 # would launch that many processes on the GPUs Slurm gave this job.
