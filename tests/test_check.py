@@ -3,6 +3,7 @@ and ``train`` stopping on the same problems before anything loads."""
 
 import json
 import os
+import re
 import subprocess
 import shutil
 import sys
@@ -59,7 +60,8 @@ def test_a_good_launch_passes_with_a_summary(world, monkeypatch, projector):
     text = "\n".join(report.summary)
     assert "world size 2 (1 node(s) x 2 GPUs), gradient accumulation 2, global batch 8" in text
     assert "data: 16 rows in 2 source(s)" in text  # 8 JSON rows + the same 8 in the shards
-    assert "(fits 80.0 GiB)" in text and "host memory at start-up" in text
+    assert re.search(r"plan: peak \S+ \S+ per GPU \(fits 80\.0 GiB\); host memory at start-up about \S+ \S+ per node$",
+                     text, re.M), text  # the fit beside the peak it is of
     assert not report.warnings, report.warnings
     saves_none = preflight(config, [*projector, "train.save_steps=0"], gpus=2, gpu_memory_gib=80, plan=False)
     assert saves_none.ok and any("'train.save_steps': 0 writes no checkpoint" in w for w in saves_none.warnings)

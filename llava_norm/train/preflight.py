@@ -194,7 +194,7 @@ def backbone_problems(name: str, key: str) -> tuple[list[str], str]:
     elif name.startswith(GATED_ORGANISATIONS) and not get_token():
         problems.append(f"key '{key}': {name} is gated: accept its licence on huggingface.co, then set HF_TOKEN "
                         "(or run `hf auth login`) before the launch downloads it")
-    return problems, "hub (downloaded at start-up)"
+    return problems, "hub, downloaded at start-up"
 
 
 def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1, gpu_memory_gib: float | None = None,
@@ -366,14 +366,15 @@ def _plan(report: Report, gpus: int, nodes: int, memory: float | None, name: str
         return
     report.plan, peak = plan, plan.peak() / 2 ** 30
     host = plan.host_memory_gib()
-    line = f"plan: peak {memory_text(plan.peak())} per GPU; host memory at start-up about " \
+    fit = "" if memory is None else f" ({'fits' if plan.fits(plan.peak()) else 'does not fit'} {memory:.1f} GiB)"
+    # the fit beside the GPU peak it is of, not after the host figure (read as 240 GiB fitting 40)
+    line = f"plan: peak {memory_text(plan.peak())} per GPU{fit}; host memory at start-up about " \
         f"{memory_text(host * 2 ** 30)} per node"
     if plan.fits(plan.peak()) is False:
         fixes = "; ".join(change for change, _ in plan.alternatives) or "none found"
         report.problems.append(f"plan: peak {peak:.1f} GiB per GPU does not fit {memory:.1f} GiB "
                                f"({name or 'given'}); single changes that fit: {fixes}")
-    report.summary.append(line + ("" if memory is None else f" ({'fits' if plan.fits(plan.peak()) else 'does not fit'} "
-                                                           f"{memory:.1f} GiB)"))
+    report.summary.append(line)
 
 
 def print_report(report: Report, out=None) -> None:
