@@ -24,7 +24,7 @@ from pathlib import Path
 from llava_norm.config import _read_yaml_chain, each_config_error, load_config
 from llava_norm.config_checks import path_problems
 from llava_norm.config_schema import (NORM_ARMS, ConfigError, DataSource, ModelConfig, RunConfig, effective_grad_accum,
-                                      take_count)
+                                      is_hub_id, take_count)
 from llava_norm.data.rows import BadSampleError, no_rows, read_entries
 from llava_norm.data.sources import check_layout, resolve
 from llava_norm.data.templates import template_kwargs_problems
@@ -178,6 +178,9 @@ def backbone_problems(name: str, key: str) -> tuple[list[str], str]:
     """(problems, where it will be read from) for a backbone named by ``key``."""
     if Path(name).expanduser().exists() or name.startswith(("/", ".", "~")):
         return [], f"local {name}"
+    if not is_hub_id(name):  # a relative path that is not there, as config_checks reads it (not hub's own words)
+        return [f"key '{key}': path does not exist: {name} (from {Path.cwd()}; a hub id is organisation/name)"], \
+            "nowhere"
     from huggingface_hub import get_token, try_to_load_from_cache
 
     try:
