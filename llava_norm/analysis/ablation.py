@@ -159,7 +159,8 @@ def ablation_cells(runs: dict[str, Path], baseline: str, benchmarks: list[str] |
         arm, seed = split_name(name)
         grouped.setdefault(arm, {})[seed] = Path(eval_dir)
     if baseline not in grouped:
-        raise IncompleteGrid(f"baseline arm {baseline!r} not among the runs' arms {sorted(grouped)}")
+        raise IncompleteGrid(f"baseline arm {baseline!r} not among the runs' arms {sorted(grouped)}: the statistics "
+                             "compare every arm with it, so they wait for its evaluations (the per-run table is written)")
     found = {name: set(read_run(d, benchmarks)[1]) for name, d in runs.items()}
     columns = [b for b in BENCHMARKS if all(b in names for names in found.values())]
     if not columns:
