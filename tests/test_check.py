@@ -398,30 +398,34 @@ def test_ctrl_c_on_a_chain_is_one_line_not_a_traceback(tmp_path, monkeypatch, ca
         f"{chain}: interrupted; finished steps are kept, and the same command goes on from them"
 
 
-# A launch that needs a moment after SIGTERM to say where it stands (as torchrun's workers do).
+# A launch that needs a moment, after the signal it is given (SIGTERM or SIGINT), to say where it stands.
 SLOW_TO_STOP = """
-import pathlib, signal, sys, time
-def stop(signum, frame):
-    time.sleep(1.0)
-    pathlib.Path(sys.argv[1]).write_text("stopped on SIGTERM")
-    sys.exit(143)
-signal.signal(signal.SIGTERM, stop)
-pathlib.Path(sys.argv[2]).write_text("")
-time.sleep(60)
-"""
-
-
-# A launch that, given Ctrl-C (the terminal's SIGINT reaches it too), needs a moment to say where it stands.
-SLOW_ON_CTRL_C = """
 import os, pathlib, signal, sys, time
+said, ready, name, status = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 def stop(signum, frame):
     time.sleep(1.0)
-    pathlib.Path(sys.argv[1]).write_text("stopped on Ctrl-C")
-    sys.exit(130)
-signal.signal(signal.SIGINT, stop)
-pathlib.Path(sys.argv[2]).write_text(str(os.getpid()))
+    pathlib.Path(said).write_text(f"stopped on {name}")
+    sys.exit(status)
+signal.signal(getattr(signal, name), stop)
+pathlib.Path(ready).write_text(str(os.getpid()))
 time.sleep(60)
 """
+
+
+def _chain_of_one_slow_launch(tmp_path, monkeypatch, signal_name: str, status: int):
+    """(where the launch says it stopped, where it writes its pid once it waits, the pipeline to run):
+    one step whose launch is SLOW_TO_STOP on ``signal_name``."""
+    from llava_norm import chain_launch, pipeline
+    from llava_norm.cli import main
+
+    said, ready = tmp_path / "said", tmp_path / "ready"
+    command = [sys.executable, "-c", SLOW_TO_STOP, str(said), str(ready), signal_name, str(status)]
+    step = pipeline.Step("slow to stop", lambda: False, lambda: chain_launch.launch(command, None))
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(pipeline, "plan", lambda config: ([step], {}))
+    (tmp_path / "eval" / "pope").mkdir(parents=True)
+    return said, ready, lambda: main(["pipeline", "configs/tiny/none", "--runs", str(tmp_path / "runs"),
+                                      "--benchmarks", "pope", "--data-root", str(tmp_path / "eval")])
 
 
 def test_ctrl_c_on_a_chain_lets_its_launch_stop_first(tmp_path, monkeypatch, capsys):
@@ -430,15 +434,7 @@ def test_ctrl_c_on_a_chain_lets_its_launch_stop_first(tmp_path, monkeypatch, cap
     import signal
     import threading
 
-    from llava_norm import chain_launch, pipeline
-    from llava_norm.cli import main
-
-    said, ready = tmp_path / "said", tmp_path / "ready"
-    step = pipeline.Step("slow on Ctrl-C", lambda: False,
-                         lambda: chain_launch.launch([sys.executable, "-c", SLOW_ON_CTRL_C, str(said), str(ready)], None))
-    monkeypatch.chdir(REPO)
-    monkeypatch.setattr(pipeline, "plan", lambda config: ([step], {}))
-    (tmp_path / "eval" / "pope").mkdir(parents=True)
+    said, ready, chain = _chain_of_one_slow_launch(tmp_path, monkeypatch, "SIGINT", 130)
 
     def ctrl_c():  # as a terminal sends it: to the launch and to the chain
         while not ready.is_file() or not ready.read_text():
@@ -450,11 +446,10 @@ def test_ctrl_c_on_a_chain_lets_its_launch_stop_first(tmp_path, monkeypatch, cap
     threading.Thread(target=ctrl_c, daemon=True).start()
     try:
         with pytest.raises(SystemExit) as stop:
-            main(["pipeline", "configs/tiny/none", "--runs", str(tmp_path / "runs"), "--benchmarks", "pope",
-                  "--data-root", str(tmp_path / "eval")])
+            chain()
     finally:
         signal.signal(signal.SIGINT, before)
-    assert stop.value.code == 130 and said.read_text() == "stopped on Ctrl-C"
+    assert stop.value.code == 130 and said.read_text() == "stopped on SIGINT"
     assert capsys.readouterr().err.strip().endswith(
         "pipeline: interrupted; finished steps are kept, and the same command goes on from them")
 
@@ -464,19 +459,10 @@ def test_sigterm_to_a_chain_alone_is_passed_to_its_launch_which_is_let_stop(tmp_
     """`kill PID` of a pipeline or sweep: its running launch gets the SIGTERM and the time to stop
     (subprocess.run would kill it a quarter second after an interrupt, and torchrun's workers
     with it, before they say which checkpoint the rerun resumes from); then the chain's line, 143."""
-    from llava_norm import chain_launch, pipeline
-    from llava_norm.cli import main
-
-    said, ready = tmp_path / "said", tmp_path / "ready"
-    step = pipeline.Step("slow to stop", lambda: False,
-                         lambda: chain_launch.launch([sys.executable, "-c", SLOW_TO_STOP, str(said), str(ready)], None))
-    monkeypatch.chdir(REPO)
-    monkeypatch.setattr(pipeline, "plan", lambda config: ([step], {}))
-    (tmp_path / "eval" / "pope").mkdir(parents=True)
+    said, ready, chain = _chain_of_one_slow_launch(tmp_path, monkeypatch, "SIGTERM", 143)
     sigterm_to_self(when=ready.exists)
     with pytest.raises(SystemExit) as stop:
-        main(["pipeline", "configs/tiny/none", "--runs", str(tmp_path / "runs"), "--benchmarks", "pope",
-              "--data-root", str(tmp_path / "eval")])
+        chain()
     assert stop.value.code == 143
     assert said.read_text() == "stopped on SIGTERM"
     assert capsys.readouterr().err.strip().endswith(
