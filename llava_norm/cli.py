@@ -73,7 +73,7 @@ def _train(args) -> None:
         sys.exit(f"config error: {args.config}: {error}")
     except BadSampleError as error:  # data found unusable before training starts (its file and row named)
         sys.exit(f"data error: {error}")
-    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: where the run stands and how it goes on, not a traceback per rank
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: where the run stands, not a traceback per rank
         word, status = how_stopped(stop)
         if os.environ.get("RANK", "0") == "0":
             # on a line of its own: a progress bar may hold the current one
