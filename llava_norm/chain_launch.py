@@ -19,6 +19,18 @@ from llava_norm.layout import CHAIN_LAUNCH
 from llava_norm.worker import Terminated
 
 REPO = Path(__file__).resolve().parents[1]
+MISSING_PATH = re.compile(r"(?:does not exist|not found): (\S+)")  # how the checks name a missing path
+
+
+def relative_paths_hint(problems: list[str], where: Path) -> str | None:
+    """For problems naming a missing relative path, found by a command run outside the checkout:
+    it read them where it runs, while the launch scripts read them from the checkout (the shipped
+    configs' paths are the checkout's). None otherwise."""
+    missing = [m.group(1) for problem in problems for m in [MISSING_PATH.search(problem)] if m]
+    if not any(not Path(path).is_absolute() for path in missing) or where.resolve() == REPO.resolve():
+        return None
+    return (f"relative paths were read from {where.resolve()}, where this command runs; each launch reads them from "
+            f"the checkout, {REPO} (scripts/_launch.sh): run the command from there")
 
 
 def on_every_node(command: list[str], environment: dict[str, str]) -> list[str]:

@@ -107,6 +107,7 @@ def interrupted(train, word: str = "interrupted") -> str:
 def _check(args) -> None:
     with frozen_imports():
         # lazy: start-up; a subcommand loads only the stages it runs
+        from llava_norm.chain_launch import relative_paths_hint
         from llava_norm.plan import gpu_memory
         from llava_norm.train.preflight import json_report, preflight, print_report
 
@@ -122,6 +123,9 @@ def _check(args) -> None:
         print(json_report(report))
     else:
         print_report(report)
+        hint = relative_paths_hint(report.problems, Path.cwd())  # (the shipped configs from elsewhere)
+        if hint:
+            print(f"note: {hint}")
     if not report.ok:
         sys.exit(1)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from pathlib import Path
 
 from llava_norm.config import stage_problem
 from llava_norm.config_schema import NORM_ARMS
-from llava_norm.chain_launch import REPO
+from llava_norm.chain_launch import REPO, relative_paths_hint
 from llava_norm.pipeline import PipelineConfig, runs
 
 # Multi-GPU array tasks may share a node with each other and with other jobs: each takes a port
@@ -37,7 +36,6 @@ class GridProblems(ValueError):
         self.problems = problems
 DATA_VARIABLES = ("LLAVA_DATA", "EVAL_DATA")
 # a path the checks found missing, as their problems say it
-MISSING_PATH = re.compile(r"(?:does not exist|not found): (\S+)")
 
 
 def arm_dirs(backbone: str | Path, arms: str = "all", baseline: str = "none") -> list[str]:
@@ -157,10 +155,8 @@ def write_slurm(config: PipelineConfig, argv: list[str], out_dir: str | Path, sl
         raise ValueError(f"--slurm-gpus must be at least 1, got {slurm.gpus}")
     workdir = launch_dir()
     problems, host = check_grid(config, slurm.gpus)
-    missing = [m.group(1) for problem in problems for m in [MISSING_PATH.search(problem)] if m]
-    if any(not Path(path).is_absolute() for path in missing) and workdir != REPO.resolve():
-        problems.append(f"relative paths were read from {workdir}, where this command runs; each launch reads them "
-                        f"from the checkout, {REPO} (scripts/_launch.sh): run the command from there")
+    hint = relative_paths_hint(problems, workdir)
+    problems += [hint] if hint else []
     if problems:
         raise GridProblems(problems)
     mem = slurm.mem or (f"{math.ceil(host * MEMORY_MARGIN + slurm.gpus * PROCESS_HOST_GIB)}G" if host else None)

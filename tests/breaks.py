@@ -989,8 +989,8 @@ BREAKS = [
           "math.ceil(host * MEMORY_MARGIN + slurm.gpus * PROCESS_HOST_GIB)", "math.ceil(host * MEMORY_MARGIN)",
           "tests/test_sweep.py::test_slurm_files_ask_the_plans_host_memory_and_a_quarter_and_keep_the_data_roots"),
     Break("sweep --slurm from outside the checkout listing missing relative paths without why", "llava_norm/sweep.py",
-          "    if any(not Path(path).is_absolute() for path in missing) and workdir != REPO.resolve():",
-          "    if False:",
+          "    hint = relative_paths_hint(problems, workdir)",
+          "    hint = None",
           "tests/test_sweep.py::test_from_outside_the_checkout_missing_relative_paths_come_with_where_they_are_read"),
     Break("table given a run or its model saying evaluate first though the evaluation is beside it",
           "llava_norm/evaluation/table.py", "        if beside is not None:", "        if False:",
@@ -1024,9 +1024,9 @@ BREAKS = [
           "        return _checked_resume(Path(t.resume).expanduser(), config,",
           "        return _checked_resume(Path(t.resume), config,",
           "tests/test_relaunch.py::test_a_cut_summary_resumes_the_run_and_an_unfinished_checkpoint_is_refused"),
-    Break("sweep --slurm advising the checkout for a missing absolute path", "llava_norm/sweep.py",
-          "    if any(not Path(path).is_absolute() for path in missing) and workdir != REPO.resolve():",
-          "    if missing and workdir != REPO.resolve():",
+    Break("sweep --slurm advising the checkout for a missing absolute path", "llava_norm/chain_launch.py",
+          "    if not any(not Path(path).is_absolute() for path in missing) or where.resolve() == REPO.resolve():",
+          "    if not missing or where.resolve() == REPO.resolve():",
           "tests/test_sweep.py::test_from_outside_the_checkout_missing_relative_paths_come_with_where_they_are_read"),
     Break("the template check refusing keys the template reads", "llava_norm/data/templates.py",
           "for key in asked if key not in reads]", "for key in asked]",
@@ -1188,6 +1188,9 @@ BREAKS = [
     Break("a missing relative backbone path said in huggingface_hub's words", "llava_norm/train/preflight.py",
           "    if not is_hub_id(name):  # a relative path that is not there", "    if False:  # a relative path that is not there",
           "tests/test_check.py::test_a_backbone_of_the_wrong_kind_is_one_line_naming_its_key"),
+    Break("the check from outside the checkout silent on where relative paths were read", "llava_norm/cli.py",
+          "        hint = relative_paths_hint(report.problems, Path.cwd())", "        hint = None",
+          "tests/test_check.py::test_the_check_from_outside_the_checkout_says_where_relative_paths_were_read"),
 ]
 
 

@@ -675,3 +675,22 @@ def test_a_template_key_the_chat_template_never_reads_is_named(world, tiny_dir, 
                      plan=False).problems == [
         f"{config}: key 'data.template_kwargs.enable_thinkng': the chat template of {qwen} reads no variable "
         "'enable_thinkng' (the variables it reads: enable_thinking)"]
+
+
+def test_the_check_from_outside_the_checkout_says_where_relative_paths_were_read(tmp_path, monkeypatch, capsys):
+    """The new user's trial: `llava-norm check` on a shipped config from another directory listed
+    its relative paths (runs/..., configs/deepspeed/...) as missing with nothing saying why."""
+    from llava_norm.cli import main
+
+    config = str(REPO / "configs/tiny/none/stage1.yaml")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["check", config, "train.output_dir=/nowhere/out"])
+    out = capsys.readouterr().out
+    assert "path does not exist: runs/tiny/" in out  # what it is about
+    assert out.splitlines()[-1] == f"note: relative paths were read from {tmp_path.resolve()}, where this command " \
+        f"runs; each launch reads them from the checkout, {REPO} (scripts/_launch.sh): run the command from there"
+    monkeypatch.chdir(REPO)  # from the checkout, the same paths (the tiny world not built there, say): no note
+    with pytest.raises(SystemExit):
+        main(["check", config, "model.llm=runs/nowhere/llama"])
+    assert "note:" not in capsys.readouterr().out
