@@ -164,7 +164,6 @@ def _load(path: Path, overrides: list[str], check_paths: bool) -> RunConfig:
     for override in overrides:
         if not override.partition("=")[0] or "=" not in override:
             raise ConfigError(f"key '{override}': a command-line override must be KEY=VALUE")
-    where = f" (command-line overrides {overrides})"
     indexed = [k for k, _, _ in map(lambda o: o.partition("="), overrides) if re.search(r"\.\d+(\.|$)", k)]
     try:
         try:
@@ -180,7 +179,8 @@ def _load(path: Path, overrides: list[str], check_paths: bool) -> RunConfig:
             raise ConfigError(f"key '{(indexed or overrides)[0]}': a list (e.g. data.mixture) can only be replaced "
                               "whole, e.g. 'data.mixture=[{path: a.json}]'") from None
         except yaml.YAMLError as error:  # the value of one override: named, or it reads as the file's own
-            raise ConfigError(_override_yaml_problem(overrides) or _yaml_problem(error) + where) from None
+            said = _override_yaml_problem(overrides) or _from_overrides(_yaml_problem(error), overrides, theirs=True)
+            raise ConfigError(said) from None
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
             more = f" (also not set: {', '.join(missing[1:])})" if missing[1:] else ""

@@ -34,8 +34,9 @@ class GridProblems(ValueError):
     def __init__(self, problems: list[str]):
         super().__init__("\n".join(problems))
         self.problems = problems
+
+
 DATA_VARIABLES = ("LLAVA_DATA", "EVAL_DATA")
-# a path the checks found missing, as their problems say it
 
 
 def arm_dirs(backbone: str | Path, arms: str = "all", baseline: str = "none") -> list[str]:
