@@ -579,11 +579,12 @@ def test_a_backbone_of_the_wrong_kind_is_one_line_naming_its_key(world, tiny_dir
     assert "plan: none until the problems above are fixed" in report.summary
     # both at relative paths that are not there (the warm-up not yet run): each said as a missing
     # path, not one of them in huggingface_hub's words about repo ids
-    report = preflight(config, ["model.vision_tower=runs/nowhere/siglip", "model.llm=runs/nowhere/llama"], gpus=2,
-                       plan=False)
-    said = [p for p in report.problems if "model." in p]
-    assert len(said) == 2 and all("path does not exist: runs/nowhere/" in p for p in said), said
-    assert not any("Repo id" in p or "repo_name" in p for p in report.problems), report.problems
+    for where in ("runs/nowhere", "/nowhere"):  # (absolute: the config check names only the first backbone)
+        report = preflight(config, [f"model.vision_tower={where}/siglip", f"model.llm={where}/llama"], gpus=2,
+                           plan=False)
+        said = [p for p in report.problems if "model." in p]
+        assert len(said) == 2 and all(f"path does not exist: {where}/" in p for p in said), said
+        assert not any("Repo id" in p or "repo_name" in p for p in report.problems), report.problems
 
 
 def test_a_hub_card_that_its_shards_do_not_reach_is_said(world, monkeypatch, tmp_path):

@@ -176,11 +176,12 @@ def source_problems(source: DataSource, key: str) -> tuple[list[str], int | None
 
 def backbone_problems(name: str, key: str) -> tuple[list[str], str]:
     """(problems, where it will be read from) for a backbone named by ``key``."""
-    if Path(name).expanduser().exists() or name.startswith(("/", ".", "~")):
+    if Path(name).expanduser().exists():
         return [], f"local {name}"
-    if not is_hub_id(name):  # a relative path that is not there, as config_checks reads it (not hub's own words)
-        return [f"key '{key}': path does not exist: {name} (from {Path.cwd()}; a hub id is organisation/name)"], \
-            "nowhere"
+    # a path that is not there, in config_checks' words (its check stops at the first backbone; each is
+    # said here, once: the caller drops a key said already), not huggingface_hub's about repo ids
+    if not is_hub_id(name):
+        return [f"key '{key}': path does not exist: {name}"], "nowhere"
     from huggingface_hub import get_token, try_to_load_from_cache
 
     try:
