@@ -227,6 +227,18 @@ def test_mmbench_unparsable_replies_are_counted_and_wrong(tmp_path):
     assert metrics["circular_accuracy"] == 0.5
 
 
+def test_mmbench_a_rotated_copy_without_its_question_row_is_refused(tmp_path):
+    """VLMEvalKit and lmms-eval score a question only with its own row: a copy whose question row
+    a filtered file lost is refused by name, not scored (with its categories) in its place."""
+    rows = pd.read_csv(mmbench_tsv(tmp_path), sep="\t", dtype=str, keep_default_na=False)
+    rows = rows[rows["index"] != "1"]  # question 1's own row gone; its copy's image is its own
+    rows.loc[rows["index"] == "1000001", "image"] = b64(GREEN)
+    cut = write_tsv(tmp_path / "cut.tsv", rows.to_dict("records"))
+    with pytest.raises(ValueError, match=r"cut.tsv: MMBench rows at index \[1000001\] are rotated copies of questions "
+                                         r"whose own row \(index 1, ...\) is not in the file"):
+        get_benchmark("mmbench_en_dev").load(cut)
+
+
 def test_missing_prediction_is_an_error(tmp_path):
     items = get_benchmark("mmbench_en_dev").load(mmbench_tsv(tmp_path))
     with pytest.raises(ValueError, match="no prediction for 1 item\\(s\\): '1000001'"):

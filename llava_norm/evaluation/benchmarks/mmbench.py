@@ -48,7 +48,7 @@ class MMBenchEnDev(RowBenchmark):
         headline=Headline("MMBench-EN", "circular_accuracy", "CircularEval accuracy, dev split"),
         chance=every_copy_right,
         mirrors="VLMEvalKit MMBench_DEV_EN exact_matching (lmms-eval mmbench_en_dev's prompts; its own letter "
-                "extraction differs on a few replies)",
+                "extraction reads replies that go on after the letter, 'B. The dog ...')",
         max_new_tokens=1024,
     )
 
@@ -65,6 +65,12 @@ class MMBenchEnDev(RowBenchmark):
         repeated = sorted(i for i, n in Counter(item.item_id for item in items).items() if n > 1)
         if repeated:
             raise ValueError(f"{path}: MMBench 'index' values repeat: {repeated[:5]}")
+        own = {item.meta["group"] for item in items if item.meta["index"] == item.meta["group"]}
+        orphans = [item.meta["index"] for item in items if item.meta["group"] not in own]
+        if orphans:  # VLMEvalKit and lmms-eval leave such copies out unsaid: a filtered or cut file
+            raise ValueError(f"{path}: MMBench rows at index {orphans[:5]} are rotated copies of questions whose own "
+                             f"row (index {orphans[0] % CIRCULAR_STRIDE}, ...) is not in the file; CircularEval "
+                             "scores a question with its own row and every copy: give the whole file")
         if limit is not None:
             # dict keeps first-seen order: the first `limit` questions of the file
             first_groups = list(dict.fromkeys(item.meta["group"] for item in items))[:limit]
@@ -96,9 +102,7 @@ class MMBenchEnDev(RowBenchmark):
         for item, ok in zip(items, row_correct):
             group = item.meta["group"]
             group_rows[group].append(ok)
-            # The question's own row (index < 1e6) carries its categories; fall back to the
-            # first copy seen if a file lacks it.
-            if item.meta["index"] == group or group not in group_base:
+            if item.meta["index"] == group:  # its own row carries its categories (load refuses a file without it)
                 group_base[group] = item
         groups = sorted(group_rows)
         group_correct = [all(group_rows[g]) for g in groups]

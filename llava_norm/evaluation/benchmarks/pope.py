@@ -104,7 +104,9 @@ class POPE(RowBenchmark):
         "adversarial/popular/random) or VLMEvalKit POPE.tsv",
         prompt=build_prompt, parser=parse_yes_no,
         headline=Headline("POPE", "mean_over_splits.f1", "F1 ('yes' positive), mean of adversarial/popular/random"),
-        chance=yes_or_no, mirrors="lmms-eval pope", max_new_tokens=128,
+        chance=yes_or_no, max_new_tokens=128,
+        mirrors="lmms-eval pope (reply rule, per-split and pooled metrics; the headline averages the splits as "
+                "LLaVA does)",
     )
 
     split: str = "all"
