@@ -1195,6 +1195,15 @@ BREAKS = [
           "        if orphans:  # VLMEvalKit and lmms-eval leave such copies out unsaid: a filtered or cut file",
           "        if False:",
           "tests/test_eval_benchmarks.py::test_mmbench_a_rotated_copy_without_its_question_row_is_refused"),
+    Break("an evaluation's batches depend on the process count and on what a kill left (the items left, round-robin)",
+          "llava_norm/evaluation/runner.py",
+          "    batches = [items[start:start + step] for start in range(0, len(items), step)]",
+          "    todo = [item for item in items if item.item_id not in done][rank::world_size]\n"
+          "    return [todo[start:start + step] for start in range(0, len(todo), step)]",
+          "tests/test_eval_runner.py::test_each_item_is_batched_as_in_a_run_never_stopped_whatever_the_process_count"),
+    Break("predictions made with another --batch-size are kept", "llava_norm/evaluation/settings.py",
+          '        "batch_items": batch_items(config, bench),', "",
+          "tests/test_eval_runner.py::test_finished_benchmarks_are_not_recomputed_and_changed_settings_are_refused"),
 ]
 
 

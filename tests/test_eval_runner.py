@@ -40,6 +40,26 @@ def test_torn_line_is_cut_and_duplicates_are_counted_once(tmp_path):
     assert merged.duplicates == 1
 
 
+def test_each_item_is_batched_as_in_a_run_never_stopped_whatever_the_process_count():
+    """A row's logits move with its batch's padding, so the batches must not depend on the
+    process count or on what a kill left: the union over ranks is the one-process plan's
+    batches, those still to do, each whole (a batch the kill cut short included)."""
+    from types import SimpleNamespace
+
+    from llava_norm.evaluation.runner import rank_batches
+
+    items = [SimpleNamespace(item_id=str(i)) for i in range(11)]
+    ids = lambda batches: sorted(tuple(item.item_id for item in batch) for batch in batches)
+    one_go = ids(rank_batches(items, {}, 3, 0, 1))
+    assert one_go == sorted([("0", "1", "2"), ("3", "4", "5"), ("6", "7", "8"), ("9", "10")])
+    for world in (2, 3, 5):
+        assert ids(sum((rank_batches(items, {}, 3, r, world) for r in range(world)), [])) == one_go
+    done = {"0": "x", "1": "x", "2": "x", "4": "x", "9": "x"}  # rank 1 of two was killed mid-batch
+    for world in (1, 2, 4):
+        left = ids(sum((rank_batches(items, done, 3, r, world) for r in range(world)), []))
+        assert left == sorted([("3", "4", "5"), ("6", "7", "8"), ("9", "10")]), (world, left)
+
+
 def test_predictions_from_other_settings_are_refused(tmp_path):
     store = PredictionStore(tmp_path, "mmlu")
     store.write_settings({"checkpoint": "/a", "limit": None})
@@ -157,6 +177,15 @@ def _records(out):
     return ids
 
 
+def _predictions(out) -> dict:
+    found = {}
+    for path in sorted(out.glob("predictions/*/rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            found[(path.parent.name, record["item_id"])] = record["prediction"]
+    return found
+
+
 def _unfinished(out, totals: collections.Counter) -> list[str]:
     """The benchmarks with some but not all of their records written."""
     done = collections.Counter(bench for bench, _ in _records(out))
@@ -179,7 +208,7 @@ def test_killed_evaluation_resumes_to_the_same_metrics_without_double_counting(s
 
     cut = setup / "cut"
     totals = collections.Counter(bench for bench, _ in _records(whole))
-    proc = subprocess.Popen(_eval_command(setup, cut, nproc=1, batch_size=1), cwd=REPO, env=env(),
+    proc = subprocess.Popen(_eval_command(setup, cut, nproc=1), cwd=REPO, env=env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 200
     while (len(_records(cut)) < 25 or not _unfinished(cut, totals)) and time.time() < deadline and proc.poll() is None:
@@ -217,6 +246,9 @@ def test_killed_evaluation_resumes_to_the_same_metrics_without_double_counting(s
     ids = _records(cut)
     assert len(ids) == len(set(ids)), "a sample was predicted twice"
     assert len(ids) == len(_records(whole))
+    # every prediction bit for bit the one-go run's, log-likelihoods included: each item was in the
+    # same batch (one process, killed, then two) as in the two-process run
+    assert _predictions(cut) == _predictions(whole)
     assert _metrics(cut) == _metrics(whole)
     for bench in NINE:
         result = json.loads((cut / f"{bench}.json").read_text())
@@ -256,6 +288,9 @@ def test_finished_benchmarks_are_not_recomputed_and_changed_settings_are_refused
     said = stop.value.code
     assert isinstance(said, str) and "\n" not in said, said
     assert said.startswith("eval: ") and "limit=2" in said and "--replace-stale" in said, said
+    with pytest.raises(SystemExit) as stop:  # the batch moves logits: predictions of another are not kept
+        evaluate("--batch-size", "2")
+    assert "batch_items" in str(stop.value.code) and "--replace-stale" in str(stop.value.code), stop.value.code
 
 
 def test_the_command_prints_each_benchmarks_headline_as_the_table_heads_it(setup, whole, capsys):

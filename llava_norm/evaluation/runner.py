@@ -2,7 +2,7 @@
 
 Owns the evaluation run: which prompt settings apply (read from the training run's
 ``config.yaml`` beside the checkpoint unless given), how items are split over ranks (the
-not-yet-predicted items, round-robin, identical on every rank), when predictions hit disk
+batches of the file's items not yet all predicted, round-robin, identical on every rank), when predictions hit disk
 (per batch, via ``PredictionStore``), and the outputs of rank 0:
 
 - ``<out>/<benchmark>.json``: metrics plus the exact settings (checkpoint, data, prompt
@@ -24,7 +24,8 @@ from llava_norm.config_schema import resolve_dtype
 from llava_norm.evaluation.benchmarks import get_benchmark
 from llava_norm.evaluation.distributed import Ranks
 from llava_norm.evaluation.predictions import DamagedFileError, PredictionStore, SettingsMismatchError, read_json_output
-from llava_norm.evaluation.settings import BenchmarkRequest, EvalConfig, settings_differences, settings_for
+from llava_norm.evaluation.settings import (BenchmarkRequest, EvalConfig, batch_items, settings_differences,
+                                            settings_for)
 from llava_norm.evaluation.table import EVAL_SUMMARY, read_results
 from llava_norm.files import write_atomically
 from llava_norm.inference import Predictor, Prompt
@@ -45,6 +46,17 @@ def _predict_batch(predictor, bench_kind: str, batch: list, cap: int | None) -> 
         records.append({"item_id": item.item_id, "prediction": scores[at:at + len(item.continuations)]})
         at += len(item.continuations)
     return records
+
+
+def rank_batches(items: list, done, step: int, rank: int, world_size: int) -> list[list]:
+    """The batches ``rank`` predicts: the file's items in fixed batches of ``step``, those with an
+    item not in ``done``, round-robin over the ranks. Fixed whatever the process count and
+    wherever a kill fell, because padding moves a row's logits (a bf16 one's enough to change a
+    near-tie greedy token): each prediction is made in the batch a run never stopped gives it. A
+    batch a kill cut short is recomputed whole; only its missing records are appended."""
+    batches = [items[start:start + step] for start in range(0, len(items), step)]
+    pending = [batch for batch in batches if any(item.item_id not in done for item in batch)]
+    return pending[rank::world_size]
 
 
 class BenchmarkDataError(ValueError):
@@ -92,20 +104,20 @@ def _evaluate_one(config: EvalConfig, request: BenchmarkRequest, predictor, rank
     ranks.barrier()  # every torn line is cut before anyone reads: all ranks see the same done set
     done = store.read_all().predictions
     ranks.barrier()
-    todo = [item for item in items if item.item_id not in done]
-    mine = todo[ranks.rank::ranks.world_size]
-    step = config.batch_size if bench.kind == "generate" else max(1, config.batch_size // 4)
-    kept = len(items) - len(todo)
+    mine = rank_batches(items, done, batch_items(config, bench), ranks.rank, ranks.world_size)
+    kept = sum(1 for item in items if item.item_id in done)
+    todo = len(items) - kept
     if kept and todo and ranks.is_main:  # said in the log, not only on a progress bar the log may not keep
         tqdm.write(f"[llava-norm] {request.name}: {kept} of {len(items)} items predicted before are kept; "
-                   f"predicting the other {len(todo)}")
+                   f"predicting the other {todo}")
     bar = tqdm(total=len(items), desc=request.name, unit="item", initial=kept, disable=not ranks.is_main,
                dynamic_ncols=True)
     bar.set_postfix_str(f"{kept} resumed" if kept else "")
-    for start in range(0, len(mine), step):
-        batch = mine[start:start + step]
-        store.append(ranks.rank, _predict_batch(predictor, bench.kind, batch, config.max_new_tokens_cap))
-        bar.update(min(len(batch) * ranks.world_size, len(items) - bar.n))
+    for batch in mine:
+        records = _predict_batch(predictor, bench.kind, batch, config.max_new_tokens_cap)
+        new = [record for record in records if record["item_id"] not in done]
+        store.append(ranks.rank, new)
+        bar.update(min(len(new) * ranks.world_size, len(items) - bar.n))
     bar.close()
     ranks.barrier()
     if not ranks.is_main:

@@ -120,8 +120,15 @@ def benchmark_settings(config: EvalConfig, request: BenchmarkRequest) -> dict[st
     return settings_for(config, request, get_benchmark(request.name, **request.options))
 
 
+def batch_items(config: EvalConfig, bench) -> int:
+    """Items per batch: a log-likelihood item is several continuations, each a row of the batch."""
+    return config.batch_size if bench.kind == "generate" else max(1, config.batch_size // 4)
+
+
 def settings_for(config: EvalConfig, request: BenchmarkRequest, bench) -> dict[str, Any]:
-    """Everything that can change a prediction; batch size and world size cannot."""
+    """Everything that can change a prediction: the batch too (a padded row's logits move in the
+    last bits, a bf16 one's enough to change a near-tie greedy token); the process count cannot
+    (the runner's batches are fixed over the file)."""
     return {
         "checkpoint": str(Path(config.checkpoint).resolve()),
         "checkpoint_fingerprint": config.checkpoint_fingerprint,
@@ -133,5 +140,6 @@ def settings_for(config: EvalConfig, request: BenchmarkRequest, bench) -> dict[s
         # resolved: "auto" is fp32 on a CPU and bf16 on a GPU, and those are different results
         "dtype": resolve_dtype(config.dtype, torch.device("cuda" if torch.cuda.is_available() else "cpu")),
         "decoding": "greedy",
+        "batch_items": batch_items(config, bench),
         "max_new_tokens_cap": config.max_new_tokens_cap,
     }
