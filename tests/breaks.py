@@ -1204,6 +1204,14 @@ BREAKS = [
     Break("predictions made with another --batch-size are kept", "llava_norm/evaluation/settings.py",
           '        "batch_items": batch_items(config, bench),', "",
           "tests/test_eval_runner.py::test_finished_benchmarks_are_not_recomputed_and_changed_settings_are_refused"),
+    Break("the table's average delta is not against the baseline's average (markdown)", "llava_norm/evaluation/table.py",
+          'cells.append(f"{avg:.2f}" if run == table.baseline else f"{avg:.2f} ({_signed(avg - base)})")',
+          'cells.append(f"{avg:.2f}" if run == table.baseline else f"{avg:.2f} ({_signed(0.0)})")',
+          "tests/test_eval_runner.py::test_table_has_named_columns_and_deltas_against_the_baseline"),
+    Break("the table's average delta is not against the baseline's average (CSV)", "llava_norm/evaluation/table.py",
+          '            row["average_delta"] = round(table.row_average(run) - table.row_average(table.baseline), 4)',
+          '            row["average_delta"] = 0.0',
+          "tests/test_eval_runner.py::test_table_has_named_columns_and_deltas_against_the_baseline"),
 ]
 
 

@@ -87,21 +87,21 @@ def _result(tmp, run, bench, metrics, limit=None, variant=None):
 def test_table_has_named_columns_and_deltas_against_the_baseline(tmp_path):
     base = _result(tmp_path, "none", "pope", {"mean_over_splits": {"f1": 0.80}})
     _result(tmp_path, "none", "ai2d", {"accuracy": 0.50}, variant="no_mask")
-    gwc = _result(tmp_path, "gwc", "pope", {"mean_over_splits": {"f1": 0.85}})
-    _result(tmp_path, "gwc", "ai2d", {"accuracy": 0.45}, variant="no_mask")
+    gwc = _result(tmp_path, "gwc", "pope", {"mean_over_splits": {"f1": 0.86}})
+    _result(tmp_path, "gwc", "ai2d", {"accuracy": 0.47}, variant="no_mask")  # averages 65 and 66.5
     table = build_table([gwc, base], baseline="none")
     assert table.runs == ["none", "gwc"]
     md = to_markdown(table)
     assert "| run | AI2D (no_mask) | POPE | Average |" in md
-    assert "| gwc | 45.00 (-5.00) | 85.00 (+5.00) | 65.00 (+0.00) |" in md
+    assert "| gwc | 47.00 (-3.00) | 86.00 (+6.00) | 66.50 (+1.50) |" in md
     rows = [line.split(",") for line in to_csv(table).splitlines()]
     assert rows[0] == ["run", "is_baseline", "ai2d", "ai2d_delta", "pope", "pope_delta", "average", "average_delta"]
-    assert rows[2] == ["gwc", "False", "45.0", "-5.0", "85.0", "5.0", "65.0", "0.0"]
+    assert rows[2] == ["gwc", "False", "47.0", "-3.0", "86.0", "6.0", "66.5", "1.5"]
     assert "‡" not in md
     # replies the benchmark's rule could not read are said in their cell, with a legend
-    _result(tmp_path, "gwc", "pope", {"mean_over_splits": {"f1": 0.85}, "unparsable_replies": 3})
+    _result(tmp_path, "gwc", "pope", {"mean_over_splits": {"f1": 0.86}, "unparsable_replies": 3})
     md = to_markdown(build_table([gwc, base], baseline="none"))
-    assert "| gwc | 45.00 (-5.00) | 85.00 ‡3 (+5.00) | 65.00 (+0.00) |" in md and "- ‡N: N replies" in md
+    assert "| gwc | 47.00 (-3.00) | 86.00 ‡3 (+6.00) | 66.50 (+1.50) |" in md and "- ‡N: N replies" in md
 
 
 # Each setting a column's runs must share (table.COMPARABLE), and two values of it.
