@@ -1212,6 +1212,11 @@ BREAKS = [
           '            row["average_delta"] = round(table.row_average(run) - table.row_average(table.baseline), 4)',
           '            row["average_delta"] = 0.0',
           "tests/test_eval_runner.py::test_table_has_named_columns_and_deltas_against_the_baseline"),
+    Break("--replace-stale keeps the predictions made with other settings", "llava_norm/evaluation/runner.py",
+          """                print(f"[llava-norm] {request.name}: recomputing; {error.differing}")
+                store.clear()""",
+          """                print(f"[llava-norm] {request.name}: recomputing; {error.differing}")""",
+          "tests/test_eval_runner.py::test_replace_stale_recomputes_predictions_made_with_other_settings"),
 ]
 
 

@@ -293,6 +293,25 @@ def test_finished_benchmarks_are_not_recomputed_and_changed_settings_are_refused
     assert "batch_items" in str(stop.value.code) and "--replace-stale" in str(stop.value.code), stop.value.code
 
 
+def test_replace_stale_recomputes_predictions_made_with_other_settings(setup, whole, tmp_path, capsys):
+    """What the pipeline passes: predictions on disk from other settings (here another --limit)
+    are cleared and made again, none of the old records kept, and the result is the new one's."""
+    from llava_norm.cli import main
+
+    out = tmp_path / "copy"
+    shutil.copytree(whole, out)
+    (out / "pope.json").unlink()  # the predictions alone stand for the other settings
+    path = next(out.glob("predictions/pope/rank*.jsonl"))
+    path.write_text("".join(json.dumps({**json.loads(line), "before": True}) + "\n"
+                            for line in path.read_text().splitlines()))
+    main(_eval_command(setup, out, nproc=1, extra=["--benchmarks", "pope", "--limit", "2", "--replace-stale"])[3:])
+    assert "[llava-norm] pope: recomputing; " in capsys.readouterr().out
+    records = [json.loads(line) for p in out.glob("predictions/pope/rank*.jsonl") for line in p.read_text().splitlines()]
+    assert len(records) == 2 and not [r for r in records if "before" in r], records
+    result = json.loads((out / "pope.json").read_text())
+    assert result["settings"]["limit"] == 2 and result["num_items"] == 2
+
+
 def test_the_command_prints_each_benchmarks_headline_as_the_table_heads_it(setup, whole, capsys):
     """``llava-norm eval`` ends with every benchmark's headline in its output folder, each under
     the results table's label, read here from that benchmark's result file by the metric path the
@@ -323,7 +342,7 @@ def test_the_command_prints_each_benchmarks_headline_as_the_table_heads_it(setup
 
 
 def test_bad_input_and_ctrl_c_end_the_command_in_one_line(setup, tmp_path, monkeypatch, capsys):
-    """A checkpoint that is not there, a benchmark file that is not that benchmark's, and Ctrl-C:
+    """A checkpoint that is not there, a benchmark file cut short (a parquet shard), and Ctrl-C:
     each ends ``llava-norm eval`` with one line naming it, not a traceback; and without --out the
     results go beside the run's model, or beside any other folder under its own name."""
     import shutil
