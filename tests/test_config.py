@@ -187,6 +187,17 @@ def test_a_projector_from_another_arm_llm_or_tower_is_refused_naming_both(setup)
         load_config(setup["base"], tower)
     for overrides in (arm, llm, tower):  # said explicitly, it is used
         load_config(setup["base"], [*overrides, "model.allow_projector_mismatch=true"])
+    # A file without the tensors this arm and projector type load is refused by its modules,
+    # allow_projector_mismatch or not: no model could load it.
+    for overrides, found, needs in (
+            (["model.pretrained_projector={d}/mlp_projector.safetensors", "model.norm_alignment=ln_textnorm"],
+             "['linear_1', 'linear_2']", "['linear_1', 'linear_2', 'norm']"),
+            (["model.pretrained_projector={d}/mlp_norm_projector.safetensors", "model.projector_type=linear",
+              "model.norm_alignment=ln_default"], "['linear_1', 'linear_2', 'norm']", "['linear_1', 'norm']")):
+        for allow in ([], ["model.allow_projector_mismatch=true"]):
+            with pytest.raises(ConfigError, match=re.escape(f"holds projector modules {found}, but projector_type ")
+                               + r".* needs " + re.escape(needs)):
+                load_config(setup["base"], [*_expand(overrides, setup), *allow])
 
 
 def _bad(value: str) -> str:
