@@ -1220,6 +1220,13 @@ BREAKS = [
     Break("a stage-1 file without this arm's projector tensors passes the config check", "llava_norm/config_checks.py",
           "    if found != want:", "    if False:",
           "tests/test_config.py::test_a_projector_from_another_arm_llm_or_tower_is_refused_naming_both"),
+    Break("the index key covers only one module of the row rules", "llava_norm/data/index.py",
+          'RULE_MODULES = ("rows.py", "sources.py", "index.py", "conversation.py", "prompts.py")',
+          'RULE_MODULES = ("rows.py",)',
+          "tests/test_data_sources.py::test_the_index_key_covers_every_module_of_the_row_rules_and_the_image_placement"),
+    Break("the index key leaves out the image placement", "llava_norm/data/index.py",
+          """            "image_placement": image_placement}""", "            }",
+          "tests/test_data_sources.py::test_the_index_key_covers_every_module_of_the_row_rules_and_the_image_placement"),
 ]
 
 

@@ -177,6 +177,25 @@ def test_index_is_reused_only_when_files_code_and_tokenizer_match(bundle, corpus
     assert builds() == 7
 
 
+def test_the_index_key_covers_every_module_of_the_row_rules_and_the_image_placement(corpus, monkeypatch, tmp_path):
+    """Named here, not read from RULE_MODULES: the files whose code decides an index's rows and
+    token counts, and the placement of <image> (which moves it in the counted text)."""
+    from llava_norm.data.sources import resolve
+    from llava_norm.provenance import FingerprintMemo
+
+    data, images, _ = corpus
+    source = resolve(DataSource(path=str(data), image_folder=str(images)), "data.mixture[0]")
+    key = lambda placement="front": data_index.index_fingerprint(source, {"tokens": True}, placement,
+                                                                 FingerprintMemo(tmp_path))
+    before, read = key(), Path.read_bytes
+    assert key() == before and key("keep") != before
+    for name in ("rows.py", "sources.py", "index.py", "conversation.py", "prompts.py"):
+        rules = Path(data_index.__file__).with_name(name)
+        with monkeypatch.context() as edited:  # one more byte in the module as read
+            edited.setattr(Path, "read_bytes", lambda path: read(path) + (b"\n" if path == rules else b""))
+            assert key() != before, name
+
+
 def test_memory_holds_positions_not_rows(bundle, corpus):
     """The rows stay in the memory-mapped index; the dataset keeps arrays of positions and lengths."""
     data, images, _ = corpus
