@@ -1227,6 +1227,13 @@ BREAKS = [
     Break("the index key leaves out the image placement", "llava_norm/data/index.py",
           """            "image_placement": image_placement}""", "            }",
           "tests/test_data_sources.py::test_the_index_key_covers_every_module_of_the_row_rules_and_the_image_placement"),
+    Break("seeds that agree on a nonzero delta get p = 1", "llava_norm/stats.py",
+          "            estimate == 0)", "            True)",
+          "tests/test_stats.py::test_seeds_that_agree_on_a_nonzero_delta_are_not_given_p_one"),
+    Break("a Wilson interval at k = n can end below 1", "llava_norm/stats.py",
+          "    low, high = (0.0 if k == 0 else center - half), (1.0 if k == n else center + half)",
+          "    low, high = (0.0 if k == 0 else center - half), (center + half)",
+          "tests/test_stats.py::test_wilson_known_values"),
 ]
 
 

@@ -202,6 +202,13 @@ def test_a_delta_that_is_mostly_tied_is_not_given_p_one():
     assert seed_paired_bootstrap([(same, same)] * 3, mean_of(0)).p_value == 1.0
 
 
+def test_seeds_that_agree_on_a_nonzero_delta_are_not_given_p_one():
+    """No spread over seeds leaves no t to compute: the t-test's p is then 0 for a nonzero delta
+    (1 only for a zero one), and the bootstrap's p stands, beside an interval that excludes 0."""
+    agreed = seed_paired_bootstrap([(np.zeros((3, 1)), np.ones((3, 1)))] * 3, mean_of(0), resamples=999)
+    assert agreed.estimate == 1.0 and agreed.low > 0 and agreed.p_value == pytest.approx(2 / 1000), agreed
+
+
 def test_t_two_sided_p_known_values():
     assert t_two_sided_p(0.0, 2) == pytest.approx(1.0)
     for df, q in ((1, 0.975), (2, 0.975), (7, 0.995), (30, 0.9)):
@@ -271,6 +278,8 @@ def test_wilson_known_values():
     assert (w.estimate, round(w.low, 4), round(w.high, 4)) == (0.5, 0.2366, 0.7634)
     zero = wilson_interval(0, 10)
     assert zero.low == 0.0 and zero.high == pytest.approx(0.2775, abs=1e-4)
+    full = wilson_interval(13, 13)  # where the formula's upper bound rounds to 0.9999999999999999
+    assert full.high == 1.0 and full.low == pytest.approx(1 - 0.2281, abs=1e-4)
 
 
 def test_chance_test_thresholds_and_margin():
