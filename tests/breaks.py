@@ -1234,6 +1234,19 @@ BREAKS = [
           "    low, high = (0.0 if k == 0 else center - half), (1.0 if k == n else center + half)",
           "    low, high = (0.0 if k == 0 else center - half), (center + half)",
           "tests/test_stats.py::test_wilson_known_values"),
+    Break("a run of bad samples ends the draw without a word", "llava_norm/data/dataset.py",
+          """        raise BadSampleError(f"{MAX_REPLACEMENTS} consecutive bad samples from index {index}; "
+                             f"last: {skipped[-1]['message']}", cause="too_many_bad_samples")""",
+          "        return None",
+          "tests/test_bad_data.py::test_a_run_of_bad_samples_stops_the_draw_naming_the_last"),
+    Break("a pack whose samples are all bad is drawn empty, not replaced", "llava_norm/data/packing.py",
+          "            if examples:\n                return Pack(examples, skipped)",
+          "            return Pack(examples, skipped)",
+          "tests/test_packing.py::test_a_pack_of_bad_samples_is_replaced_by_the_next_and_a_run_of_them_stops_the_draw"),
+    Break("a reply that is not text is scored", "llava_norm/evaluation/benchmarks/base.py",
+          """    return (reply, None) if isinstance(reply, str) else (None, f"a str, got {type(reply).__name__}")""",
+          "    return (reply, None)",
+          "tests/test_eval_benchmarks.py::test_missing_prediction_is_an_error"),
 ]
 
 

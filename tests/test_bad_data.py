@@ -111,6 +111,21 @@ def test_bad_image_errors_or_is_replaced_and_recorded(bundle, tmp_path, cause):
     assert cause in SKIP_CAUSES
 
 
+def test_a_run_of_bad_samples_stops_the_draw_naming_the_last(bundle, tmp_path):
+    """Every row's image unreadable (a folder of another dataset's files, say; a folder without
+    them is refused at start-up): skipping would go round the file for ever, so the draw stops
+    after 32 replacements, naming the last bad row's problem."""
+    (tmp_path / "images").mkdir(parents=True, exist_ok=True)
+    for i in range(3):
+        (tmp_path / "images" / f"bad{i}.png").write_bytes(BAD_IMAGES["image_corrupt"])
+    rows = [_row(f"r{i}", f"bad{i}.png") for i in range(3)]
+    dataset = _build(bundle, tmp_path, {"rows.json": rows}, "skip")
+    with pytest.raises(BadSampleError, match=r"32 consecutive bad samples from index 1; last: .*rows\.json: row r\d: "
+                                             r".*bad\d\.png") as raised:
+        dataset[1]
+    assert raised.value.cause == "too_many_bad_samples"
+
+
 def test_huge_image_is_refused_from_its_header_without_warnings(tmp_path, monkeypatch):
     """Between PIL's warning and error limits, and over our own (lower) limit, the refusal
     comes from the size alone: the files hold no pixel data, so decoding would say truncated."""

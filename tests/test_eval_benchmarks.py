@@ -243,6 +243,9 @@ def test_missing_prediction_is_an_error(tmp_path):
     items = get_benchmark("mmbench_en_dev").load(mmbench_tsv(tmp_path))
     with pytest.raises(ValueError, match="no prediction for 1 item\\(s\\): '1000001'"):
         get_benchmark("mmbench_en_dev").score(items, {"0": "A", "1": "B", "1000000": "B"})
+    # a reply that is not text (a hand-edited or foreign predictions file): named, not scored
+    with pytest.raises(ValueError, match="mmbench_en_dev: prediction for item '1' must be a str, got int"):
+        get_benchmark("mmbench_en_dev").score(items, {"0": "A", "1": 5, "1000000": "B", "1000001": "C"})
 
 
 # ---------------------------------------------------------------------------- MMStar

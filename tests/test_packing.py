@@ -220,6 +220,24 @@ def test_a_bad_sample_is_dropped_from_its_pack_with_its_record(chat_bundle, tmp_
         strict[index]
 
 
+def test_a_pack_of_bad_samples_is_replaced_by_the_next_and_a_run_of_them_stops_the_draw(chat_bundle, tmp_path):
+    data, images = write_dataset(tmp_path, n=24)
+    packed = _packed_dataset(chat_bundle, data, images)
+    index = 0
+    bad = {packed.samples.rows[i].image for i in packed.packs[index]}
+    assert not bad & {packed.samples.rows[i].image for i in packed.packs[index + 1]}  # no image shared
+    for image in bad:
+        image.write_bytes(b"\x89PNG\r\n\x1a\n not an image")
+    drawn = packed[index]
+    nxt = packed.packs[index + 1]
+    assert [e.sample_id for e in drawn.examples] == [packed.samples.rows[i].row_id for i in nxt]
+    assert sorted(r["row"] for r in drawn.skipped) == sorted(packed.samples.rows[i].row_id for i in packed.packs[index])
+    for row in packed.samples.rows:  # every image bad (a wrong image folder): the draw stops, saying so
+        row.image.write_bytes(b"\x89PNG\r\n\x1a\n not an image")
+    with pytest.raises(BadSampleError, match=r"32 consecutive packs of bad samples from pack 0; last: .*not .*image"):
+        packed[0]
+
+
 def test_a_sample_that_cannot_fit_is_refused_when_planned(chat_bundle, tmp_path):
     data, images = write_dataset(tmp_path, n=12, text_only_every=3)
     rows = json.loads(data.read_text())
