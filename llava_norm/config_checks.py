@@ -216,8 +216,23 @@ def _resume_and_output(config: RunConfig) -> None:
         if not (Path(t.resume).expanduser() / TRAINER_STATE).is_file():
             raise ConfigError(f"key 'train.resume': {t.resume} is not a checkpoint-N dir (no {TRAINER_STATE}); "
                               "use auto, none or a checkpoint dir")
-    if Path(t.output_dir).expanduser().exists() and not Path(t.output_dir).expanduser().is_dir():
-        raise ConfigError(f"key 'train.output_dir': {t.output_dir} exists and is not a directory")
+    problem = output_dir_problem(t.output_dir)
+    if problem:
+        raise ConfigError(problem)
+
+
+def output_dir_problem(output_dir: str | Path) -> str | None:
+    """Why ``train.output_dir`` cannot be a run's folder: a file, or under a file or a folder this
+    user cannot write in (the nearest one that exists, where the folders would be made)."""
+    out = Path(output_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        return f"key 'train.output_dir': {output_dir} exists and is not a directory"
+    there = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
+    if not there.is_dir():
+        return f"key 'train.output_dir': {output_dir} cannot be made: {there} is a file"
+    if not os.access(there, os.W_OK | os.X_OK):
+        return f"key 'train.output_dir': {output_dir} cannot be made: {there} is not writable"
+    return None
 
 
 def _lora_targets(config: RunConfig) -> None:

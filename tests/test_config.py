@@ -253,6 +253,7 @@ CASES = [
     (["train.restart=true", "train.extend=true"], "train.restart", None),
     (["train.restart=true", "train.resume={d}/checkpoint-2"], "train.restart", None),
     (["train.output_dir={d}/a_file"], "train.output_dir", None),
+    (["train.output_dir={d}/a_file/run"], "train.output_dir", None),  # under a file: it cannot be made
     (["model.pretrained_projector={d}/missing.safetensors"], "model.pretrained_projector", None),
     (["model.pretrained_projector={d}/bad.json"], "model.pretrained_projector", None),
     (["model.pretrained_projector={d}/mlp_projector.safetensors", "model.norm_alignment=ln_textnorm"],

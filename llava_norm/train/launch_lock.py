@@ -21,6 +21,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from llava_norm.config_checks import output_dir_problem
+from llava_norm.config_schema import ConfigError
 from llava_norm.train.relaunch import RelaunchError
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,13 @@ def sole_launch(output_dir: str | Path) -> Iterator[None]:
         return
     folder = Path(output_dir).resolve()
     made = [p for p in (folder, *folder.parents) if not p.exists()]  # this folder and the parents it needs
-    folder.mkdir(parents=True, exist_ok=True)
+    problem = output_dir_problem(folder)
+    if problem:
+        raise ConfigError(problem)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # what the check cannot foresee (a read-only mount, to root; /proc)
+        raise ConfigError(f"key 'train.output_dir': {folder} cannot be made: {error.strerror}") from error
     handle = _locked(folder)
     if handle is None:
         raise FolderInUse(_in_use(folder))
