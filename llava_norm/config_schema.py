@@ -390,5 +390,9 @@ def take_count(total: int, take: str, key: str) -> int:
     return total
 
 
+def take_takes_nothing(take: str, total: int, key: str) -> str:
+    return f"key '{key}': {take!r} of {total} rows is no row: this source would add nothing (take more, or drop it)"
+
+
 def to_yaml(config: RunConfig) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(config))

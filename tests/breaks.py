@@ -1254,6 +1254,12 @@ BREAKS = [
           "    except OSError as error:  # what the check cannot foresee (a read-only mount, to root; /proc)",
           "    except ValueError as error:",
           "tests/test_relaunch.py::test_an_output_folder_that_cannot_be_made_is_one_line_before_the_launch_reads_anything"),
+    Break("the launch check passes a source whose take is no row", "llava_norm/train/preflight.py",
+          "    if total and not left:  # the source would add nothing to the mixture, unsaid", "    if False:",
+          "tests/test_check.py::test_a_take_of_no_row_is_a_problem"),
+    Break("a source whose take is no row adds nothing to the mixture, unsaid", "llava_norm/data/dataset.py",
+          "            if len(position_rows) and not len(rows):", "            if False:",
+          "tests/test_bad_data.py::test_take_counts_file_positions_including_bad_lines_and_a_take_of_no_row_is_refused"),
 ]
 
 

@@ -17,6 +17,7 @@ from PIL import Image
 from tinydata import write_dataset
 
 from llava_norm.config import DataSource
+from llava_norm.config_schema import ConfigError
 from llava_norm.data import images as images_module
 from llava_norm.data.collate import collate
 from llava_norm.data.conversation import conversation_tokenizer
@@ -377,7 +378,7 @@ def test_skips_are_deterministic_and_travel_through_collate(bundle, tmp_path):
     assert count_by_cause([]) == {}
 
 
-def test_take_counts_file_positions_including_bad_lines(bundle, tmp_path):
+def test_take_counts_file_positions_including_bad_lines_and_a_take_of_no_row_is_refused(bundle, tmp_path):
     data = (json.dumps(_row("r1")) + "\n{bad\n" + json.dumps(_row("r3")) + "\n").encode()
     path = tmp_path / "rows.jsonl"
     path.write_bytes(data)
@@ -386,3 +387,8 @@ def test_take_counts_file_positions_including_bad_lines(bundle, tmp_path):
     dataset = SupervisedDataset([DataSource(path=str(path), image_folder=str(folder), take="first:2")], encoder,
                                 bundle.image_processor, 512, on_bad_sample="skip")
     assert [row.row_id for row in dataset.rows] == ["r1"] and [r["row"] for r in dataset.rejected] == ["line 2"]
+    # a share that rounds to no row: the source would add nothing to the mixture; said by its key
+    with pytest.raises(ConfigError, match=r"key 'data.mixture\[1\].take': 'first:10%' of 3 rows is no row"):
+        SupervisedDataset([DataSource(path=str(path), image_folder=str(folder)),
+                           DataSource(path=str(path), image_folder=str(folder), take="first:10%")], encoder,
+                          bundle.image_processor, 512, on_bad_sample="skip")

@@ -521,6 +521,16 @@ def test_some_images_missing_is_a_warning_under_skip_and_a_problem_under_error(w
     assert "1 of 2 sampled images" in "\n".join(preflight(config, [taken], gpus=2, plan=False).warnings)
 
 
+def test_a_take_of_no_row_is_a_problem(world):
+    """A share that rounds to no row, beside a good source: the launch would take nothing from it,
+    unsaid (it trained on the other source alone)."""
+    _, config, data, images, _ = world
+    rows = len(json.loads(data.read_text()))
+    nothing = f"data.mixture=[{{path: {data}, image_folder: {images}}}, {{path: {data}, take: 'first:1%'}}]"
+    said = preflight(config, [nothing], gpus=2, plan=False).problems
+    assert [p for p in said if f"key 'data.mixture[1].take': 'first:1%' of {rows} rows is no row" in p], said
+
+
 def test_a_data_file_without_rows_is_a_problem(world, tmp_path):
     """An empty JSONL beside a good source: the launch check names it (it counted 0 rows and
     passed before, and the index build then ended in datasets' own error)."""

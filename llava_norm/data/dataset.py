@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from torch.utils.data import Dataset
 
 from llava_norm.config import DataSource
-from llava_norm.config_schema import LENGTH_ESTIMATES, ConfigError, take_count
+from llava_norm.config_schema import LENGTH_ESTIMATES, ConfigError, take_count, take_takes_nothing
 from llava_norm.data.collate import Example
 from llava_norm.data.conversation import ConversationTokenizer, conversation_tokenizer, fitted_length
 from llava_norm.data.images import BadImageError
@@ -136,6 +136,8 @@ class SupervisedDataset(Dataset):
             whole = _flags(pc.equal(table.column("position"), WHOLE_FILE))
             position_rows = np.flatnonzero(~whole)
             rows = position_rows[:take_count(len(position_rows), source.take, f"data.mixture[{i}].take")]
+            if len(position_rows) and not len(rows):
+                raise ConfigError(take_takes_nothing(source.take, len(position_rows), f"data.mixture[{i}].take"))
             taken = np.sort(np.concatenate([np.flatnonzero(whole), rows]))
             bad = taken[~_flags(pc.equal(table.column("cause"), ""))[taken]]
             for entry in index.select(bad).select_columns(["file", "row_id", "cause", "message"]):

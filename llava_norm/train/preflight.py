@@ -24,7 +24,7 @@ from pathlib import Path
 from llava_norm.config import _read_yaml_chain, each_config_error, load_config
 from llava_norm.config_checks import path_problems
 from llava_norm.config_schema import (NORM_ARMS, ConfigError, DataSource, ModelConfig, RunConfig, effective_grad_accum,
-                                      is_hub_id, take_count)
+                                      is_hub_id, take_count, take_takes_nothing)
 from llava_norm.data.rows import BadSampleError, no_rows, read_entries
 from llava_norm.data.sources import check_layout, resolve
 from llava_norm.data.templates import template_kwargs_problems
@@ -151,7 +151,10 @@ def source_problems(source: DataSource, key: str) -> tuple[list[str], int | None
         rows_total += len(rows)
         read.append((path, entries))
     # the images of the rows the run takes: the first of the files' rows, in file order (its take)
-    left = take_count(sum(len(entries) for _, entries in read), source.take, f"{key}.take")
+    total = sum(len(entries) for _, entries in read)
+    left = take_count(total, source.take, f"{key}.take")
+    if total and not left:  # the source would add nothing to the mixture, unsaid
+        problems.append(take_takes_nothing(source.take, total, f"{key}.take"))
     for path, entries in read:
         taken, left = [raw for _, raw in entries[:left]], max(0, left - len(entries))
         with_image = [r["image"] for r in taken if isinstance(r, dict) and isinstance(r.get("image"), str)]
