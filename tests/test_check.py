@@ -521,6 +521,28 @@ def test_some_images_missing_is_a_warning_under_skip_and_a_problem_under_error(w
     assert "1 of 2 sampled images" in "\n".join(preflight(config, [taken], gpus=2, plan=False).warnings)
 
 
+def test_rows_that_break_the_row_rules_are_said_before_the_launch(world, tmp_path):
+    """A row the index build would reject at launch: a warning under skip (the run drops it), a
+    problem under error (the launch would stop at it); a source none of whose rows passes is a
+    problem either way (the launch ended in 'no usable rows' after the check said OK)."""
+    _, config, data, images, _ = world
+    rows = json.loads(data.read_text())
+    broken = [*rows, {"id": "no-turns", "image": next(row["image"] for row in rows if "image" in row)},
+              {"id": "gpt-first", "conversations": [{"from": "gpt", "value": "hi"}]}]
+    (tmp_path / "some.json").write_text(json.dumps(broken))
+    some = f"data.mixture=[{{path: {tmp_path / 'some.json'}, image_folder: {images}}}]"
+    said = f"key 'data.mixture[0]': {tmp_path / 'some.json'}: row no-turns"
+    report = preflight(config, [some], gpus=2, plan=False)
+    assert report.ok and [w for w in report.warnings if w.startswith(said)], report.warnings
+    strict = preflight(config, [some, "data.on_bad_sample=error"], gpus=2, plan=False)
+    assert [p for p in strict.problems if p.startswith(said)], strict.problems
+    assert [p for p in strict.problems if "row gpt-first" in p] and len(strict.problems) == 2, strict.problems
+    (tmp_path / "none.json").write_text(json.dumps(broken[-2:]))
+    none = f"data.mixture=[{{path: {tmp_path / 'none.json'}, image_folder: {images}}}]"
+    assert any(f"none of the 2 rows of {tmp_path / 'none.json'} the run takes passes the row rules" in p
+               for p in preflight(config, [none], gpus=2, plan=False).problems)
+
+
 def test_a_take_of_no_row_is_a_problem(world):
     """A share that rounds to no row, beside a good source: the launch would take nothing from it,
     unsaid (it trained on the other source alone)."""
