@@ -656,3 +656,11 @@ def test_bad_arguments_an_empty_benchmark_and_damaged_outputs_end_the_command_in
     predictions.write_text(predictions.read_text() + "not a record\n")
     garbage = said("eval", ckpt, *bench, "--limit", "2", "--max-new-tokens-cap", "2")
     assert garbage.startswith(f"eval: {predictions}:3: not a prediction record (") and "\n" not in garbage, garbage
+    # the first way on it names: that line deleted, the records around it are kept and its item predicted again
+    assert "delete that line (the records around it are kept" in garbage, garbage
+    lines = predictions.read_text().splitlines(keepends=True)
+    kept = json.dumps({**json.loads(lines[0]), "kept": True}) + "\n"
+    predictions.write_text(kept)  # the damaged line deleted, and the second record too: its item is predicted again
+    cli.main(["eval", ckpt, *bench, "--limit", "2", "--max-new-tokens-cap", "2"])
+    again = predictions.read_text().splitlines()
+    assert again[0] == kept.strip() and len(again) == 2 and json.loads(result.read_text())["num_items"] == 2

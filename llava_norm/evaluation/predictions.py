@@ -109,7 +109,8 @@ class PredictionStore:
                         prediction = record["prediction"]
                     except (json.JSONDecodeError, KeyError, TypeError) as error:
                         raise DamagedFileError(f"{path}:{number}: not a prediction record ({error}); "
-                                               "delete the file or pass --overwrite", path) from None
+                                               "delete that line (the records around it are kept and its item is "
+                                               "predicted again), or the file, or pass --overwrite", path) from None
                     if item_id in merged.predictions:
                         merged.duplicates += 1
                     else:
