@@ -544,7 +544,8 @@ def test_bad_input_errors_name_file_row_and_column(tmp_path):
     with pytest.raises(ValueError, match=r"b.tsv: row 1 \(index 1\): column 'image' is not valid base64"):
         get_benchmark("mmbench_en_dev").load(bad_image)
     not_png = write_tsv(tmp_path / "c.tsv", [dict(good, image=base64.b64encode(b"x" * 80).decode())])
-    with pytest.raises(ValueError, match=r"c.tsv: row 0 \(index 0\): column 'image' does not hold a decodable image"):
+    with pytest.raises(ValueError, match=r"c.tsv: row 0 \(index 0\): column 'image' does not hold a decodable image "
+                                         r"\(cannot identify image file of 80 bytes\)"):
         get_benchmark("mmbench_en_dev").load(not_png)
     bad_answer = write_tsv(tmp_path / "d.tsv", [dict(good, answer="E")])
     with pytest.raises(ValueError, match=r"d.tsv: row 0 \(index 0\): column 'answer' must be one of \['A', 'B'\]"):

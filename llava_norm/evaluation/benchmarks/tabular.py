@@ -16,6 +16,7 @@ import binascii
 import io
 import json
 import math
+import re
 from abc import abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -197,8 +198,9 @@ def encoded_image(row: Row, column: str = "image", by_index: Mapping[str, Any] |
     try:
         with Image.open(io.BytesIO(data)) as probe:  # reads the header only
             probe.verify()
-    except Exception as exc:
-        raise ValueError(f"{row.where}: column {column!r} does not hold a decodable image ({exc})") from None
+    except Exception as exc:  # PIL names the buffer by its repr ("<_io.BytesIO object at 0x...>"): said as bytes
+        why = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", f"of {len(data)} bytes", str(exc))
+        raise ValueError(f"{row.where}: column {column!r} does not hold a decodable image ({why})") from None
     return EncodedImage(data, origin=f"{row.where}, column {column!r}")
 
 
