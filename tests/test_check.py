@@ -539,17 +539,27 @@ def test_rows_that_break_the_row_rules_are_said_before_the_launch(world, tmp_pat
     assert [p for p in strict.problems if "row gpt-first" in p] and len(strict.problems) == 2, strict.problems
     (tmp_path / "none.json").write_text(json.dumps(broken[-2:]))
     none = f"data.mixture=[{{path: {tmp_path / 'none.json'}, image_folder: {images}}}]"
-    assert any(f"none of the 2 rows of {tmp_path / 'none.json'} the run takes passes the row rules" in p
+    assert any(p.startswith("key 'data.mixture[0]': none of the 2 rows the run takes passes the row rules (first: ")
                for p in preflight(config, [none], gpus=2, plan=False).problems)
+    # the plain format's own rule (stage 1's captions): a caption right after the first user turn
+    two_asks = {"id": "two-asks", "conversations": [{"from": "human", "value": "a"}, {"from": "human", "value": "b"},
+                                                    {"from": "gpt", "value": "c"}]}
+    (tmp_path / "plain.json").write_text(json.dumps([*rows, two_asks]))
+    plain = [f"data.mixture=[{{path: {tmp_path / 'plain.json'}, image_folder: {images}}}]", "data.prompt_format=plain"]
+    warned = preflight(config, plain, gpus=2, plan=False).warnings
+    assert [w for w in warned if "row two-asks: plain format needs an assistant caption right after" in w], warned
 
 
 def test_a_take_of_no_row_is_a_problem(world):
     """A share that rounds to no row, beside a good source: the launch would take nothing from it,
     unsaid (it trained on the other source alone)."""
-    _, config, data, images, _ = world
+    _, config, data, images, shards = world
     rows = len(json.loads(data.read_text()))
     nothing = f"data.mixture=[{{path: {data}, image_folder: {images}}}, {{path: {data}, take: 'first:1%'}}]"
     said = preflight(config, [nothing], gpus=2, plan=False).problems
+    assert [p for p in said if f"key 'data.mixture[1].take': 'first:1%' of {rows} rows is no row" in p], said
+    nothing = f"data.mixture=[{{path: {data}, image_folder: {images}}}, {{path: {shards}, take: 'first:1%'}}]"
+    said = preflight(config, [nothing], gpus=2, plan=False).problems  # parquet shards: counted from their footers
     assert [p for p in said if f"key 'data.mixture[1].take': 'first:1%' of {rows} rows is no row" in p], said
 
 

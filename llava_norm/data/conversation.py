@@ -52,7 +52,8 @@ class ChatTemplateFormat:
         probe = self.render([{"role": "user", "content": " " + _SENTINEL.format(0) + " "}], False)
         self.trims_content = " " + _SENTINEL.format(0) + " " not in probe
 
-    def row_problem(self, messages: list[dict]) -> str | None:
+    @staticmethod
+    def row_problem(messages: list[dict]) -> str | None:
         """What would keep a checked row (``data.rows.check_row``) from this format: nothing; the
         template renders any order of roles."""
         return None
@@ -113,7 +114,8 @@ class PlainFormat:
         self.tokenizer = tokenizer
         self.bos = tokenizer.bos_token or ""
 
-    def row_problem(self, messages: list[dict]) -> str | None:
+    @staticmethod
+    def row_problem(messages: list[dict]) -> str | None:
         """What keeps a checked row from this format (the data index skips such a row as a bad
         conversation, naming it): the caption must be the turn right after the first user turn."""
         turns = [m for m in messages if m["role"] != "system"]
@@ -247,6 +249,10 @@ def truncate(encoded: Encoded, max_length: int) -> Encoded | None:
     end = fitting[-1]
     return Encoded(encoded.input_ids[:end], encoded.labels[:end], encoded.n_images,
                    [e for e in encoded.turn_ends if e <= end])
+
+
+# data.prompt_format (config_schema.PROMPT_FORMATS) -> its class, whose row_problem reads a row alone
+FORMAT_CLASSES = {"plain": PlainFormat, "chat": ChatTemplateFormat}
 
 
 def make_prompt_format(tokenizer, name: str, template_kwargs: dict | None = None):

@@ -142,9 +142,9 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
     rows = 0
     sources = {} if sources is None else sources
     for i, source in enumerate(config.data.mixture):
-        seen = (repr(source), i)
+        seen = (repr(source), i, config.data.prompt_format)
         if seen not in sources:
-            sources[seen] = source_problems(source, f"data.mixture[{i}]")
+            sources[seen] = source_problems(source, f"data.mixture[{i}]", config.data.prompt_format)
         problems, found = sources[seen]
         for problem in problems:
             if problem.startswith(SKIPPABLE) and config.data.on_bad_sample == "skip":

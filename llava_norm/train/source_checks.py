@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from llava_norm.config_schema import ConfigError, DataSource, take_count, take_takes_nothing
+from llava_norm.data.conversation import FORMAT_CLASSES
 from llava_norm.data.rows import BadSampleError, check_row, no_rows, read_entries
 from llava_norm.data.sources import check_layout, resolve
 
@@ -20,9 +21,9 @@ MAX_SHARD_LINES = 5  # unreadable shards named one by one; the rest are counted
 SKIPPABLE = "(skippable) "  # marks a source problem that data.on_bad_sample: skip steps over
 
 
-def source_problems(source: DataSource, key: str) -> tuple[list[str], int | None]:
-    """(problems, rows) of one mixture entry, reading footers and a sample of images only. A
-    problem that the bad-sample policy can step over starts with SKIPPABLE."""
+def source_problems(source: DataSource, key: str, prompt_format: str = "chat") -> tuple[list[str], int | None]:
+    """(problems, rows) of one mixture entry: a JSON source's rows and a sample of their images, a
+    parquet source's footers. A problem the bad-sample policy can step over starts with SKIPPABLE."""
     try:
         resolved = resolve(source, key)
     except ConfigError as error:
@@ -53,6 +54,8 @@ def source_problems(source: DataSource, key: str) -> tuple[list[str], int | None
         if resolved.files and rows == 0:  # every shard dropped or empty: skipping cannot help
             problems.append(f"key '{key}': none of its {len(resolved.files)} shard(s) holds a row the run can "
                             "read (above): this source would train nothing")
+        if rows and not take_count(rows, source.take, f"{key}.take"):
+            problems.append(take_takes_nothing(source.take, rows, f"{key}.take"))
         if resolved.expected_rows is not None and not problems and rows != resolved.expected_rows:
             problems.append(f"{SKIPPABLE}key '{key}': the dataset card says {resolved.expected_rows} rows, the "
                             f"{len(resolved.files)} shards hold {rows}: a partial download? Download it again")
@@ -64,63 +67,65 @@ def source_problems(source: DataSource, key: str) -> tuple[list[str], int | None
         except Exception as error:  # noqa: BLE001 - BadSampleError or OSError: the file as a whole
             problems.append(f"key '{key}': {error}")
             continue
-        # a JSONL line that does not read is one bad row, as the dataset treats it: skip steps over it
         unreadable = [raw for _, raw in entries if isinstance(raw, BadSampleError)]
-        rows = [raw for _, raw in entries if not isinstance(raw, BadSampleError)]
-        if unreadable and not rows:  # not a few bad lines: the file is not JSONL (a JSON list named .jsonl?)
+        if len(unreadable) == len(entries):  # not a few bad lines: the file is not JSONL (a JSON list named .jsonl?)
             problems.append(f"key '{key}': {path}: none of its {len(unreadable)} lines reads as a JSON row "
                             f"(first: {unreadable[0]})")
             continue
-        problems += [f"{SKIPPABLE}key '{key}': {error}" for error in unreadable[:MAX_SHARD_LINES]]
-        if len(unreadable) > MAX_SHARD_LINES:
-            problems.append(f"{SKIPPABLE}key '{key}': {len(unreadable) - MAX_SHARD_LINES} more unreadable lines in "
-                            f"{path}")
-        rows_total += len(rows)
+        rows_total += len(entries) - len(unreadable)
         read.append((path, entries))
-    # the images of the rows the run takes: the first of the files' rows, in file order (its take)
+    # the rows the run takes: the first of the files' rows, in file order (its take)
     total = sum(len(entries) for _, entries in read)
     left = take_count(total, source.take, f"{key}.take")
     if total and not left:  # the source would add nothing to the mixture, unsaid
         problems.append(take_takes_nothing(source.take, total, f"{key}.take"))
+    bad, passed = [], 0
     for path, entries in read:
-        taken, left = [raw for _, raw in entries[:left]], max(0, left - len(entries))
-        problems += _row_rule_problems(key, path, entries[:len(taken)])
-        with_image = [r["image"] for r in taken if isinstance(r, dict) and isinstance(r.get("image"), str)]
-        if not with_image:
-            continue
-        step = max(1, len(with_image) // IMAGE_SAMPLE)
-        sample = with_image[::step][:IMAGE_SAMPLE]
-        # without an image_folder the dataset reads images beside the file (data.dataset)
-        folder = Path(resolved.image_folder).expanduser() if resolved.image_folder else Path(path).parent
-        missing = [name for name in sample if not (folder / name).is_file()]
-        if len(missing) == len(sample):
-            unset = "" if resolved.image_folder else " (image_folder is not set: images are read beside the file)"
-            problems.append(f"key '{key}.image_folder': none of {len(sample)} sampled images of {path} is under "
-                            f"{folder}{unset} (first looked for: {missing[0]}): the wrong folder, or the images not "
-                            "unpacked")
-        elif missing:  # rows the run skips when drawn (or, under error, the first drawn stops it)
-            problems.append(f"{SKIPPABLE}key '{key}.image_folder': {len(missing)} of {len(sample)} sampled images of "
-                            f"{path} are missing under {folder} (first looked for: {missing[0]}): images not all "
-                            "unpacked?")
+        taken, left = entries[:left], max(0, left - len(entries))
+        for index, (line, raw) in enumerate(taken):
+            try:
+                _check(raw, str(path), index, None if line is None else f"line {line}", prompt_format)
+                passed += 1
+            except BadSampleError as error:
+                bad.append(error)
+        problems += _image_problems(key, resolved, path, [raw for _, raw in taken])
+    if bad and not passed:
+        problems.append(f"key '{key}': none of the {len(bad)} rows the run takes passes the row rules (first: "
+                        f"{bad[0]}): this source would train nothing")
+    else:
+        problems += [f"{SKIPPABLE}key '{key}': {error}" for error in bad[:MAX_SHARD_LINES]]
+        if len(bad) > MAX_SHARD_LINES:
+            problems.append(f"{SKIPPABLE}key '{key}': {len(bad) - MAX_SHARD_LINES} more rows break the row rules")
     return problems, rows_total
 
 
-def _row_rule_problems(key: str, path: str, entries: list) -> list[str]:
-    """The taken rows of one JSON file that break the row rules (``data.rows``), as the index build
-    would find them at launch: skippable each, and a problem outright when none passes."""
-    bad, checked = [], 0
-    for index, (position, raw) in enumerate(entries):
-        if isinstance(raw, BadSampleError):  # an unreadable line: said above
-            continue
-        checked += 1
-        try:
-            check_row(raw, str(path), index, position or None)
-        except BadSampleError as error:
-            bad.append(error)
-    if checked and len(bad) == checked:
-        return [f"key '{key}': none of the {checked} rows of {path} the run takes passes the row rules (first: {bad[0]}): "
-                "this source would train nothing"]
-    said = [f"{SKIPPABLE}key '{key}': {error}" for error in bad[:MAX_SHARD_LINES]]
-    if len(bad) > MAX_SHARD_LINES:
-        said.append(f"{SKIPPABLE}key '{key}': {len(bad) - MAX_SHARD_LINES} more rows of {path} break the row rules")
-    return said
+def _check(raw, path: str, index: int, position: str | None, prompt_format: str) -> None:
+    """One row as the index build checks it (``data.index``): the row rules, then the prompt
+    format's (the plain format's caption after the first user turn); BadSampleError if bad."""
+    if isinstance(raw, BadSampleError):  # a JSONL line that does not read
+        raise raw
+    row = check_row(raw, path, index, position)
+    problem = FORMAT_CLASSES[prompt_format].row_problem(row.messages)
+    if problem:
+        raise BadSampleError(f"{path}: row {row.row_id}{f' ({position})' if position else ''}: {problem}", file=path,
+                             row=row.row_id, cause="bad_conversation")
+
+
+def _image_problems(key: str, resolved, path, taken: list) -> list[str]:
+    """A sample of the taken rows' images looked for where the dataset reads them."""
+    with_image = [r["image"] for r in taken if isinstance(r, dict) and isinstance(r.get("image"), str)]
+    if not with_image:
+        return []
+    step = max(1, len(with_image) // IMAGE_SAMPLE)
+    sample = with_image[::step][:IMAGE_SAMPLE]
+    # without an image_folder the dataset reads images beside the file (data.dataset)
+    folder = Path(resolved.image_folder).expanduser() if resolved.image_folder else Path(path).parent
+    missing = [name for name in sample if not (folder / name).is_file()]
+    if len(missing) == len(sample):
+        unset = "" if resolved.image_folder else " (image_folder is not set: images are read beside the file)"
+        return [f"key '{key}.image_folder': none of {len(sample)} sampled images of {path} is under {folder}{unset} "
+                f"(first looked for: {missing[0]}): the wrong folder, or the images not unpacked"]
+    if missing:  # rows the run skips when drawn (or, under error, the first drawn stops it)
+        return [f"{SKIPPABLE}key '{key}.image_folder': {len(missing)} of {len(sample)} sampled images of {path} are "
+                f"missing under {folder} (first looked for: {missing[0]}): images not all unpacked?"]
+    return []
