@@ -224,14 +224,23 @@ def _resume_and_output(config: RunConfig) -> None:
 def output_dir_problem(output_dir: str | Path) -> str | None:
     """Why ``train.output_dir`` cannot be a run's folder: a file, or under a file or a folder this
     user cannot write in (the nearest one that exists, where the folders would be made)."""
-    out = Path(output_dir).expanduser()
-    if out.exists() and not out.is_dir():
+    out = Path(output_dir).expanduser().resolve()  # as the launch makes it: a symbolic link followed
+    blocked = False
+    for there in (out, *out.parents):
+        try:
+            if there.exists():
+                break
+        except OSError:  # inside a folder this user may not enter
+            blocked = True
+    if blocked:
+        return f"key 'train.output_dir': {output_dir} cannot be made: {there} is not open to this user"
+    if there == out and not out.is_dir():
         return f"key 'train.output_dir': {output_dir} exists and is not a directory"
-    there = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
     if not there.is_dir():
         return f"key 'train.output_dir': {output_dir} cannot be made: {there} is a file"
     if not os.access(there, os.W_OK | os.X_OK):
-        return f"key 'train.output_dir': {output_dir} cannot be made: {there} is not writable"
+        made = "is not writable" if there == out else f"cannot be made: {there} is not writable"
+        return f"key 'train.output_dir': {output_dir} {made}"
     return None
 
 

@@ -489,14 +489,17 @@ def test_a_second_launch_into_a_folder_a_launch_holds_is_refused_and_the_check_s
 
 def test_an_output_folder_that_cannot_be_made_is_one_line_before_the_launch_reads_anything(tmp_path):
     """Under a file, the folder is refused by name (`llava-norm check` says the same); where the
-    file system refuses what the check cannot foresee (/proc, a read-only mount to root), the
-    error of mkdir is said on the same key: the launch's one config-error line, not a traceback."""
+    file system refuses what the check cannot foresee (/proc, a read-only mount, to root), the
+    error of mkdir is said on the same key: the launch's one config-error line, not a traceback
+    (the second case, and its break, need root: CI's user)."""
     from llava_norm.config_schema import ConfigError
     from llava_norm.train.launch_lock import sole_launch
 
     (tmp_path / "data.json").write_text("[]")
+    # to root, /proc is writable and only mkdir refuses; to another user the check already does
+    refused = "No such file or directory" if os.geteuid() == 0 else "/proc is not writable"
     for folder, said in ((tmp_path / "data.json" / "run", f"cannot be made: {tmp_path / 'data.json'} is a file"),
-                         (Path("/proc/no-such-process/run"), "cannot be made: No such file or directory")):
+                         (Path("/proc/no-such-process/run"), f"cannot be made: {refused}")):
         with pytest.raises(ConfigError, match=re.escape(f"key 'train.output_dir': {folder} {said}")):
             with sole_launch(folder):
                 raise AssertionError("the launch went on")
