@@ -1270,6 +1270,12 @@ BREAKS = [
     Break("the launch check passes a parquet source whose take is no row", "llava_norm/train/source_checks.py",
           "        if rows and not take_count(rows, source.take, f\"{key}.take\"):", "        if False:",
           "tests/test_check.py::test_a_take_of_no_row_is_a_problem"),
+    Break("a row whose benchmarks were evaluated on different checkpoints is not marked", "llava_norm/evaluation/sources.py",
+          "    if len(fingerprints) > 1:", "    if False:",
+          "tests/test_provenance.py::test_a_table_row_is_marked_where_its_checkpoint_data_or_training_record_no_longer_holds"),
+    Break("runs that scored different units are paired by position", "llava_norm/analysis/ablation.py",
+          "    if set(base.ids) != set(other.ids):", "    if False:",
+          "tests/test_ablation.py::test_runs_that_scored_different_units_are_not_paired"),
 ]
 
 

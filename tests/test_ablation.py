@@ -225,6 +225,21 @@ def test_run_names_split_into_arm_and_seed():
         ablation_cells({}, "missing")
 
 
+def test_runs_that_scored_different_units_are_not_paired():
+    """Two arms' rows are paired unit by unit: a run evaluated on other items (another --limit or
+    file) is refused, not paired by position."""
+    from llava_norm.analysis.ablation import _aligned
+    from llava_norm.evaluation.units import Units
+
+    def units(ids):
+        return Units("pope", ids, np.zeros((len(ids), 1)), None, np.zeros(len(ids)), np.zeros(len(ids)), 0.0)
+
+    with pytest.raises(ValueError, match=r"pope: the runs scored different units \(2 vs 2\); evaluate them with the "
+                                         r"same benchmark files and --limit"):
+        _aligned(units(("a", "b")), units(("a", "c")), "pope")
+    assert _aligned(units(("a", "b")), units(("b", "a")), "pope").ids == ("a", "b")
+
+
 def test_intervals_are_cut_to_what_a_score_or_a_delta_can_be():
     from llava_norm.analysis.ablation import _delta, _score
     from llava_norm.evaluation.units import Units

@@ -178,3 +178,6 @@ def test_a_table_row_is_marked_where_its_checkpoint_data_or_training_record_no_l
     assert marks() == [f"no training record ({run / 'provenance.json'})"]
     shutil.move(model, tmp_path / "elsewhere")
     assert marks() == [f"checkpoint {model} not found: cannot be verified"]
+    # one row, two models: a benchmark evaluated on another checkpoint than the rest
+    results["ai2d"] = {**results["pope"], "settings": {**results["pope"]["settings"], "checkpoint_fingerprint": "other"}}
+    assert marks()[0] == "benchmarks evaluated on 2 different checkpoints", marks()
