@@ -221,9 +221,10 @@ def _resume_and_output(config: RunConfig) -> None:
         raise ConfigError(problem)
 
 
-def output_dir_problem(output_dir: str | Path) -> str | None:
-    """Why ``train.output_dir`` cannot be a run's folder: a file, or under a file or a folder this
-    user cannot write in (the nearest one that exists, where the folders would be made)."""
+def output_dir_problem(output_dir: str | Path, key: str = "key 'train.output_dir'") -> str | None:
+    """Why ``train.output_dir`` (or the folder ``key`` names) cannot be a folder the run writes in:
+    a file, or under a file or a folder this user cannot write in (the nearest one that exists,
+    where the folders would be made)."""
     out = Path(output_dir).expanduser().resolve()  # as the launch makes it: a symbolic link followed
     blocked = False
     for there in (out, *out.parents):
@@ -233,14 +234,14 @@ def output_dir_problem(output_dir: str | Path) -> str | None:
         except OSError:  # inside a folder this user may not enter
             blocked = True
     if blocked:
-        return f"key 'train.output_dir': {output_dir} cannot be made: {there} is not open to this user"
+        return f"{key}: {output_dir} cannot be made: {there} is not open to this user"
     if there == out and not out.is_dir():
-        return f"key 'train.output_dir': {output_dir} exists and is not a directory"
+        return f"{key}: {output_dir} exists and is not a directory"
     if not there.is_dir():
-        return f"key 'train.output_dir': {output_dir} cannot be made: {there} is a file"
+        return f"{key}: {output_dir} cannot be made: {there} is a file"
     if not os.access(there, os.W_OK | os.X_OK):
         made = "is not writable" if there == out else f"cannot be made: {there} is not writable"
-        return f"key 'train.output_dir': {output_dir} {made}"
+        return f"{key}: {output_dir} {made}"
     return None
 
 

@@ -550,6 +550,17 @@ def test_rows_that_break_the_row_rules_are_said_before_the_launch(world, tmp_pat
     assert [w for w in warned if "row two-asks: plain format needs an assistant caption right after" in w], warned
 
 
+def test_a_datasets_cache_that_cannot_be_made_is_a_problem(world, tmp_path, monkeypatch):
+    """HF_DATASETS_CACHE, where the launch builds its row index, under a file: the launch ended in
+    a NotADirectoryError traceback after the check said OK."""
+    _, config, _, _, _ = world
+    (tmp_path / "data.json").write_text("[]")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "data.json" / "cache"))
+    said = preflight(config, [], gpus=2, plan=False).problems
+    assert f"variable HF_DATASETS_CACHE: {tmp_path / 'data.json' / 'cache'} cannot be made: {tmp_path / 'data.json'} " \
+           "is a file" in said, said
+
+
 def test_a_take_of_no_row_is_a_problem(world):
     """A share that rounds to no row, beside a good source: the launch would take nothing from it,
     unsaid (it trained on the other source alone)."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llava_norm.config import _read_yaml_chain, each_config_error, load_config
-from llava_norm.config_checks import path_problems
+from llava_norm.config_checks import output_dir_problem, path_problems
 from llava_norm.config_schema import NORM_ARMS, ConfigError, ModelConfig, RunConfig, effective_grad_accum, is_hub_id
 from llava_norm.data.templates import template_kwargs_problems
 from llava_norm.train.rundir import (NO_DATA_STATE, SUMMARY, complete_checkpoints, data_state, global_batch_problem,
@@ -159,6 +159,10 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
         for problem in path_problems(config):
             if not _said_already(report, problem):
                 report.problems.append(f"{path}: {problem}")
+    cache = os.environ.get("HF_DATASETS_CACHE")  # where the row index is built: a traceback at launch otherwise
+    problem = cache and output_dir_problem(cache, "variable HF_DATASETS_CACHE")
+    if problem:
+        report.problems.append(problem)
     if t.deepspeed and accum is not None and not any("key 'train.deepspeed'" in said for said in report.problems):
         from llava_norm.train.deepspeed_keys import deepspeed_json_problems  # lazy: imports DeepSpeed
 
