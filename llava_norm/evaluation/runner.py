@@ -1,9 +1,9 @@
 """``llava-norm eval``: one checkpoint on a list of benchmarks, data-parallel and resumable.
 
 Owns the evaluation run: which prompt settings apply (read from the training run's
-``config.yaml`` beside the checkpoint unless given), how items are split over ranks (the
-batches of the file's items not yet all predicted, round-robin, identical on every rank), when predictions hit disk
-(per batch, via ``PredictionStore``), and the outputs of rank 0:
+``config.yaml`` beside the checkpoint unless given), how items are split over ranks (fixed
+batches of the file's items, those not yet all predicted, round-robin, identical on every
+rank), when predictions hit disk (per batch, via ``PredictionStore``), and the outputs of rank 0:
 
 - ``<out>/<benchmark>.json``: metrics plus the exact settings (checkpoint, data, prompt
   variant, shots, split, decoding);
