@@ -369,14 +369,17 @@ def parse_take(take: str, key: str) -> tuple[str, float]:
     if take.startswith("first:"):
         amount = take[len("first:"):]
         try:
-            if amount.endswith("%"):
-                value = float(amount[:-1])
-                if 0 < value <= 100:
-                    return "percent", value
-            elif int(amount) > 0:
-                return "count", int(amount)
+            value = float(amount[:-1]) if amount.endswith("%") else int(amount)
         except ValueError:
-            pass
+            value = None
+        if value is not None and amount.endswith("%"):
+            if 0 < value <= 100:
+                return "percent", value
+            raise ConfigError(f"key '{key}': {take!r}: a share must be above 0% and at most 100%")
+        if value is not None:
+            if value > 0:
+                return "count", value
+            raise ConfigError(f"key '{key}': {take!r}: a count must be at least 1")
     raise ConfigError(f"key '{key}': {take!r} is not 'all', 'first:N' or 'first:P%'")
 
 

@@ -59,7 +59,7 @@ def test_a_good_launch_passes_with_a_summary(world, monkeypatch, projector):
     assert report.ok, report.problems
     text = "\n".join(report.summary)
     assert "world size 2 (1 node(s) x 2 GPUs), gradient accumulation 2, global batch 8" in text
-    assert "data: 16 rows in 2 source(s)" in text  # 8 JSON rows + the same 8 in the shards
+    assert "data: 16 rows taken from 2 source(s)" in text  # 8 JSON rows + the same 8 in the shards
     assert re.search(r"plan: peak \S+ \S+ per GPU \(fits 80\.0 GiB\); host memory at start-up about \S+ \S+ per node$",
                      text, re.M), text  # the fit beside the peak it is of
     assert not report.warnings, report.warnings
@@ -481,7 +481,7 @@ def test_a_malformed_jsonl_line_is_a_warning_under_skip_and_a_problem_under_erro
     report = preflight(config, [mixture], gpus=2, plan=False)
     assert report.ok, report.problems
     assert any(f"{jsonl}: line 4: invalid JSON at column " in w and "skipped.jsonl" in w for w in report.warnings)
-    assert "data: 7 rows in 1 source(s)" in "\n".join(report.summary)
+    assert "data: 7 rows taken from 1 source(s)" in "\n".join(report.summary)
     strict = preflight(config, [mixture, "data.on_bad_sample=error"], gpus=2, plan=False)
     assert [p for p in strict.problems if f"{jsonl}: line 4: invalid JSON at column " in p]
     jsonl.write_text(json.dumps(json.loads(data.read_text()), indent=1))  # a JSON list named .jsonl: no line reads
@@ -569,6 +569,9 @@ def test_a_take_of_no_row_is_a_problem(world):
     nothing = f"data.mixture=[{{path: {data}, image_folder: {images}}}, {{path: {data}, take: 'first:1%'}}]"
     said = preflight(config, [nothing], gpus=2, plan=False).problems
     assert [p for p in said if f"key 'data.mixture[1].take': 'first:1%' of {rows} rows is no row" in p], said
+    half = f"data.mixture=[{{path: {data}, image_folder: {images}, take: 'first:50%'}}, {{path: {shards}, take: 'first:3'}}]"
+    summary = "\n".join(preflight(config, [half], gpus=2, plan=False).summary)
+    assert f"data: {rows // 2 + 3} rows taken from 2 source(s)" in summary, summary  # the takes, not the files' rows
     nothing = f"data.mixture=[{{path: {data}, image_folder: {images}}}, {{path: {shards}, take: 'first:1%'}}]"
     said = preflight(config, [nothing], gpus=2, plan=False).problems  # parquet shards: counted from their footers
     assert [p for p in said if f"key 'data.mixture[1].take': 'first:1%' of {rows} rows is no row" in p], said
@@ -604,7 +607,7 @@ def test_shards_without_the_hub_layouts_columns_or_rows_are_said(world, tmp_path
     said = [f"{folder / 'b.parquet'}: no column 'conversations'", f"{folder / 'c.parquet'}: holds no rows"]
     skip = preflight(config, [f"data.mixture=[{{path: {folder}}}]"], gpus=2, plan=False)
     assert skip.ok and all([w for w in skip.warnings if line in w] for line in said), skip.warnings
-    assert f"data: {pq.ParquetFile(good).metadata.num_rows} rows in 1 source(s)" in "\n".join(skip.summary)
+    assert f"data: {pq.ParquetFile(good).metadata.num_rows} rows taken from 1 source(s)" in "\n".join(skip.summary)
     stop = preflight(config, [f"data.mixture=[{{path: {folder}}}]", "data.on_bad_sample=error"], gpus=2, plan=False)
     assert all([p for p in stop.problems if line in p] for line in said), stop.problems
     # without the good shard no row is left: a problem under skip too (the run would stop); and

@@ -200,6 +200,15 @@ def test_a_projector_from_another_arm_llm_or_tower_is_refused_naming_both(setup)
                 load_config(setup["base"], [*_expand(overrides, setup), *allow])
 
 
+def test_a_take_out_of_range_is_said_so():
+    from llava_norm.config_schema import parse_take
+
+    for take, said in (("first:0", "a count must be at least 1"), ("first:150%", "a share must be above 0% and at most 100%"),
+                       ("first:0%", "a share must be above 0% and at most 100%"), ("first:x", "is not 'all', 'first:N'")):
+        with pytest.raises(ConfigError, match=re.escape(f"key 'data.mixture[0].take': {take!r}") + ".*" + re.escape(said)):
+            parse_take(take, "data.mixture[0].take")
+
+
 def _bad(value: str) -> str:
     """A value just outside a RANGES spec."""
     return {"> 0": "0", ">= 1": "0", ">= 0": "-1", "[0, 1)": "1"}[value]

@@ -19,7 +19,9 @@ BAD_ROWS = {
     "malformed": ({"id": "m1", "conversations": "not a list"}, "missing or empty 'conversations'"),
     "empty": ({"id": "e1", "conversations": []}, "missing or empty 'conversations'"),
     "role": ({"id": "r1", "conversations": [{"from": "robot", "value": "hi"}, {"from": "gpt", "value": "x"}]},
-             "unknown role 'robot'"),
+             r"unknown role 'robot' \(expected one of human\|gpt\|system\|user\|assistant\)"),
+    "misspelt": ({"id": "s1", "conversation": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "x"}]},
+                 r"missing or empty 'conversations' \(it has 'conversation'\)"),
     "count": ({"id": "c1", "image": "0001.png", "conversations": [
         {"from": "human", "value": "<image> <image> two?"}, {"from": "gpt", "value": "x"}]}, "2 '<image>' placeholders"),
     "no_placeholder": ({"id": "c2", "image": "0001.png", "conversations": [

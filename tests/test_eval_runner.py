@@ -292,7 +292,7 @@ def test_finished_benchmarks_are_not_recomputed_and_changed_settings_are_refused
     assert said.startswith("eval: ") and "limit=2" in said and "--replace-stale" in said, said
     with pytest.raises(SystemExit) as stop:  # the batch moves logits: predictions of another are not kept
         evaluate("--batch-size", "2")
-    assert "batch_items" in str(stop.value.code) and "--replace-stale" in str(stop.value.code), stop.value.code
+    assert "batch_items=4, this run has batch_items=2 (--batch-size)" in str(stop.value.code), stop.value.code
 
 
 def test_replace_stale_recomputes_predictions_made_with_other_settings(setup, whole, tmp_path, capsys):

@@ -158,14 +158,15 @@ def check_row(raw, source: str, index: int, position: str | None = None, image_p
         raise bad("row is not an object")
     turns = raw.get("conversations")
     if not isinstance(turns, list) or not turns:
-        raise bad("missing or empty 'conversations'")
+        near = [k for k in raw if k != "conversations" and k.lower().startswith("conversation")]
+        raise bad("missing or empty 'conversations'" + (f" (it has {near[0]!r})" if near else ""))
     messages = []
     for t, turn in enumerate(turns):
         if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
             raise bad(f"turn {t} needs a string 'value'")
         role = ROLE_MAP.get(turn.get("from"))
         if role is None:
-            raise bad(f"turn {t} has unknown role {turn.get('from')!r} (expected human|gpt)")
+            raise bad(f"turn {t} has unknown role {turn.get('from')!r} (expected one of {'|'.join(ROLE_MAP)})")
         if not turn["value"].strip():  # an empty answer trains nothing; an empty question teaches the wrong thing
             raise bad(f"turn {t} ({turn['from']}) is empty", "empty_turn")
         messages.append({"role": role, "content": turn["value"]})

@@ -44,7 +44,9 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                                  "beside the folder NAME)")
     p.add_argument("--name", help="run name in the results table (default: the training run's train.run_name, "
                                   "else its arm, model.norm_alignment, else the checkpoint folder's name)")
-    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--batch-size", type=positive_int, default=8,
+                   help="items per batch (default: 8; a quarter of it for log-likelihood benchmarks); recorded, and "
+                        "predictions made with another are not kept")
     p.add_argument("--limit", type=int, default=None, help="first N items per benchmark (smoke runs)")
     p.add_argument("--max-new-tokens-cap", type=positive_int, default=None,
                    help="cap every task's max_new_tokens (smoke runs; recorded in the results)")

@@ -21,6 +21,9 @@ from typing import Any
 
 from llava_norm.files import write_atomically
 
+# A recorded setting -> the `llava-norm eval` option that sets it (evaluation.settings records them)
+OPTIONS = {"batch_items": "batch-size", "limit": "limit", "max_new_tokens_cap": "max-new-tokens-cap", "dtype": "dtype"}
+
 
 class DamagedFileError(ValueError):
     """A file an earlier evaluation wrote in its --out folder that does not read (cut short,
@@ -77,9 +80,10 @@ class PredictionStore:
         changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
         if changed:
             key = changed[0]
+            option = f" (--{OPTIONS[key]})" if key in OPTIONS else ""
             raise SettingsMismatchError(changed, 
                 f"{path}: existing predictions were made with {key}={old.get(key)!r}, this run has "
-                f"{key}={settings.get(key)!r} (differing keys: {changed}). Pass --replace-stale to recompute "
+                f"{key}={settings.get(key)!r}{option} (differing keys: {changed}). Pass --replace-stale to recompute "
                 f"{self.benchmark} (--overwrite: every benchmark), or write to another --out directory.")
 
     def write_settings(self, settings: dict) -> None:

@@ -179,7 +179,7 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
     report.summary += [
         f"world size {world} ({nodes} node(s) x {gpus} GPUs), gradient accumulation {accum}, "
         f"global batch {t.global_batch_size or t.per_device_batch_size * (accum or 1) * world}",
-        f"data: {rows:,} rows in {len(config.data.mixture)} source(s) (before the row rules)",
+        f"data: {rows:,} rows taken from {len(config.data.mixture)} source(s) (before the row rules)",
         f"backbones: vision {config.model.vision_tower} ({where['vision_tower']}); llm {config.model.llm} ({where['llm']})",
     ]
     if t.save_steps == 0:

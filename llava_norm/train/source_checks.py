@@ -22,8 +22,9 @@ SKIPPABLE = "(skippable) "  # marks a source problem that data.on_bad_sample: sk
 
 
 def source_problems(source: DataSource, key: str, prompt_format: str = "chat") -> tuple[list[str], int | None]:
-    """(problems, rows) of one mixture entry: a JSON source's rows and a sample of their images, a
-    parquet source's footers. A problem the bad-sample policy can step over starts with SKIPPABLE."""
+    """(problems, rows it takes) of one mixture entry: a JSON source's rows and a sample of their
+    images, a parquet source's footers. A problem the bad-sample policy can step over starts with
+    SKIPPABLE."""
     try:
         resolved = resolve(source, key)
     except ConfigError as error:
@@ -54,13 +55,14 @@ def source_problems(source: DataSource, key: str, prompt_format: str = "chat") -
         if resolved.files and rows == 0:  # every shard dropped or empty: skipping cannot help
             problems.append(f"key '{key}': none of its {len(resolved.files)} shard(s) holds a row the run can "
                             "read (above): this source would train nothing")
-        if rows and not take_count(rows, source.take, f"{key}.take"):
+        taken = take_count(rows, source.take, f"{key}.take")
+        if rows and not taken:
             problems.append(take_takes_nothing(source.take, rows, f"{key}.take"))
         if resolved.expected_rows is not None and not problems and rows != resolved.expected_rows:
             problems.append(f"{SKIPPABLE}key '{key}': the dataset card says {resolved.expected_rows} rows, the "
                             f"{len(resolved.files)} shards hold {rows}: a partial download? Download it again")
-        return problems, rows
-    rows_total, problems, read = 0, [], []
+        return problems, taken
+    problems, read = [], []
     for path in resolved.files:
         try:
             entries = read_entries(Path(path))
@@ -72,16 +74,16 @@ def source_problems(source: DataSource, key: str, prompt_format: str = "chat") -
             problems.append(f"key '{key}': {path}: none of its {len(unreadable)} lines reads as a JSON row "
                             f"(first: {unreadable[0]})")
             continue
-        rows_total += len(entries) - len(unreadable)
         read.append((path, entries))
     # the rows the run takes: the first of the files' rows, in file order (its take)
     total = sum(len(entries) for _, entries in read)
     left = take_count(total, source.take, f"{key}.take")
     if total and not left:  # the source would add nothing to the mixture, unsaid
         problems.append(take_takes_nothing(source.take, total, f"{key}.take"))
-    bad, passed = [], 0
+    bad, passed, rows = [], 0, 0
     for path, entries in read:
         taken, left = entries[:left], max(0, left - len(entries))
+        rows += sum(1 for _, raw in taken if not isinstance(raw, BadSampleError))
         for index, (line, raw) in enumerate(taken):
             try:
                 _check(raw, str(path), index, None if line is None else f"line {line}", prompt_format)
@@ -96,7 +98,7 @@ def source_problems(source: DataSource, key: str, prompt_format: str = "chat") -
         problems += [f"{SKIPPABLE}key '{key}': {error}" for error in bad[:MAX_SHARD_LINES]]
         if len(bad) > MAX_SHARD_LINES:
             problems.append(f"{SKIPPABLE}key '{key}': {len(bad) - MAX_SHARD_LINES} more rows break the row rules")
-    return problems, rows_total
+    return problems, rows  # the rows the run takes, read (before the row rules)
 
 
 def _check(raw, path: str, index: int, position: str | None, prompt_format: str) -> None:
