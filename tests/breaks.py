@@ -627,7 +627,7 @@ BREAKS = [
           '"choice_lengths": [len(choice) + 1 for choice in q.choices]',
           "tests/test_eval_text_benchmarks.py::test_mmlu_continuation_formulation_prompt_and_scoring"),
     Break("every delta of the statistics table said to show no detectable difference", "llava_norm/analysis/ablation.py",
-          '    core = f"{core}, no detectable difference" if delta.covers_zero else core',
+          '    core = f"{core}, {delta.verdict}"  # "higher" or "lower" where the interval excludes 0, as the CSV says',
           '    core = f"{core}, no detectable difference"',
           "tests/test_ablation.py::test_markdown_says_no_detectable_difference_exactly_where_the_interval_covers_zero"),
     Break("the launch check passes a relaunch the launch refuses", "llava_norm/train/preflight.py",
@@ -1283,6 +1283,10 @@ BREAKS = [
           "        rows += sum(1 for _, raw in taken if not isinstance(raw, BadSampleError))",
           "        rows += sum(1 for _, raw in entries if not isinstance(raw, BadSampleError))",
           "tests/test_check.py::test_a_take_of_no_row_is_a_problem"),
+    Break("a statistics cell whose interval excludes 0 says no direction", "llava_norm/analysis/ablation.py",
+          '    core = f"{core}, {delta.verdict}"  # "higher" or "lower" where the interval excludes 0, as the CSV says',
+          '    core = f"{core}, no detectable difference" if delta.covers_zero else core',
+          "tests/test_ablation.py::test_markdown_says_no_detectable_difference_exactly_where_the_interval_covers_zero"),
 ]
 
 

@@ -127,7 +127,7 @@ def test_missing_seeds_pair_only_what_both_arms_have(runs, tmp_path, monkeypatch
 
 def test_markdown_says_no_detectable_difference_exactly_where_the_interval_covers_zero(runs):
     """The noisy arm's two deltas given an interval that excludes 0 and one that covers it: only
-    the second's cell says "no detectable difference"."""
+    the second's cell says "no detectable difference"; the first says its direction, as the CSV."""
     from dataclasses import replace
 
     cells = ablation_cells(runs, "base")
@@ -141,6 +141,7 @@ def test_markdown_says_no_detectable_difference_exactly_where_the_interval_cover
     row = lines["noisy"].split(" | ")[2:]
     for text, cell in zip(row, noisy, strict=True):
         assert ("no detectable difference" in text) == cell.delta.covers_zero, text
+        assert cell.delta.covers_zero or f", {'higher' if cell.delta.estimate > 0 else 'lower'}" in text, text
 
 
 def test_the_count_of_deltas_excluding_zero_is_set_against_chance(runs):

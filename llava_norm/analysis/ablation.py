@@ -202,7 +202,7 @@ IDENTICAL = ("both arms scored the same on every unit of every seed paired: the 
 def _delta_text(delta: Delta) -> str:
     p = "p<0.001" if delta.p_value < 0.001 else f"p={delta.p_value:.3f}"
     core = f"{delta.estimate:+.2f} [{delta.low:+.2f}, {delta.high:+.2f}], {p}"
-    core = f"{core}, no detectable difference" if delta.covers_zero else core
+    core = f"{core}, {delta.verdict}"  # "higher" or "lower" where the interval excludes 0, as the CSV says
     return f"{core} ({ONE_SEED})" if delta.n_seeds == 1 else core
 
 
@@ -227,7 +227,10 @@ def to_markdown(cells: list[Cell], baseline: str, marks: dict[str, list[str]] | 
         + "; ".join(methods) + ". **Deltas** against `" + baseline + "`: paired by unit within each seed, then "
         "across the seeds both arms have; a bootstrap interval widened to hold Student's t over the per-seed "
         "deltas where there are several seeds, and its p-value (`llava_norm.stats.seed_paired_bootstrap`). "
-        "An interval that covers 0 reads *no detectable difference*.", "",
+        "An interval that covers 0 reads *no detectable difference*; one that excludes it, *higher* or *lower*. "
+        "The p-value counts a resampled delta of exactly 0 half to each side (mid-p) and the interval counts it "
+        "whole, so where few units differ an interval that ends at 0 can stand beside p just under 0.05: the "
+        "verdict follows the interval.", "",
         "### Scores", "",
         "| arm | seeds | " + " | ".join(label[b] for b in columns) + " |",
         "|---|---|" + "---|" * len(columns),
