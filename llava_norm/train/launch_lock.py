@@ -63,10 +63,10 @@ def sole_launch(output_dir: str | Path) -> Iterator[None]:
         yield
         return
     folder = Path(output_dir).resolve()
-    made = [p for p in (folder, *folder.parents) if not p.exists()]  # this folder and the parents it needs
-    problem = output_dir_problem(folder)
+    problem = output_dir_problem(folder)  # before any stat below: one inside a folder this user cannot enter raises
     if problem:
         raise ConfigError(problem)
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # this folder and the parents it needs
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:  # what the check cannot foresee (a read-only mount, to root; /proc)
