@@ -372,11 +372,11 @@ def parse_take(take: str, key: str) -> tuple[str, float]:
             value = float(amount[:-1]) if amount.endswith("%") else int(amount)
         except ValueError:
             value = None
-        if value is not None and amount.endswith("%"):
-            if 0 < value <= 100:
-                return "percent", value
-            raise ConfigError(f"key '{key}': {take!r}: a share must be above 0% and at most 100%")
         if value is not None:
+            if amount.endswith("%"):
+                if 0 < value <= 100:
+                    return "percent", value
+                raise ConfigError(f"key '{key}': {take!r}: a share must be above 0% and at most 100%")
             if value > 0:
                 return "count", value
             raise ConfigError(f"key '{key}': {take!r}: a count must be at least 1")

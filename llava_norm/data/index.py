@@ -160,12 +160,8 @@ def _generate(files: list[int], source: ResolvedSource, encoder: ConversationTok
         try:
             if isinstance(raw, BadSampleError):
                 raise raw
-            row = check_row(raw, str(source.files[f]), index_in_file, position or None, image_placement)
-            problem = encoder.format.row_problem(row.messages)
-            if problem:  # a row the prompt format cannot encode: bad like any other, not an index build's crash
-                raise BadSampleError(f"{source.files[f]}: row {row.row_id}"
-                                     f"{f' ({position})' if position else ''}: {problem}",
-                                     file=str(source.files[f]), row=row.row_id, cause="bad_conversation")
+            row = check_row(raw, str(source.files[f]), index_in_file, position or None, image_placement,
+                            encoder.format.row_problem)
             entry.update(row_id=row.row_id, messages=row.messages, image=row.image or "",
                          words=row.words + (encoder.tokens_per_image if row.image else 0),
                          adjusted=",".join(row.adjustments))

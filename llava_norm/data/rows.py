@@ -143,11 +143,14 @@ def read_rows_file(path: Path) -> list:
     return rows
 
 
-def check_row(raw, source: str, index: int, position: str | None = None, image_placement: str = "front") -> CheckedRow:
+def check_row(raw, source: str, index: int, position: str | None = None, image_placement: str = "front",
+              format_problem=None) -> CheckedRow:
     """Validate one LLaVA row; raises BadSampleError naming the file and row id (and its
     position in the file, a JSONL line or a parquet row, where the format has one). As LLaVA's
     training code does, a first turn from gpt is dropped (that turn only) and, with
-    ``image_placement`` "front", the '<image>' moves to the front of its turn."""
+    ``image_placement`` "front", the '<image>' moves to the front of its turn. ``format_problem``:
+    the prompt format's own rule (its ``row_problem``), applied last, as the row index and the
+    launch check both need it."""
     row_id = str(raw["id"]) if isinstance(raw, dict) and raw.get("id") is not None else f"#{index}"
     where = f"{source}: row {row_id}" + (f" ({position})" if position else "")
 
@@ -193,4 +196,7 @@ def check_row(raw, source: str, index: int, position: str | None = None, image_p
         if moved != turn["content"]:
             messages = [{**m, "content": moved} if m is turn else m for m in messages]
             adjustments.append("image_moved_to_front")
+    problem = format_problem and format_problem(messages)
+    if problem:  # a row the prompt format cannot encode: bad like any other, not an index build's crash
+        raise bad(problem)
     return CheckedRow(row_id, messages, image or None, tuple(adjustments))

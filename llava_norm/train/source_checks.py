@@ -106,11 +106,7 @@ def _check(raw, path: str, index: int, position: str | None, prompt_format: str)
     format's (the plain format's caption after the first user turn); BadSampleError if bad."""
     if isinstance(raw, BadSampleError):  # a JSONL line that does not read
         raise raw
-    row = check_row(raw, path, index, position)
-    problem = FORMAT_CLASSES[prompt_format].row_problem(row.messages)
-    if problem:
-        raise BadSampleError(f"{path}: row {row.row_id}{f' ({position})' if position else ''}: {problem}", file=path,
-                             row=row.row_id, cause="bad_conversation")
+    check_row(raw, path, index, position, format_problem=FORMAT_CLASSES[prompt_format].row_problem)
 
 
 def _image_problems(key: str, resolved, path, taken: list) -> list[str]:
