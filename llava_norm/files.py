@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -63,7 +64,10 @@ def clear_partial_writes(path: str | Path, dead_writers_only: bool = False) -> N
     path = Path(path)
     prefix = _partial_prefix(path)
     for partial in path.parent.glob(f"{glob.escape(prefix)}*.tmp"):
-        if not dead_writers_only or _writer_gone(partial.name[len(prefix):-len(".tmp")]):
+        writer = partial.name[len(prefix):-len(".tmp")]
+        if _WRITER.fullmatch(writer) is None:  # another file's: ".a.json.old.host.pid.tmp" is a.json.old's
+            continue
+        if not dead_writers_only or _writer_gone(writer):
             partial.unlink(missing_ok=True)
 
 
@@ -101,4 +105,7 @@ def _partial_prefix(path: Path) -> str:
     return f".{path.name}."
 
 
-_HOST = socket.gethostname().replace("/", "_")
+# Dots too: a temporary's writer is then "host.pid" with one dot, which tells it from the
+# temporary of a file whose name continues this one's (a.json and a.json.old).
+_HOST = socket.gethostname().replace("/", "_").replace(".", "_")
+_WRITER = re.compile(r"[^.]+\.[0-9]+")

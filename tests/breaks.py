@@ -645,7 +645,7 @@ BREAKS = [
           "    else:\n        clear_partial_writes(path, dead_writers_only=True)", "    else:\n        pass",
           "tests/test_files.py::test_a_write_removes_the_temporaries_its_files_dead_writers_left_and_no_other"),
     Break("a write removes a running writer's temporary", "llava_norm/files.py",
-          "        if not dead_writers_only or _writer_gone(partial.name[len(prefix):-len(\".tmp\")]):",
+          "        if not dead_writers_only or _writer_gone(writer):",
           "        if True:",
           "tests/test_files.py::test_a_write_removes_the_temporaries_its_files_dead_writers_left_and_no_other"),
     Break("a folder deleted in place", "llava_norm/files.py",
@@ -1290,6 +1290,9 @@ BREAKS = [
           '    core = f"{core}, {delta.verdict}"  # "higher" or "lower" where the interval excludes 0, as the CSV says',
           '    core = f"{core}, no detectable difference" if delta.covers_zero else core',
           "tests/test_ablation.py::test_markdown_says_no_detectable_difference_exactly_where_the_interval_covers_zero"),
+    Break("a write removes the temporaries of a file whose name continues its own", "llava_norm/files.py",
+          "        if _WRITER.fullmatch(writer) is None:", "        if False:",
+          "tests/test_files.py::test_clearing_partial_writes_removes_only_that_files_temporaries"),
 ]
 
 

@@ -2,7 +2,6 @@
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llava_norm.files import clear_partial_writes, finish_removals, remove_tree, write_atomically
+from llava_norm.files import _HOST, clear_partial_writes, finish_removals, remove_tree, write_atomically
 
 SIZE = 200_000
 READS = 50  # of each writer's file
@@ -84,9 +83,12 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, mon
 
 
 def test_clearing_partial_writes_removes_only_that_files_temporaries(tmp_path):
+    """Its own writers' temporaries only: not those of a file whose name starts as its own does,
+    with or without a dot after it (checkpoint_complete_other, checkpoint_complete.old)."""
     target = tmp_path / "checkpoint_complete"
-    left = [tmp_path / f".checkpoint_complete.{pid}.tmp" for pid in (123, 4567)]
-    kept = [tmp_path / ".checkpoint_complete_other.1.tmp", tmp_path / "data_state.json"]
+    left = [tmp_path / f".checkpoint_complete.{host}.{pid}.tmp" for host, pid in ((_HOST, 123), ("node-7", 4567))]
+    kept = [tmp_path / f".checkpoint_complete_other.{_HOST}.1.tmp", tmp_path / f".checkpoint_complete.old.{_HOST}.1.tmp",
+            tmp_path / "data_state.json"]
     for path in (*left, *kept):
         path.write_text("x")
     clear_partial_writes(target)
@@ -97,7 +99,7 @@ def test_a_write_removes_the_temporaries_its_files_dead_writers_left_and_no_othe
     """A writer killed before its rename leaves its temporary file, named by host and pid: the next
     write of that file removes it where the pid has ended on this host, and keeps a running
     writer's and another host's (whose pid says nothing here)."""
-    target, host = tmp_path / "provenance.json", socket.gethostname()
+    target, host = tmp_path / "provenance.json", _HOST
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                            text=True, check=True)
     dead = tmp_path / f".provenance.json.{host}.{int(ended.stdout)}.tmp"
@@ -150,5 +152,5 @@ def test_the_bytes_reach_the_disk_before_the_rename(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
     write_atomically(target, "x" * 1000)
-    partial = str(tmp_path / f".train_summary.json.{socket.gethostname()}.{os.getpid()}.tmp")
+    partial = str(tmp_path / f".train_summary.json.{_HOST}.{os.getpid()}.tmp")
     assert events == [("fsync", partial, 1000), ("replace", partial, str(target))]
