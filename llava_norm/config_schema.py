@@ -393,6 +393,15 @@ def take_count(total: int, take: str, key: str) -> int:
     return total
 
 
+def take_beyond_rows(take: str, total: int, key: str) -> str | None:
+    """What to say of a ``first:N`` beyond a source's ``total`` rows: the run takes them all (as
+    LLaVA-NeXT's loader does), which a mixture's proportions may not have meant."""
+    kind, amount = parse_take(take, key)
+    if kind == "count" and amount > total:
+        return f"key '{key}': {take!r} asks for more rows than the source's {total}: the run takes all {total}"
+    return None
+
+
 def take_takes_nothing(take: str, total: int, key: str) -> str:
     return f"key '{key}': {take!r} of {total} rows is no row: this source would add nothing (take more, or drop it)"
 

@@ -577,6 +577,26 @@ def test_a_take_of_no_row_is_a_problem(world):
     assert [p for p in said if f"key 'data.mixture[1].take': 'first:1%' of {rows} rows is no row" in p], said
 
 
+def test_a_take_past_the_sources_rows_is_a_warning(world):
+    """``first:N`` beyond a source's rows takes them all, as LLaVA-NeXT's loader does: said as a
+    warning naming the key, for JSON and for parquet (counted from the footers), under either
+    bad-sample policy; a take within the rows says nothing."""
+    _, config, data, images, shards = world
+    rows = len(json.loads(data.read_text()))
+    over = f"data.mixture=[{{path: {data}, image_folder: {images}, take: 'first:{rows + 1}'}}, " \
+           f"{{path: {shards}, take: 'first:{rows + 5}'}}]"
+    for policy in ("skip", "error"):
+        report = preflight(config, [over, f"data.on_bad_sample={policy}"], gpus=2, plan=False)
+        assert not report.problems, report.problems
+        for i, take in ((0, rows + 1), (1, rows + 5)):
+            line = f"key 'data.mixture[{i}].take': 'first:{take}' asks for more rows than the source's {rows}: " \
+                   f"the run takes all {rows}"
+            assert line in report.warnings, report.warnings
+        assert f"data: {2 * rows} rows taken from 2 source(s)" in "\n".join(report.summary)
+    within = f"data.mixture=[{{path: {data}, image_folder: {images}, take: 'first:{rows}'}}]"
+    assert not [w for w in preflight(config, [within], gpus=2, plan=False).warnings if "asks for more rows" in w]
+
+
 def test_a_data_file_without_rows_is_a_problem(world, tmp_path):
     """An empty JSONL beside a good source: the launch check names it (it counted 0 rows and
     passed before, and the index build then ended in datasets' own error)."""

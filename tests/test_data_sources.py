@@ -4,6 +4,7 @@ dataset id from the local cache; the same samples byte for byte; bad shards and 
 skip|error policy; the row index reused only when files, code and tokenizer match."""
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -80,6 +81,17 @@ def test_every_source_kind_gives_the_same_samples(bundle, corpus, tmp_path, monk
     shard = sorted((next_dir / "data").glob("*.parquet"))[0]
     part = _dataset(bundle, DataSource(path=str(shard), take="first:3"))
     assert [row.row_id for row in part.rows] == [row.row_id for row in reference.rows][:3]
+
+
+def test_a_take_past_a_sources_rows_takes_them_all_and_says_so(bundle, corpus, caplog):
+    data, images, next_dir = corpus
+    whole = _dataset(bundle, DataSource(path=str(data), image_folder=str(images)))
+    n = len(whole.rows)
+    with caplog.at_level(logging.WARNING, logger="llava_norm.data.dataset"):
+        over = _dataset(bundle, DataSource(path=str(next_dir), take=f"first:{n + 3}"))
+    assert [row.row_id for row in over.rows] == [row.row_id for row in whole.rows]
+    assert f"key 'data.mixture[0].take': 'first:{n + 3}' asks for more rows than the source's {n}: the run takes " \
+           f"all {n}" in caplog.text, caplog.text
 
 
 def test_hub_id_errors_name_what_is_missing(bundle, corpus, tmp_path, monkeypatch):

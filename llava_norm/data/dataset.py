@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from torch.utils.data import Dataset
 
 from llava_norm.config import DataSource
-from llava_norm.config_schema import LENGTH_ESTIMATES, ConfigError, take_count, take_takes_nothing
+from llava_norm.config_schema import LENGTH_ESTIMATES, ConfigError, take_beyond_rows, take_count, take_takes_nothing
 from llava_norm.data.collate import Example
 from llava_norm.data.conversation import ConversationTokenizer, conversation_tokenizer, fitted_length
 from llava_norm.data.images import BadImageError
@@ -138,6 +138,9 @@ class SupervisedDataset(Dataset):
             rows = position_rows[:take_count(len(position_rows), source.take, f"data.mixture[{i}].take")]
             if len(position_rows) and not len(rows):
                 raise ConfigError(take_takes_nothing(source.take, len(position_rows), f"data.mixture[{i}].take"))
+            beyond = take_beyond_rows(source.take, len(position_rows), f"data.mixture[{i}].take")
+            if beyond:
+                log.warning(beyond)
             taken = np.sort(np.concatenate([np.flatnonzero(whole), rows]))
             bad = taken[~_flags(pc.equal(table.column("cause"), ""))[taken]]
             for entry in index.select(bad).select_columns(["file", "row_id", "cause", "message"]):

@@ -26,7 +26,7 @@ from llava_norm.config_schema import NORM_ARMS, ConfigError, ModelConfig, RunCon
 from llava_norm.data.templates import template_kwargs_problems
 from llava_norm.train.rundir import (NO_DATA_STATE, SUMMARY, complete_checkpoints, data_state, global_batch_problem,
                                      processes)
-from llava_norm.train.source_checks import SKIPPABLE, source_problems
+from llava_norm.train.source_checks import NOTE, SKIPPABLE, source_problems
 from llava_norm.worker import environment_variable
 
 # ${oc.env:NAME} or ${oc.env:NAME,default} in a YAML file
@@ -147,7 +147,9 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
             sources[seen] = source_problems(source, f"data.mixture[{i}]", config.data.prompt_format)
         problems, found = sources[seen]
         for problem in problems:
-            if problem.startswith(SKIPPABLE) and config.data.on_bad_sample == "skip":
+            if problem.startswith(NOTE):
+                report.warnings.append(problem[len(NOTE):])
+            elif problem.startswith(SKIPPABLE) and config.data.on_bad_sample == "skip":
                 report.warnings.append(problem[len(SKIPPABLE):] + " (data.on_bad_sample: skip: the run skips it "
                                        "and records it in skipped.jsonl)")
             else:

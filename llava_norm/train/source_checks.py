@@ -4,14 +4,14 @@ Owns reading a source as the run would, without loading a model: a JSON source's
 the row rules (``llava_norm.data.rows``) and a sample of their images in the image folder, every
 parquet shard's footer and layout, the dataset card's row count, and a ``take`` that comes to no
 row. ``llava_norm.train.preflight`` turns the problems into the check's lines; those marked
-SKIPPABLE are warnings where ``data.on_bad_sample`` is skip.
+SKIPPABLE are warnings where ``data.on_bad_sample`` is skip, those marked NOTE warnings always.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from llava_norm.config_schema import ConfigError, DataSource, take_count, take_takes_nothing
+from llava_norm.config_schema import ConfigError, DataSource, take_beyond_rows, take_count, take_takes_nothing
 from llava_norm.data.conversation import FORMAT_CLASSES
 from llava_norm.data.rows import BadSampleError, check_row, no_rows, read_entries
 from llava_norm.data.sources import check_layout, resolve
@@ -19,6 +19,7 @@ from llava_norm.data.sources import check_layout, resolve
 IMAGE_SAMPLE = 64  # images of a JSON source looked for in its image folder
 MAX_SHARD_LINES = 5  # unreadable shards named one by one; the rest are counted
 SKIPPABLE = "(skippable) "  # marks a source problem that data.on_bad_sample: skip steps over
+NOTE = "(note) "  # marks what the check says as a warning whatever the policy: the run goes on as asked
 
 
 def source_problems(source: DataSource, key: str, prompt_format: str = "chat") -> tuple[list[str], int | None]:
@@ -56,6 +57,7 @@ def source_problems(source: DataSource, key: str, prompt_format: str = "chat") -
             problems.append(f"key '{key}': none of its {len(resolved.files)} shard(s) holds a row the run can "
                             "read (above): this source would train nothing")
         taken = take_count(rows, source.take, f"{key}.take")
+        problems += _beyond(source.take, rows, key)
         if rows and not taken:
             problems.append(take_takes_nothing(source.take, rows, f"{key}.take"))
         if resolved.expected_rows is not None and not problems and rows != resolved.expected_rows:
@@ -78,6 +80,7 @@ def source_problems(source: DataSource, key: str, prompt_format: str = "chat") -
     # the rows the run takes: the first of the files' rows, in file order (its take)
     total = sum(len(entries) for _, entries in read)
     left = take_count(total, source.take, f"{key}.take")
+    problems += _beyond(source.take, total, key)
     if total and not left:  # the source would add nothing to the mixture, unsaid
         problems.append(take_takes_nothing(source.take, total, f"{key}.take"))
     bad, passed, rows = [], 0, 0
@@ -99,6 +102,12 @@ def source_problems(source: DataSource, key: str, prompt_format: str = "chat") -
         if len(bad) > MAX_SHARD_LINES:
             problems.append(f"{SKIPPABLE}key '{key}': {len(bad) - MAX_SHARD_LINES} more rows break the row rules")
     return problems, rows  # the rows the run takes, read (before the row rules)
+
+
+def _beyond(take: str, total: int, key: str) -> list[str]:
+    """A ``first:N`` past the rows the source holds, as a note (none where it holds no row: said above)."""
+    note = total and take_beyond_rows(take, total, f"{key}.take")
+    return [NOTE + note] if note else []
 
 
 def _check(raw, path: str, index: int, position: str | None, prompt_format: str) -> None:
