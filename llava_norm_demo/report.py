@@ -46,6 +46,7 @@ PROMPT, PHRASE = "What colour is the largest shape in the picture?", "largest sh
 INIT_LABEL = f"{ALIGNED} at initialisation"
 CONTINUATION = "mmlu_continuation"
 VERDICTS = "verdicts.json"  # beside REPORT.md
+IDENTICAL_ITEMS = "identical on every item"  # the two arms' scored units: no delta to read (Benchmarks.verdict)
 DIAGNOSTICS_MD = "diagnostics.md"  # in diagnostics/, nested into REPORT.md
 
 
@@ -152,6 +153,12 @@ class Benchmarks:
     scores: dict[str, dict[str, Score]]
     deltas: dict[str, Delta]
 
+    def verdict(self, name: str) -> str:
+        """The delta's verdict; where both arms scored every item alike, that, not "no detectable
+        difference": a delta of 0 by construction is no evidence either way."""
+        base, aligned = self.units[name][BASELINE], self.units[name][ALIGNED]
+        return IDENTICAL_ITEMS if np.array_equal(base.rows, aligned.rows) else self.deltas[name].verdict
+
 
 def benchmarks(paths) -> Benchmarks:
     table = build_table([ArmDirs.of(paths.demo, arm).eval for arm in ARMS], baseline=BASELINE)
@@ -210,7 +217,7 @@ def _summary(claims: list[Claim], marks: Benchmarks) -> list[str]:
         lines.append(f"- **`{arm}` against guessing** (9 mini benchmarks, one training seed): "
                      + _by_verdict({marks.labels[n]: by[arm].above for n, by in marks.scores.items()}) + ".")
     lines += [f"- **`{ALIGNED}` against `{BASELINE}`** (paired bootstrap over items, one training seed per arm): "
-              + _by_verdict({marks.labels[n]: d.verdict for n, d in marks.deltas.items()})
+              + _by_verdict({marks.labels[n]: marks.verdict(n) for n in marks.deltas})
               + ". Higher or lower means outside item noise only: one training seed per arm cannot tell an arm "
               "effect from training-run noise, which here is as large (README, \"What the tiny demo shows\").", ""]
     return lines
@@ -224,7 +231,7 @@ def _write_verdicts(path: Path, claims: list[Claim], marks: Benchmarks, fresh: d
         "against_guessing": {name: {arm: {"verdict": s.above, "score": s.interval.format(), "p": s.chance.p_value,
                                           "margin_points": s.margin} for arm, s in by.items()}
                              for name, by in marks.scores.items()},
-        "deltas": {name: {"verdict": d.verdict, "delta": d.format(), "estimate": d.estimate, "low": d.low,
+        "deltas": {name: {"verdict": marks.verdict(name), "delta": d.format(), "estimate": d.estimate, "low": d.low,
                           "high": d.high, "p": d.p_value} for name, d in marks.deltas.items()},
         "machines": {s["step"]: s.get("machine") for s in fresh["steps"]},  # as each step was computed
         "environment": env,
@@ -276,7 +283,7 @@ def write_report(paths, profile, timings: dict) -> Path:
         "Paired bootstrap over the same items, one training seed per arm: an interval that covers 0 is no "
         "detectable difference.", "",
         "| benchmark | delta [95% interval], p | verdict |", "|---|---|---|",
-        *[f"| {marks.labels[n]} | {marks.deltas[n].format()} | {marks.deltas[n].verdict} |" for n in names],
+        *[f"| {marks.labels[n]} | {marks.deltas[n].format()} | {marks.verdict(n)} |" for n in names],
         *_continuation(paths, marks),
         "", "## Machine", "", *machine(fresh, env), "",
         "## Time", "",

@@ -1302,6 +1302,14 @@ BREAKS = [
     Break("a take past a source's rows unsaid at launch", "llava_norm/data/dataset.py",
           "            if beyond:\n                log.warning(beyond)", "            if False:\n                log.warning(beyond)",
           "tests/test_data_sources.py::test_a_take_past_a_sources_rows_takes_them_all_and_says_so"),
+    Break("the demo's arms that scored every item alike said to show no detectable difference", "llava_norm_demo/report.py",
+          "        return IDENTICAL_ITEMS if np.array_equal(base.rows, aligned.rows) else self.deltas[name].verdict",
+          "        return self.deltas[name].verdict",
+          "tests/test_demo.py::test_arms_that_scored_every_item_alike_are_said_identical_not_no_detectable_difference"),
+    Break("the demo's summary counts identical arms as no detectable difference", "llava_norm_demo/report.py",
+          "_by_verdict({marks.labels[n]: marks.verdict(n) for n in marks.deltas})",
+          "_by_verdict({marks.labels[n]: d.verdict for n, d in marks.deltas.items()})",
+          "tests/test_demo.py::test_arms_that_scored_every_item_alike_are_said_identical_not_no_detectable_difference"),
 ]
 
 

@@ -58,8 +58,14 @@ def test_smoke_demo_writes_the_report_then_reuses_every_step(tmp_path):
     assert [c["held"] for c in verdicts["claims"]] == ["**held**" in c for c in claims]
     guessing = verdicts["against_guessing"]
     assert len(guessing) == 9 and all(set(by) == {"none", "ln_textnorm_gwc"} for by in guessing.values())
-    deltas = report[report.index("\n## Arm deltas"):]
-    assert sum(v in deltas for v in ("no detectable difference", "| higher |", "| lower |")) >= 1
+    # each benchmark's delta verdict, in the table as in verdicts.json: arms that scored every item
+    # alike are said as such (a delta of 0 by construction)
+    table = report[report.index("\n## Arm deltas"):]
+    for name, said in verdicts["deltas"].items():
+        rows = [read_units(tmp_path / f"demo/{arm}/eval/{name}.json").rows for arm in ("none", "ln_textnorm_gwc")]
+        assert (said["verdict"] == "identical on every item") == (rows[0].shape == rows[1].shape and
+                                                                  (rows[0] == rows[1]).all()), (name, said)
+        assert f" | {said['verdict']} |" in table, (name, said)
     machine = report[report.index("\n## Machine"):report.index("\n## Time")]
     assert "kernel level" in machine and "threads per training" in machine and "torch " in machine
     assert "Mixed machines" not in machine
@@ -124,6 +130,34 @@ def test_smoke_demo_writes_the_report_then_reuses_every_step(tmp_path):
     with pytest.raises(ValueError, match="gone or changed"):
         read_units(result)
 
+
+
+def test_arms_that_scored_every_item_alike_are_said_identical_not_no_detectable_difference():
+    """A delta of 0 by construction (both arms right on the same items) is no evidence of no
+    effect: the report's verdict says the items were scored alike, where one item apart reads as
+    the paired bootstrap's verdict."""
+    import numpy as np
+
+    from llava_norm.evaluation.units import Units
+    from llava_norm.stats import MeanOf
+    from llava_norm_demo.report import ALIGNED, BASELINE, Benchmarks, _summary
+    from llava_norm_demo.verdicts import delta, score
+
+    def units(name, right):
+        rows = np.array(right, dtype=float)[:, None]
+        return Units(name, tuple(map(str, range(len(right)))), rows, MeanOf(), rows[:, 0], np.full(len(right), 0.5),
+                     100 * rows.mean())
+
+    right = [1, 0] * 20
+    by = {"same": {BASELINE: units("same", right), ALIGNED: units("same", right)},
+          "apart": {BASELINE: units("apart", right), ALIGNED: units("apart", [1 - right[0], *right[1:]])}}
+    marks = Benchmarks({"same": "Same", "apart": "Apart"}, by,
+                       {n: {arm: score(u) for arm, u in arms.items()} for n, arms in by.items()},
+                       {n: delta(arms[BASELINE], arms[ALIGNED]) for n, arms in by.items()})
+    assert marks.verdict("same") == "identical on every item"
+    assert marks.verdict("apart") == marks.deltas["apart"].verdict == "no detectable difference"
+    said = "\n".join(_summary([], marks))
+    assert "identical on every item on 1 (Same); no detectable difference on 1 (Apart)" in said, said
 
 
 def test_the_demos_code_counts_reaches_its_plan_and_reruns_a_step_another_version_recorded(tmp_path, monkeypatch):
