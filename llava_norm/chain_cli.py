@@ -35,7 +35,7 @@ def register_chains(sub) -> None:
     p.add_argument("--slurm-gpus", type=int, default=1, help="GPUs (processes) per array task (default 1)")
     p.add_argument("--slurm-cpus-per-task", type=int, help="CPUs per array task (default 8 per GPU)")
     p.add_argument("--slurm-mem", help="host memory per array task, e.g. 400G (default: the plan's start-up "
-                                       "estimate for the task's processes, plus a quarter)")
+                                       "estimate for the task's processes, plus a quarter, plus 1 GiB per process)")
     p.add_argument("--slurm-time", default="24:00:00", help="time limit per array task (default 24:00:00)")
     p.add_argument("--slurm-arg", action="append", default=[], metavar="FLAG",
                    help="extra #SBATCH line, e.g. --slurm-arg=--partition=gpu")

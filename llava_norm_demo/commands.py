@@ -23,8 +23,10 @@ def _make_tiny(args) -> None:
 def _synth(args) -> None:
     # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm_demo.synth import build_world
+    from llava_norm_demo.synth.build import DEMO_BENCH_ITEMS
 
-    manifest = build_world(args.out_dir, seed=args.seed)
+    n_bench = DEMO_BENCH_ITEMS if args.n_bench is None else args.n_bench
+    manifest = build_world(args.out_dir, seed=args.seed, n_bench=n_bench)
     print(f"synthetic world in {args.out_dir}: {len(manifest['benchmarks'])} benchmarks, "
           f"{manifest['corpora']['pretrain']['rows']} captions, {manifest['corpora']['instruct']['rows']} instructions")
 
@@ -64,7 +66,7 @@ def _ablation(args) -> None:
 
 def register(sub) -> None:
     """Add the guest wing's subcommands to ``llava-norm``'s subparsers."""
-    p = sub.add_parser("make-tiny", help="write tiny random SigLIP/CLIP/Llama/Qwen2 backbones (offline)")
+    p = sub.add_parser("make-tiny", help="write tiny random SigLIP/CLIP/Llama/Qwen2/Qwen3 backbones (offline)")
     p.add_argument("out_dir")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--world", help="train the tokenizers on this synthetic world's text (default: a built-in corpus)")
@@ -73,6 +75,7 @@ def register(sub) -> None:
     p = sub.add_parser("synth", help="write the seeded synthetic world: images, corpora, mini benchmarks")
     p.add_argument("out_dir")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-bench", type=int, help="items per mini benchmark (default: as many as the demo's world has)")
     p.set_defaults(func=_synth)
 
     p = sub.add_parser("warmup", help="pretrain the tiny LLM (causal LM) and SigLIP (sigmoid contrastive) on a world")

@@ -30,6 +30,7 @@ from llava_norm.chain_launch import REPO
 from llava_norm.pipeline import PipelineConfig, Step, arm_steps, recorded_step, run_steps
 from llava_norm.provenance import Record, cpu_kernels, make_record
 from llava_norm_demo.synth import build_world
+from llava_norm_demo.synth.build import DEMO_BENCH_ITEMS
 from llava_norm_demo.synth.benchmarks import FOLDER as BENCHMARK_FOLDER
 from llava_norm_demo.synth.build import CORPUS_PATHS, IMAGE_FOLDER, MANIFEST
 from llava_norm_demo.warmup import warm_up
@@ -62,9 +63,7 @@ class DemoProfile:
     analysis_images: int = 8
 
 
-# 150 items per benchmark: at 60 the standard error of a 4-way score near chance was ~6 points,
-# as large as the effects the demo reports.
-FULL = DemoProfile("full", world=dict(n_bench=150))
+FULL = DemoProfile("full", world=dict(n_bench=DEMO_BENCH_ITEMS))
 SMOKE = DemoProfile(
     "smoke",
     world=dict(n_pretrain=48, n_instruct=24, n_text=40, n_bench=3, bench_sizes={"pope": 2, "mmbench_en_dev": 2}),

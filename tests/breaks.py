@@ -1310,6 +1310,10 @@ BREAKS = [
           "_by_verdict({marks.labels[n]: marks.verdict(n) for n in marks.deltas})",
           "_by_verdict({marks.labels[n]: d.verdict for n, d in marks.deltas.items()})",
           "tests/test_demo.py::test_arms_that_scored_every_item_alike_are_said_identical_not_no_detectable_difference"),
+    Break("the synth command builds a smaller world than the demo's", "llava_norm_demo/commands.py",
+          "    manifest = build_world(args.out_dir, seed=args.seed, n_bench=n_bench)",
+          "    manifest = build_world(args.out_dir, seed=args.seed)",
+          "tests/test_synth.py::test_the_synth_command_builds_the_demos_world"),
 ]
 
 

@@ -509,3 +509,21 @@ def test_mmlu_test_questions_spread_over_families():
     rounds = [order[k * len(families):(k + 1) * len(families)] for k in range(smallest)]
     assert all(sorted(it.family for it in r) == families for r in rounds)
     assert sorted(map(id, order)) == sorted(map(id, pool))  # a reordering, nothing lost
+
+
+def test_the_synth_command_builds_the_demos_world(tmp_path, monkeypatch):
+    """``llava-norm synth DIR``, as the README's demo steps show it, is called with the demo's own
+    world arguments (its items per benchmark above all), so the models the demo trained meet the
+    benchmarks it scored them on; ``--n-bench`` sets another count."""
+    import llava_norm_demo.synth as synth
+    from llava_norm.cli import main
+    from llava_norm_demo.driver import FULL
+    from llava_norm_demo.report import SEED
+
+    calls = []
+    monkeypatch.setattr(synth, "build_world", lambda out, **kwargs: calls.append((out, kwargs)) or
+                        {"benchmarks": {}, "corpora": {"pretrain": {"rows": 0}, "instruct": {"rows": 0}}})
+    main(["synth", str(tmp_path / "w")])
+    main(["synth", str(tmp_path / "w"), "--n-bench", "12"])
+    assert calls == [(str(tmp_path / "w"), {"seed": SEED, **FULL.world}),
+                     (str(tmp_path / "w"), {"seed": SEED, **FULL.world, "n_bench": 12})]

@@ -65,6 +65,11 @@ def _remove_listed(root: Path, manifest: dict) -> None:
             p.unlink()
 
 
+# The demo's items per benchmark (``llava-norm synth``'s default too): at 60 the standard error of a
+# 4-way score near chance was ~6 points, as large as the effects the demo reports.
+DEMO_BENCH_ITEMS = 150
+
+
 def build_world(out_dir, seed: int = 0, *, image_size: int = IMAGE_SIZE, n_pretrain: int = 3000,
                 n_instruct: int = 2000, n_text: int = 4000, n_bench: int = 60,
                 bench_sizes: dict[str, int] | None = None, holdout_pct: int = 20,
