@@ -232,13 +232,18 @@ def test_runs_that_scored_different_units_are_not_paired():
     from llava_norm.analysis.ablation import _aligned
     from llava_norm.evaluation.units import Units
 
-    def units(ids):
-        return Units("pope", ids, np.zeros((len(ids), 1)), None, np.zeros(len(ids)), np.zeros(len(ids)), 0.0)
+    def units(ids, right=None):
+        right = np.zeros(len(ids)) if right is None else np.array(right, dtype=float)
+        return Units("pope", ids, 100 * right[:, None], None, right, right / 2, 0.0)
 
     with pytest.raises(ValueError, match=r"pope: the runs scored different units \(2 vs 2\); evaluate them with the "
                                          r"same benchmark files and --limit"):
         _aligned(units(("a", "b")), units(("a", "c")), "pope")
-    assert _aligned(units(("a", "b")), units(("b", "a")), "pope").ids == ("a", "b")
+    # the same ids in another order: each unit's row, right/wrong and chance travel with its id
+    aligned = _aligned(units(("a", "b")), units(("b", "a"), right=[1, 0]), "pope")
+    assert aligned.ids == ("a", "b")
+    assert aligned.rows[:, 0].tolist() == [0, 100] and aligned.correct.tolist() == [0, 1]
+    assert aligned.chances.tolist() == [0, 0.5]
 
 
 def test_intervals_are_cut_to_what_a_score_or_a_delta_can_be():

@@ -21,6 +21,7 @@ from PIL import Image
 
 from llava_norm.evaluation.benchmarks import BENCHMARKS, GenerationItem, get_benchmark
 from llava_norm.evaluation.benchmarks.base import first_argmax, per_character
+from llava_norm.evaluation.benchmarks.pope import parse_yes_no
 from llava_norm.evaluation.benchmarks.mcq import infer_option_letter
 from llava_norm.evaluation.benchmarks.mmstar import split_inline_options
 
@@ -156,6 +157,12 @@ def test_acc_norm_divides_as_lm_eval_does_a_choice_of_no_characters_included(sco
     with np.errstate(divide="ignore", invalid="ignore"):
         assert int(np.argmax(np.array(scores) / np.array(lengths, dtype=float))) == picked
     assert first_argmax(per_character(scores, lengths)) == picked
+
+
+@pytest.mark.parametrize("values", [[-1.0, -1.0, -3.0], [-3.0, -2.0, -2.0, -2.0], [0.5, 0.5]])
+def test_a_tie_goes_to_the_first_maximum_as_numpys_argmax(values):
+    """Tied log-likelihoods (plausible in bf16): lm-eval's ``np.argmax`` picks the first."""
+    assert first_argmax(values) == int(np.argmax(values))
 
 
 # ---------------------------------------------------------------------------- MMBench
@@ -511,6 +518,11 @@ def test_pope_llava_reply_rule_reads_sentences(tmp_path):
     assert metrics["unparsable_replies"] == 0
     assert metrics["per_split"]["popular"]["accuracy"] == 1.0
     assert get_benchmark("pope", reply_rule="llava_first_sentence").settings()["reply_rule"] == "llava_first_sentence"
+    # the first sentence only, and 'not' is a no, as LLaVA's eval_pope reads them
+    rule = "llava_first_sentence"
+    assert parse_yes_no("Yes. There is no dog in the picture.", rule) == "yes"
+    assert parse_yes_no("There is not a dog.", rule) == "no"
+    assert parse_yes_no("No, there is a dog.", rule) == "no"
 
 
 def test_pope_vlmevalkit_tsv_with_joined_categories(tmp_path):

@@ -44,6 +44,13 @@ def test_lmms_eval_resolves_and_runs_the_llava_norm_model(checkpoint):
     reference = Predictor(load_bundle(checkpoint))
     expected = reference.generate([Prompt(d["q"], d["image"]) for d in docs], max_new_tokens=6)
     assert replies == [r.split("\n\n")[0] for r in expected]
+    # a stop string the reply holds (the tiny model never writes "\n\n"): the reply ends before it
+    full = expected[0]
+    stop = full[len(full) // 2:len(full) // 2 + 2]
+    assert len(stop) == 2 and full.index(stop) > 0, full
+    cut = model.generate_until([_instance("generate_until", (docs[0]["q"], {"max_new_tokens": 6, "until": [stop]},
+                                                             lambda doc: [doc["image"]], 0, "t", "test"), 0)])
+    assert cut == [full[:full.index(stop)]], (cut, full, stop)
 
     # lmms-eval picks a multiple-choice answer by the smallest value (its wrappers return a loss):
     # the plugin returns the negative log-likelihood, so the most likely choice is picked

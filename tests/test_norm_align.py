@@ -13,8 +13,9 @@ from llava_norm.model.norm_align import text_norm_gain
 def _layer(d=32, gain=0.05, compensate=True, clamp=1e-6):
     torch.manual_seed(0)
     layer = GlobalWeightCompensatedLayerNorm(d, init_gain=gain, compensate=compensate, clamp=clamp)
-    with torch.no_grad():  # a non-uniform gain, so mean|g| is not just the init value
-        layer.weight.mul_(torch.rand(d) + 0.5)
+    with torch.no_grad():  # a non-uniform gain, so mean|g| is not just the init value, and of both
+        # signs (as training can leave it), so mean|g| is not mean(g) either
+        layer.weight.mul_((torch.rand(d) + 0.5) * torch.where(torch.arange(d) % 3 == 0, -1.0, 1.0))
         layer.bias.normal_()
     return layer
 
@@ -44,6 +45,16 @@ def test_gwc_backward_scales_input_grad_only(clamp):
     torch.testing.assert_close(x.grad, x_ref.grad / scale)
     torch.testing.assert_close(layer.weight.grad, w.grad)
     torch.testing.assert_close(layer.bias.grad, b.grad)
+
+
+def test_gain_statistics_are_table_5s_columns_of_the_gains_magnitudes():
+    layer = _layer()
+    g, b = layer.weight.detach(), layer.bias.detach()
+    assert (g < 0).any() and (g > 0).any()
+    stats = layer.gain_statistics()
+    expected = {"gain_l2": g.norm(), "gain_abs_mean": g.abs().mean(), "gain_abs_std": g.abs().std(),
+                "bias_abs_mean": b.abs().mean()}
+    assert stats == pytest.approx({k: float(v) for k, v in expected.items()}, rel=1e-6)
 
 
 def test_no_compensation_without_flag_or_in_eval():
