@@ -30,9 +30,8 @@ from llava_norm.chain_launch import REPO
 from llava_norm.pipeline import PipelineConfig, Step, arm_steps, recorded_step, run_steps
 from llava_norm.provenance import Record, cpu_kernels, make_record
 from llava_norm_demo.synth import build_world
-from llava_norm_demo.synth.build import DEMO_BENCH_ITEMS
 from llava_norm_demo.synth.benchmarks import FOLDER as BENCHMARK_FOLDER
-from llava_norm_demo.synth.build import CORPUS_PATHS, IMAGE_FOLDER, MANIFEST
+from llava_norm_demo.synth.build import CORPUS_PATHS, DEMO_BENCH_ITEMS, IMAGE_FOLDER, MANIFEST
 from llava_norm_demo.warmup import warm_up
 from llava_norm_demo.warmup.lm import world_tokenizer_corpus
 from llava_norm_demo.warmup.loop import LoopConfig

@@ -281,7 +281,8 @@ def write_report(paths, profile, timings: dict) -> Path:
           + " |" for n in names],
         "", f"## Arm deltas: `{ALIGNED}` − `{BASELINE}`", "",
         "Paired bootstrap over the same items, one training seed per arm: an interval that covers 0 is no "
-        "detectable difference.", "",
+        f"detectable difference; arms right and wrong on the same items are said as \"{IDENTICAL_ITEMS}\" (a "
+        "delta of 0 by construction, no evidence either way).", "",
         "| benchmark | delta [95% interval], p | verdict |", "|---|---|---|",
         *[f"| {marks.labels[n]} | {marks.deltas[n].format()} | {marks.verdict(n)} |" for n in names],
         *_continuation(paths, marks),
