@@ -112,6 +112,13 @@ def test_truncation_keeps_whole_turns_or_skips(chat):
     assert cut.input_ids == encoded.input_ids[:first_end] and cut.labels == encoded.labels[:first_end]
     assert truncate(encoded, first_end - 1) is None
     assert truncate(encoded, len(encoded.input_ids)) is encoded
+    # three turns, the last one over the limit: the cut keeps the first two, not the first alone
+    three = [*messages, {"role": "user", "content": "q three"}, {"role": "assistant", "content": "a three three"}]
+    encoded = encoder.encode(three)
+    first_end, second_end, third_end = encoded.turn_ends
+    cut = truncate(encoded, third_end - 1)
+    assert cut.input_ids == encoded.input_ids[:second_end] and cut.labels == encoded.labels[:second_end]
+    assert encoder.encoded_lengths([three], third_end - 1) == [second_end]
 
 
 def test_encoded_lengths_are_exact_after_truncation(chat, tiny_dir):

@@ -10,7 +10,7 @@ from tinydata import write_dataset
 from llava_norm.config import DataSource
 from llava_norm.data.conversation import conversation_tokenizer
 from llava_norm.data.dataset import BadSampleError, SupervisedDataset
-from llava_norm.data.sampler import ModalityLengthGroupedSampler, grouped_order
+from llava_norm.data.sampler import ModalityLengthGroupedSampler, ShuffledSampler, grouped_order
 from llava_norm.model.builder import ModelSpec, build_model
 
 GOOD = {"id": "ok", "image": "0001.png", "conversations": [
@@ -132,6 +132,14 @@ def test_grouped_sampler_properties():
     sampler = ModalityLengthGroupedSampler(lengths, batch_size=2, world_size=2, seed=1)
     sampler.set_epoch(3)
     assert list(sampler) == grouped_order(lengths, 4, seed=1, epoch=3)
+    # train.seed moves the order too (each seed of a sweep sees its own), in both samplers
+    assert order != grouped_order(lengths, 4, seed=43, epoch=0)
+    assert ShuffledSampler(60, seed=1).order(0) != ShuffledSampler(60, seed=2).order(0)
+    assert sorted(ShuffledSampler(60, seed=1).order(0)) == list(range(60))
+    # the modalities' megabatches are shuffled together: each half of an epoch holds steps of both
+    even = [100 + i for i in range(40)] + [-(5 + i) for i in range(40)]
+    steps = [even[grouped_order(even, 4, seed=0, epoch=0)[i]] > 0 for i in range(0, 80, 4)]
+    assert set(steps[:10]) == set(steps[10:]) == {True, False}, steps
 
 
 def _padding_share(order, lengths, batch_size):

@@ -199,6 +199,44 @@ def test_shipped_lora_configs(backbone):
             128, 256, 2e-4, 2e-5)
 
 
+def test_each_group_trains_at_its_own_configured_rate_and_decays_only_matrices(tiny_dir):
+    """Every ``optim.lr*`` key reaches its own optimizer group, against literal rates (the launched
+    runs compare the logged rates with ``learning_rates`` itself, which would carry a wrong entry
+    to both sides); weight decay only on parameters of two or more dimensions; stage 1 trains the
+    projector and the norm alone, stage 2 without ``train_vision_tower`` leaves the tower frozen."""
+    from llava_norm.train.params import freeze_backbones, parameter_groups
+
+    optim = OptimConfig(lr=1.0, lr_vision_tower=0.5, lr_projector=2.0, lr_norm=3.0, lr_lora=4.0, weight_decay=0.1)
+    assert learning_rates(optim, lora=True) == {"llm": 1.0, "vision_tower": 0.5, "projector": 2.0, "norm": 3.0,
+                                                "lora": 4.0}
+
+    def groups(model):
+        found = {}
+        for group in parameter_groups(model, optim):
+            name = group["name"].removesuffix("_decay")
+            assert group["weight_decay"] == (0.1 if group["name"].endswith("_decay") else 0.0), group["name"]
+            assert all((p.ndim >= 2) == group["name"].endswith("_decay") for p in group["params"]), group["name"]
+            assert found.setdefault(name, group["lr"]) == group["lr"]
+        return found
+
+    def fresh():
+        return build_model(ModelSpec(f"{tiny_dir}/siglip", f"{tiny_dir}/llama", norm_alignment="ln_textnorm_gwc")).model
+
+    model = fresh()
+    freeze_backbones(model, 2)
+    assert groups(model) == {"llm": 1.0, "vision_tower": 0.5, "projector": 2.0, "norm": 3.0}
+    model = fresh()
+    freeze_backbones(model, 2, train_vision_tower=False)
+    assert groups(model) == {"llm": 1.0, "projector": 2.0, "norm": 3.0}
+    assert not any(p.requires_grad for p in model.model.vision_tower.parameters())
+    model = fresh()
+    freeze_backbones(model, 1)
+    assert groups(model) == {"projector": 2.0, "norm": 3.0}
+    model = fresh()
+    freeze_for_lora(model, LoraSettings(rank=2, alpha=4), "frozen")
+    assert groups(model) == {"lora": 4.0, "projector": 2.0, "norm": 3.0}
+
+
 def test_the_norms_rate_falls_back_to_the_projectors_and_that_to_the_llms():
     """README, Training: `optim.lr_norm` (null = the projector's, which is null = the LLM's)."""
     rates = learning_rates(OptimConfig(lr=1.0, lr_projector=2.0))

@@ -19,8 +19,8 @@ from PIL import Image
 from launch import scheduled_rates, snapshot
 from tinydata import write_dataset
 
-from llava_norm.config import load_config
-from llava_norm.train.relaunch import RelaunchError, plan_launch
+from llava_norm.config import load_config, to_yaml
+from llava_norm.train.relaunch import RelaunchError, config_differences, plan_launch
 from llava_norm.train.deepspeed_setup import safe_deepspeed_loading
 from llava_norm.train.run import run_training
 from llava_norm.train.trainer import LlavaNormTrainer, ResumeError
@@ -114,6 +114,11 @@ def test_checkpoint_with_another_config_is_refused_unless_allowed(run):
     assert plan_launch(load_config(path, ["train.fused_loss_kernel=cce"])).action == "resume"
     with pytest.raises(RelaunchError, match=r"train\.loss: 'plain' -> 'fused'"):
         plan_launch(load_config(path, ["train.loss=fused", "train.fused_loss_kernel=cce"], check_paths=False))
+    fused = to_yaml(load_config(path, ["train.loss=fused"], check_paths=False))  # a fused run's saved config
+    other = load_config(path, ["train.loss=fused", "train.fused_loss_kernel=cce", "train.fused_loss_softmax=eager"],
+                        check_paths=False)
+    assert config_differences(fused, other) == ["train.fused_loss_kernel: 'torch' -> 'cce'",
+                                                "train.fused_loss_softmax: 'auto' -> 'eager'"]
     # a run allowed to end before the checkpoint it would resume from is refused, writing nothing
     before = snapshot(out)
     with pytest.raises(RelaunchError, match=r"checkpoint-3: at step 3, past this run's last step 2 \(train\.max_steps"):

@@ -124,3 +124,8 @@ def test_the_optimizer_is_fused_on_cuda_and_the_default_on_cpu():
     cpu = make_optimizer(model, optim, torch.device("cpu"))
     assert cpu.defaults["fused"] is None and cpu.defaults["foreach"] is None
     assert [g["lr"] for g in cpu.param_groups] == [optim.lr] and cpu.defaults["eps"] == optim.adam_epsilon
+    # the config's betas and eps, not torch's defaults (which OptimConfig's defaults equal)
+    tuned = OptimConfig(lr=1e-3, adam_beta1=0.8, adam_beta2=0.95, adam_epsilon=1e-6)
+    for device in ("cpu", "cuda"):
+        made = make_optimizer(model, tuned, torch.device(device)).defaults
+        assert (made["betas"], made["eps"]) == ((0.8, 0.95), 1e-6), device
