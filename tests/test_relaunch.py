@@ -89,6 +89,22 @@ def test_finished_run_is_left_alone_and_the_ways_out_are_explicit(run, capsys, t
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]  # 4, 5 gone
 
 
+def test_a_rate_changed_under_allow_config_change_takes_effect_from_the_next_update(run):
+    """A relaunch that lowers optim.lr* under train.allow_config_change (what the divergence stop
+    advises) trains its remaining updates on the new config's schedule: the restored scheduler
+    kept the checkpoint's peak rates, while config.yaml and the log named the new ones."""
+    launch, out, path = run
+    launch("train.logging_steps=1")
+    (out / "train_summary.json").unlink()
+    shutil.rmtree(out / "checkpoint-3")  # killed after checkpoint-2: update 3 is the relaunch's
+    changed = ["optim.lr=1e-3", "optim.lr_projector=3e-3", "optim.lr_vision_tower=5e-4"]
+    launch("train.logging_steps=1", *changed, "train.allow_config_change=true")
+    expected = scheduled_rates(load_config(path, changed).optim, 1, 3)  # warmup_ratio 0.03 of 3: 1
+    logged = {e["step"]: {k: v for k, v in e.items() if k.startswith("lr/")} for e in _summary(out)["log_history"]
+              if "loss" in e}
+    assert logged[3] == expected[3] and min(expected[3].values()) > 0, logged
+
+
 def test_checkpoint_with_another_config_is_refused_unless_allowed(run):
     launch, out, path = run
     launch()

@@ -207,6 +207,10 @@ class LlavaNormTrainer(Trainer):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
+        # The schedule's peak rates are this launch's config's, not the checkpoint's: they are equal
+        # unless a relaunch under train.allow_config_change changed an optim.lr* key, which the
+        # restored scheduler would otherwise have ignored while the run's records named the new rate.
+        self.lr_scheduler.base_lrs = [settings["lr"] for settings in self._group_settings]
         rates = self._scheduled_rates()
         if self.saved_world_size in (None, self.args.world_size):
             for group, rate in zip(self.optimizer.param_groups, rates):
