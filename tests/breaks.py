@@ -1385,6 +1385,13 @@ BREAKS = [
     Break("a rate changed under allow_config_change ignored by the restored scheduler", "llava_norm/train/trainer.py",
           '        self.lr_scheduler.base_lrs = [settings["lr"] for settings in self._group_settings]\n', "",
           "tests/test_relaunch.py::test_a_rate_changed_under_allow_config_change_takes_effect_from_the_next_update"),
+    Break("a resume that regroups the optimizer let through under allow_config_change", "llava_norm/train/relaunch.py",
+          "        if regrouped:", "        if False:",
+          "tests/test_relaunch.py::test_checkpoint_with_another_config_is_refused_unless_allowed"),
+    Break("weight decay turned on at a resume taken as the same optimizer", "llava_norm/train/relaunch.py",
+          '                "optim.weight_decay": bool(flat.get("optim.weight_decay"))}',
+          '                "optim.weight_decay": False}',
+          "tests/test_relaunch.py::test_checkpoint_with_another_config_is_refused_unless_allowed"),
 ]
 
 

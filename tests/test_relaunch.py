@@ -115,6 +115,14 @@ def test_checkpoint_with_another_config_is_refused_unless_allowed(run):
     plan = plan_launch(load_config(path, ["data.max_length=128", "train.allow_config_change=true"]))
     assert (plan.action, plan.checkpoint.name) == ("resume", "checkpoint-3")
     assert plan.differences == ["data.max_length: 256 -> 128"]
+    # ... but not a change that regroups the optimizer: its saved state would not load (a
+    # traceback deep in DeepSpeed, naming a setting the user never touched)
+    for change, said in (("optim.weight_decay=0.5", "optim.weight_decay: 0.0 -> 0.5"),
+                         ("train.train_vision_tower=false", "train.train_vision_tower: True -> False"),
+                         ("lora.enabled=true", "lora.enabled: False -> True")):
+        with pytest.raises(RelaunchError, match=re.escape(f"{said} would give the optimizer other parameters or "
+                                                          "groups than the checkpoint's")):
+            plan_launch(load_config(path, [change, "train.allow_config_change=true"]))
     # Where and how often to write never block a resume, nor a packing budget with packing off:
     # a moved run, other save and log intervals, other reporters, other loader workers.
     moved = out.parent / "moved"

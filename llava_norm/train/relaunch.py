@@ -70,6 +70,25 @@ def inert_keys(flat: dict) -> set[str]:
         (set() if flat.get("train.loss") == "fused" else {"train.fused_loss_kernel", "train.fused_loss_softmax"})
 
 
+def optimizer_layout_changes(saved_yaml: str, config: RunConfig) -> list[str]:
+    """``key: saved -> now`` for each change that regroups the optimizer (params.freeze_backbones,
+    freeze_for_lora, parameter_groups): another stage, LoRA on or off, the tower trained or not in a
+    full stage 2, weight decay to or from 0 (which splits each group in two)."""
+    saved, now = flatten(yaml.safe_load(saved_yaml) or {}), flatten(yaml.safe_load(to_yaml(config)))
+
+    def layout(flat: dict) -> dict:
+        stage2 = flat.get("train.stage") == 2
+        lora = stage2 and bool(flat.get("lora.enabled"))
+        return {"train.stage": flat.get("train.stage"), "lora.enabled": lora,
+                "train.train_vision_tower": stage2 and not lora and bool(flat.get("train.train_vision_tower")),
+                "optim.weight_decay": bool(flat.get("optim.weight_decay"))}
+
+    before, after = layout(saved), layout(now)
+    changed = [key for key in before if before[key] != after[key]]
+    changed = changed[:1] if changed[:1] in (["train.stage"], ["lora.enabled"]) else changed  # the rest follows
+    return [f"{key}: {saved.get(key, '<unset>')!r} -> {now.get(key, '<unset>')!r}" for key in changed]
+
+
 def _where(value):
     """A path as the real path it names, from this process's folder (a relative one only where
     it exists: a hub id, organisation/name, is not a path); anything else as it is."""
@@ -125,6 +144,12 @@ def _checked_resume(checkpoint: Path, config: RunConfig, allowed: frozenset, why
         differences = [f"{checkpoint} has no {RUN_CONFIG} (saved by an older version)"]
     else:
         differences = config_differences(saved.read_text(), config, allowed)
+        regrouped = optimizer_layout_changes(saved.read_text(), config)
+        if regrouped:
+            raise RelaunchError(f"{config.train.output_dir}: {why}, but {'; '.join(regrouped)} would give the "
+                                "optimizer other parameters or groups than the checkpoint's, whose state cannot be "
+                                "loaded into them (train.allow_config_change cannot cover this). "
+                                "train.restart=true starts over; another train.output_dir starts a new run")
     if differences and not config.train.allow_config_change:
         raise RelaunchError(f"{config.train.output_dir}: {why}, but its config differs: {'; '.join(differences)}. "
                             "For a new run give another train.output_dir; train.allow_config_change=true resumes "
