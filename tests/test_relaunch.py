@@ -89,6 +89,32 @@ def test_finished_run_is_left_alone_and_the_ways_out_are_explicit(run, capsys, t
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]  # 4, 5 gone
 
 
+def test_a_restart_deletes_only_a_runs_outputs_and_never_the_projector_it_loads(run, tmp_path):
+    """train.restart removes what a run wrote: in a folder that holds no run, files that only share
+    a run output's name (a "runs" or "model" folder, a config.yaml) are refused by name, not
+    deleted; and in a run's folder, the stage-1 projector a stage 2 would load from it is refused
+    before anything is removed (the launch deleted it, then failed loading it)."""
+    launch, out, path = run
+    other = tmp_path / "elsewhere"
+    for name in ("runs/old/r.txt", "model/w.txt", "config.yaml"):
+        (other / name).parent.mkdir(parents=True, exist_ok=True)
+        (other / name).write_text("keep")
+    before = snapshot(other)
+    with pytest.raises(RelaunchError, match=re.escape(f"{other}: train.restart=true would delete model, config.yaml, "
+                                                      "runs, but the folder holds no llava-norm run")):
+        plan_launch(load_config(path, [f"train.output_dir={other}", "train.restart=true"]))
+    assert snapshot(other) == before
+    launch()
+    before = snapshot(out)
+    for projector in (out / "projector.safetensors", out / "checkpoint-3"):
+        with pytest.raises(RelaunchError, match=re.escape(f"would delete model.pretrained_projector {projector} (in "
+                                                          f"{projector.name}) before this launch loads it")):
+            plan_launch(load_config(path, ["train.restart=true", f"model.pretrained_projector={projector}"],
+                                    check_paths=False))
+    assert snapshot(out) == before
+    assert plan_launch(load_config(path, ["train.restart=true"])).action == "fresh"  # a run's folder: as before
+
+
 def test_a_rate_changed_under_allow_config_change_takes_effect_from_the_next_update(run):
     """A relaunch that lowers optim.lr* under train.allow_config_change (what the divergence stop
     advises) trains its remaining updates on the new config's schedule: the restored scheduler

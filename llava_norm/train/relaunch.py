@@ -166,6 +166,7 @@ def plan_launch(config: RunConfig) -> LaunchPlan:
     t = config.train
     out = Path(t.output_dir)
     if t.restart:
+        _check_restart(config)
         return LaunchPlan("fresh", message="train.restart: starting over")
     if t.resume not in ("auto", "none"):
         return _checked_resume(Path(t.resume).expanduser(), config, frozenset(), f"train.resume={t.resume} was asked for")
@@ -195,16 +196,44 @@ def plan_launch(config: RunConfig) -> LaunchPlan:
     return LaunchPlan("fresh")
 
 
+def restart_targets(out: Path) -> list[Path]:
+    """What train.restart removes from ``out``: the run outputs and checkpoint folders there."""
+    if not out.is_dir():
+        return []
+    return [path for path in [out / name for name in RUN_OUTPUTS] + sorted(out.glob("checkpoint-*")) if path.exists()]
+
+
+def _check_restart(config: RunConfig) -> None:
+    """Refuse a restart that would delete what no run of ours wrote (a folder that only shares a
+    name with a run's outputs: "runs", "model", "config.yaml") or the projector this launch loads."""
+    out = Path(config.train.output_dir)
+    targets = restart_targets(out)
+    if not targets:
+        return
+    ours = (out / SUMMARY).is_file() or (out / RECORD).is_file() or complete_checkpoints(out)
+    if not ours:
+        raise RelaunchError(f"{out}: train.restart=true would delete {', '.join(p.name for p in targets)}, but the "
+                            f"folder holds no llava-norm run (no {SUMMARY}, {RECORD} or complete checkpoint): give "
+                            "another train.output_dir, or move them away first")
+    projector = config.model.pretrained_projector
+    if projector:
+        where = Path(os.path.realpath(Path(projector).expanduser()))
+        doomed = [t for t in targets if where == Path(os.path.realpath(t)) or Path(os.path.realpath(t)) in where.parents]
+        if doomed:
+            raise RelaunchError(f"{out}: train.restart=true would delete model.pretrained_projector {projector} (in "
+                                f"{doomed[0].name}) before this launch loads it: copy it elsewhere first, or give "
+                                "another train.output_dir")
+
+
 def clear_outputs(config: RunConfig) -> None:
     """train.restart: remove what an earlier run wrote (rank 0; the others wait for no file)."""
     out = Path(config.train.output_dir)
     if int(os.environ.get("RANK", "0")) != 0 or not out.is_dir():
         return
-    targets = [out / name for name in RUN_OUTPUTS] + [p for p in out.glob("checkpoint-*")]
+    targets = restart_targets(out)
     trash = out / f"{REMOVING}restart-{int(time.time() * 1000)}"  # finish_removals: what a kill left of it
     trash.mkdir()
     for target in targets:
-        if target.exists():
-            os.replace(target, trash / target.name)  # one rename each: no half-deleted run is ever visible
+        os.replace(target, trash / target.name)  # one rename each: no half-deleted run is ever visible
     shutil.rmtree(trash, ignore_errors=True)
     log.info("train.restart: removed the earlier run's outputs from %s", out)
