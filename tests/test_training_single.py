@@ -118,6 +118,22 @@ def test_the_named_fused_loss_kernel_reaches_the_loss(tmp_path, tiny_dir, monkey
     assert "train.loss fused: liger runs on CUDA only, not on cpu; using the chunked torch cross-entropy" in caplog.text
 
 
+def test_a_pack_budget_below_an_images_tokens_stops_the_launch_before_any_weights_load(tmp_path, tiny_dir):
+    """`check` refuses it from the plan; the launch, whose start-up plan otherwise only informs,
+    stops on it too, with the same line, not after loading the model on "32 consecutive samples do
+    not fit"."""
+    import pytest
+
+    from llava_norm.config import ConfigError
+
+    config = _tiny_stage2(tmp_path, tiny_dir, "max_steps: 1")
+    config.data.packing, config.data.pack_max_tokens = True, 4
+    with pytest.raises(ConfigError, match=r"key 'data\.pack_max_tokens': 4 tokens per row do not hold 1 image\(s\) "
+                                          r"of \d+ tokens"):
+        run_training(config)
+    assert not (tmp_path / "out" / "model").exists()
+
+
 def test_train_cudnn_attention_is_off_by_default_at_launch(tmp_path, tiny_dir):
     """A config that does not name train.cudnn_attention turns torch's cuDNN attention switch off at
     launch (its default, false); set here on a CPU, where sdpa never picks cuDNN anyway, and put

@@ -140,7 +140,7 @@ def _sequence(config: RunConfig, tokens_per_image: int, seq_len: int | None, ima
         images = max(1, math.floor(seq / (PACKED_TOKENS_PER_IMAGE * tokens_per_image))) if d.packing else 1
     if images * tokens_per_image > seq:  # no row would hold its image: training would skip every one
         where = "--seq-len" if seq_len else f"key '{'data.pack_max_tokens' if d.packing else 'data.max_length'}'"
-        raise ValueError(f"{where}: {seq} tokens per row do not hold {images} image(s) of {tokens_per_image} tokens")
+        raise ConfigError(f"{where}: {seq} tokens per row do not hold {images} image(s) of {tokens_per_image} tokens")
     return seq, images
 
 

@@ -100,7 +100,8 @@ def print_startup_plan(config: RunConfig) -> None:
     """The launch's ``llava-norm plan``, for this launch's processes and GPU, before any weights load.
 
     Informational: a plan that cannot be made (a backbone family the meta device cannot trace)
-    is said in one line and the run goes on."""
+    is said in one line and the run goes on; a config the plan finds no row fits (ConfigError:
+    ``data.pack_max_tokens`` below an image's tokens) stops it, as ``llava-norm check`` does."""
     world = world_size()
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     memory = name = None
@@ -109,7 +110,9 @@ def print_startup_plan(config: RunConfig) -> None:
         name = torch.cuda.get_device_name(0)
     try:
         plan = make_plan(config, per_node, max(1, world // per_node), memory, name, alternatives=memory is not None)
-    except Exception as error:  # noqa: BLE001 - the plan informs; it never stops a launch
+    except ConfigError:  # every sample would be skipped for its length: said before any weights load
+        raise
+    except Exception as error:  # noqa: BLE001 - otherwise the plan informs; it never stops a launch
         print(f"[llava-norm] no plan for this launch: {type(error).__name__}: {str(error).splitlines()[0]}")
         return
     print(format_plan(plan, config.train.output_dir), flush=True)
