@@ -577,6 +577,21 @@ def test_a_take_of_no_row_is_a_problem(world):
     assert [p for p in said if f"key 'data.mixture[1].take': 'first:1%' of {rows} rows is no row" in p], said
 
 
+def test_a_grad_accum_the_global_batch_overrides_is_a_warning(world):
+    """train.grad_accum beside train.global_batch_size changes nothing (the accumulation is derived
+    from the global batch): said, unless it is the default or what the global batch gives anyway."""
+    _, config, _, _, _ = world
+    batch = ["train.global_batch_size=16", "train.per_device_batch_size=2"]
+
+    def said(*overrides):
+        return [w for w in preflight(config, [*batch, *overrides], gpus=2, plan=False).warnings if "grad_accum" in w]
+
+    assert said("train.grad_accum=8") == [f"{config}: key 'train.grad_accum': 8 is set, but train.global_batch_size 16 "
+                                          "decides the accumulation (4 on 1 node(s) x 2 GPUs): it changes nothing "
+                                          "(train.global_batch_size=null to use it)"]
+    assert said("train.grad_accum=4") == said() == []
+
+
 def test_a_take_past_the_sources_rows_is_a_warning(world):
     """``first:N`` beyond a source's rows takes them all, as LLaVA-NeXT's loader does: said as a
     warning naming the key, for JSON and for parquet (counted from the footers), under either

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from llava_norm.config import _read_yaml_chain, each_config_error, load_config
 from llava_norm.config_checks import output_dir_problem, path_problems
-from llava_norm.config_schema import NORM_ARMS, ConfigError, ModelConfig, RunConfig, effective_grad_accum, is_hub_id
+from llava_norm.config_schema import (NORM_ARMS, ConfigError, ModelConfig, RunConfig, TrainConfig, effective_grad_accum,
+                                      is_hub_id)
 from llava_norm.data.templates import template_kwargs_problems
 from llava_norm.train.rundir import (NO_DATA_STATE, SUMMARY, complete_checkpoints, data_state, global_batch_problem,
                                      processes)
@@ -134,6 +135,10 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
     report.config, world, t = config, gpus * nodes, config.train
     try:
         accum = effective_grad_accum(t, world)
+        if t.global_batch_size is not None and t.grad_accum not in (TrainConfig.grad_accum, accum):
+            report.warnings.append(f"{path}: key 'train.grad_accum': {t.grad_accum} is set, but train.global_batch_size "
+                                   f"{t.global_batch_size} decides the accumulation ({accum} on {nodes} node(s) x "
+                                   f"{gpus} GPUs): it changes nothing (train.global_batch_size=null to use it)")
     except ConfigError:
         report.problems.append(f"{path}: key 'train.global_batch_size': {t.global_batch_size} rows per step cannot be "
                                f"split over {nodes} node(s) x {gpus} GPUs at {t.per_device_batch_size} per GPU; world "
