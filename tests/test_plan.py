@@ -13,6 +13,7 @@ from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem
 from llava_norm.config import ConfigError, load_config
 from llava_norm.model.builder import ModelSpec, build_model
 from llava_norm.plan import format_plan, make_plan
+from llava_norm.plan.estimate import FIT_FRACTION
 from llava_norm.plan.backbones import SHIPPED_BACKBONES, backbone_config
 from llava_norm.plan.memory import Activations, count_parameters, trace_activations, trace_loss_kinds
 from llava_norm.train.params import freeze_backbones
@@ -132,6 +133,25 @@ def test_fit_verdict_and_the_changes_that_fit(tmp_path, capsys):
     assert "FITS: peak" in out
     params = {k: v["total"] for k, v in plan["parameters"].items()}
     assert sum(params.values()) == pytest.approx(0.428e9 + 7.62e9, rel=0.01)  # SigLIP-SO400M tower + Qwen2.5-7B
+
+
+@pytest.mark.parametrize("global_batch", [", global_batch_size: 4", ", grad_accum: 1, global_batch_size: null"])
+def test_the_smaller_batch_change_offers_the_peak_of_that_change(tmp_path, tiny_dir, global_batch):
+    """The alternative "train.per_device_batch_size=B (grad_accum grows ...)" offers the peak that
+    config's own plan has: accumulating where the config did not changes how gradients and
+    activations overlap (it offered the peak without accumulation, 14% low, as a fit)."""
+    def planned(batch, accum):
+        return make_plan(_config(tmp_path, tiny_dir, f", stage: 2, per_device_batch_size: {batch}, grad_accum: {accum}, "
+                                                     "global_batch_size: null"), alternatives=False).peak()
+
+    base, half, quarter = planned(4, 1), planned(2, 2), planned(1, 4)
+    assert base > half > quarter
+    for room, batch, peak in (((base + half) / 2, 2, half), ((half + quarter) / 2, 1, quarter)):
+        plan = make_plan(_config(tmp_path, tiny_dir, f", stage: 2, per_device_batch_size: 4{global_batch}"),
+                         gpu_memory_gib=room / FIT_FRACTION / 2 ** 30)
+        offered = [(change.split(" ")[0], round(gib * 2 ** 30)) for change, gib in plan.alternatives
+                   if change.startswith("train.per_device_batch_size")]
+        assert offered == [(f"train.per_device_batch_size={batch}", peak)], (offered, base, half, quarter)
 
 
 def test_unknown_gpu_is_an_error_naming_the_known_ones():

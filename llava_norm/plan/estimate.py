@@ -235,7 +235,15 @@ def _alternatives(plan: Plan, model, largest: int) -> list[tuple[str, float]]:
     while batch >= 1:
         acts = trace_activations(model, batch, plan.seq, batch * plan.images, plan.tokens_per_image, t.loss,
                                  t.fused_loss_softmax)
-        peak = plan.peak(activations=acts)
+        # the same global batch in more micro-batches: accumulating changes how gradients and
+        # activations overlap (peak_bytes), so the peak is that of the accumulation it takes
+        try:
+            accum = (effective_grad_accum(replace(t, per_device_batch_size=batch), plan.world)
+                     if t.global_batch_size is not None else -(-plan.grad_accum * plan.batch // batch))
+        except ConfigError:  # the global batch does not split into micro-batches of this size
+            batch //= 2
+            continue
+        peak = replace(plan, grad_accum=accum).peak(activations=acts)
         if plan.fits(peak):
             consider(f"train.per_device_batch_size={batch} (grad_accum grows to keep the global batch)", peak)
             break
