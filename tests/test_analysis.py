@@ -315,3 +315,96 @@ def test_dynamics_given_a_runs_model_folder_names_the_run_folder(tmp_path):
     with pytest.raises(FileNotFoundError) as given_run:
         run_checkpoints(tmp_path / "run")
     assert str(given_run.value) == f"{tmp_path / 'run'}: no complete checkpoint-N dirs and no model/ dir"
+
+
+def test_residual_states_are_each_layers_output_and_bos_is_no_text_token(tiny_dir):
+    """The layer curves (Fig. 3/4) read the residual stream each decoder layer leaves, checked
+    against transformers' own hidden states (the last one before the final norm), and the text
+    curves leave out the BOS token every row holds (it would dominate the text norms)."""
+    from llava_norm.model.builder import ModelSpec
+
+    bundle = build_model(ModelSpec(str(tiny_dir / "siglip"), str(tiny_dir / "llama"), norm_alignment="ln_textnorm_gwc"))
+    model = bundle.model.eval()
+    images = [Image.new("RGB", (40, 40), (60 * i, 200 - 50 * i, 90)) for i in range(2)]
+    batch = next(prompt_batches(bundle, interleave_prompts(images, ["What colour is it?", "Describe it."]), 4))
+    ids, bos = batch.inputs["input_ids"], bundle.tokenizer.bos_token_id
+    assert (ids == bos).any(dim=1).all() and not (batch.text_mask & (ids == bos)).any()
+    with torch.no_grad(), residual_stream(model) as states:
+        hidden = model(**batch.inputs, use_cache=False, output_hidden_states=True).hidden_states
+    assert len(states) == len(hidden)
+    for mine, theirs in zip(states[:-1], hidden[:-1]):
+        torch.testing.assert_close(mine, theirs)
+    torch.testing.assert_close(model.model.language_model.norm(states[-1]), hidden[-1])
+    assert not torch.allclose(states[-1], hidden[-1])
+
+
+@pytest.mark.parametrize("tower", ["siglip", "clip"])
+def test_interface_norms_are_of_what_the_model_feeds_its_projector(tiny_dir, tower):
+    """Tables 1/2's vision-output and projector-output norms, against the tensors the model itself
+    hands its projector's first linear layer and gets from its second (SigLIP's full strategy,
+    CLIP's CLS dropped, both at the configured feature layer)."""
+    from llava_norm.data.images import preprocess
+
+    bundle = build_model(ModelSpec(str(tiny_dir / tower), str(tiny_dir / "llama"), norm_alignment="ln_textnorm"))
+    model = bundle.model.eval()
+    images = [Image.new("RGB", (40, 40), (60 * i, 200 - 50 * i, 90)) for i in range(3)]
+    row = checkpoint_interface_norms(bundle, SampleSet(images, ["a red square"]))
+    seen, projector = {}, model.model.multi_modal_projector
+    hooks = [projector.linear_1.register_forward_hook(lambda m, a, o: seen.update({"in": a[0]})),
+             projector.linear_2.register_forward_hook(lambda m, a, o: seen.update({"out": o}))]
+    with torch.no_grad():
+        model.model.get_image_features(preprocess(images, bundle.image_processor))
+    for hook in hooks:
+        hook.remove()
+    for key, stage in (("in", "vision_output"), ("out", "projector_output")):
+        norms = seen[key].double().norm(dim=-1).flatten()
+        assert row[stage]["tokens"] == norms.numel()
+        assert row[stage]["mean"] == pytest.approx(float(norms.mean()), rel=1e-5)
+        assert row[stage]["std"] == pytest.approx(float(norms.std(unbiased=False)), rel=1e-3, abs=1e-6)
+
+
+def test_text_token_norms_are_of_the_prompts_own_embedding_rows(tiny_dir):
+    bundle = build_model(ModelSpec(str(tiny_dir / "siglip"), str(tiny_dir / "llama"), norm_alignment="ln_textnorm"))
+    prompts = ["a red square", "count the shapes"]
+    row = checkpoint_interface_norms(bundle, SampleSet([Image.new("RGB", (40, 40))], prompts))
+    embedding = bundle.model.get_input_embeddings().weight.detach().double()
+    ids = [i for p in prompts for i in bundle.tokenizer(p, add_special_tokens=False).input_ids]
+    norms = embedding[ids].norm(dim=-1)
+    assert norms.std() > 1e-3 * norms.mean()  # rows of different norms: a wrong row would show
+    assert row["text_tokens"]["tokens"] == len(ids)
+    assert row["text_tokens"]["mean"] == pytest.approx(float(norms.mean()), rel=1e-6)
+
+
+def test_gwc_observed_ratios_are_the_mean_abs_gain(tiny_dir, tmp_path):
+    """The report's "without/with GWC" gradient ratios, measured on every part GWC scales (the
+    projector's output, its linear layers without the norm, the vision tower), each mean|g|."""
+    data, images = write_dataset(tmp_path / "data", n=4)
+    models = arm_bundles(str(tiny_dir / "siglip"), str(tiny_dir / "llama"), ("ln_textnorm", "ln_textnorm_gwc"), seed=0)
+    result = gradient_flow(models, lambda b: training_batch(b, data, images, batch_size=2))
+    plain, gwc = result["rows"]
+    mean_g = gwc["gain"]["gain_abs_mean"]
+    assert plain["grad_norms"]["projector_linears"] / gwc["grad_norms"]["projector_linears"] == pytest.approx(
+        mean_g, rel=1e-3)
+    observed = result["gwc_check"]["observed_ratio"]
+    assert set(observed) == {"projector_output", "projector_linears", "vision_tower"}
+    assert all(v == pytest.approx(mean_g, rel=1e-3) for v in observed.values()), observed
+
+
+def test_the_chosen_layers_and_heads_are_the_ones_averaged(tiny_dir):
+    """``analyze attention --layers/--heads``: each (layer, head) map alone, their mean the map
+    of all, and a negative layer counted from the last."""
+    from llava_norm.analysis.attention import attention_map
+
+    bundle = build_model(ModelSpec(str(tiny_dir / "siglip"), str(tiny_dir / "llama"), norm_alignment="ln_textnorm",
+                                   attn_implementation="eager"))
+    image, question = Image.new("RGB", (40, 40), (200, 30, 30)), "What colour is the image?"
+    every = attention_map(bundle, image, question, "colour")
+    n_layers, n_heads = len(every["layers"]), len(every["heads"])
+    assert n_layers > 1 and n_heads > 1
+    one = {(layer, head): torch.tensor(attention_map(bundle, image, question, "colour", layers=[layer],
+                                                     heads=[head])["grid"])
+           for layer in range(n_layers) for head in range(n_heads)}
+    assert attention_map(bundle, image, question, "colour", layers=[-1])["layers"] == [n_layers - 1]
+    torch.testing.assert_close(torch.stack(list(one.values())).mean(0), torch.tensor(every["grid"]))
+    assert not torch.allclose(one[(0, 0)], one[(n_layers - 1, 0)])
+    assert not torch.allclose(one[(0, 0)], one[(0, n_heads - 1)])
