@@ -16,7 +16,7 @@ from pathlib import Path
 
 from llava_norm.config_schema import (NORM_ARMS, ConfigError, RunConfig, effective_grad_accum, is_glob, is_hub_id,
                                       packing_llm_problem, world_size)
-from llava_norm.layout import PROJECTOR_ORIGIN, PROJECTOR_PREFIX, TRAINER_STATE
+from llava_norm.layout import PROJECTOR_FILE, PROJECTOR_ORIGIN, PROJECTOR_PREFIX, TRAINER_STATE
 
 
 def check_paths(config: RunConfig) -> None:
@@ -264,6 +264,10 @@ def _has_chat_template(llm: Path) -> bool:
 def _check_projector(config: RunConfig) -> None:
     """The stage-1 file must hold this arm's projector: the tensors ``load_projector`` expects."""
     path, key, m = config.model.pretrained_projector, "model.pretrained_projector", config.model
+    if Path(path).expanduser().is_dir():  # the stage-1 run's folder, say: name the file in it
+        inside = Path(path).expanduser() / PROJECTOR_FILE
+        raise ConfigError(f"key '{key}': {path} is a folder; give stage 1's projector file"
+                          + (f", {inside}" if inside.is_file() else f" ({PROJECTOR_FILE} in its run folder)"))
     _must_exist(path, key, kind="file")
     try:  # safetensors: an 8-byte little-endian header length, then the header as JSON
         with open(Path(path).expanduser(), "rb") as handle:
@@ -279,7 +283,8 @@ def _check_projector(config: RunConfig) -> None:
     if found != want:
         raise ConfigError(f"key '{key}': {path} holds projector modules {sorted(found)}, but projector_type "
                           f"{m.projector_type!r} with norm_alignment {m.norm_alignment!r} needs {sorted(want)} "
-                          "(use the stage-1 run of the same arm)")
+                          + ("(a whole model's weights? give stage 1's projector file)" if "model" in found else
+                             "(use the stage-1 run of the same arm)"))
     if m.allow_projector_mismatch:
         return
     recorded = header.get("__metadata__") or {}

@@ -200,6 +200,24 @@ def test_a_projector_from_another_arm_llm_or_tower_is_refused_naming_both(setup)
             with pytest.raises(ConfigError, match=re.escape(f"holds projector modules {found}, but projector_type ")
                                + r".* needs " + re.escape(needs)):
                 load_config(setup["base"], [*_expand(overrides, setup), *allow])
+    # stage 1's run folder, or its whole model's weights, where its projector file goes: the file is named
+    import shutil
+
+    from safetensors.torch import save_file
+
+    run = Path(setup["d"]) / "stage1-run"
+    (run / "model").mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(setup["d"]) / "mlp_norm_projector.safetensors", run / "projector.safetensors")
+    save_file({"model.language_model.norm.weight": torch.ones(2), "lm_head.weight": torch.ones(2, 2)},
+              run / "model" / "model.safetensors")
+    for given, said in ((run, f"{run} is a folder; give stage 1's projector file, {run / 'projector.safetensors'}"),
+                        (run / "model", "is a folder; give stage 1's projector file (projector.safetensors in its run "
+                                        "folder)"),
+                        (run / "model" / "model.safetensors", "holds projector modules ['lm_head', 'model'], but "
+                         "projector_type 'mlp2x_gelu' with norm_alignment 'ln_textnorm_gwc' needs ['linear_1', "
+                         "'linear_2', 'norm'] (a whole model's weights? give stage 1's projector file)")):
+        with pytest.raises(ConfigError, match=re.escape(f"key 'model.pretrained_projector': ") + ".*" + re.escape(said)):
+            load_config(setup["base"], [f"model.pretrained_projector={given}", "model.norm_alignment=ln_textnorm_gwc"])
 
 
 def test_a_take_out_of_range_is_said_so():
