@@ -131,9 +131,10 @@ BREAKS = [
           "tests/test_world_size.py::test_a_run_killed_on_one_number_of_processes_continues_on_another[stage1-zero2-scale_learned-2to1]"),
     Break("the check lets through a checkpoint with no recorded global batch, which the trainer refuses",
           "llava_norm/train/preflight.py",
-          "    problem = global_batch_problem(saved, world, config.train.per_device_batch_size * world * accum)\n",
-          "    problem = global_batch_problem(saved, world, config.train.per_device_batch_size * world * accum) "
-          "if \"global_batch\" in saved else None\n",
+          "    problem = global_batch_problem(saved, world, config.train.per_device_batch_size * world * accum,\n"
+          "                                   config.train.per_device_batch_size)\n",
+          "    problem = global_batch_problem(saved, world, config.train.per_device_batch_size * world * accum,\n"
+          "                                   config.train.per_device_batch_size) if \"global_batch\" in saved else None\n",
           "tests/test_relaunch.py::test_llava_norm_check_says_a_launch_resumes_on_another_number_of_processes"),
     Break("DeepSpeed's universal load unpickles freely", "llava_norm/train/run.py",
           "        with weights_only_loads() if universal else contextlib.nullcontext():",
@@ -1447,6 +1448,9 @@ BREAKS = [
           "    if Path(path).expanduser().is_dir():  # the stage-1 run's folder, say: name the file in it",
           "    if False:",
           "tests/test_config.py::test_a_projector_from_another_arm_llm_or_tower_is_refused_naming_both"),
+    Break("a resume's advice names a per-device batch that cannot split the global batch", "llava_norm/train/rundir.py",
+          '        split = "" if per_device in fits else', '        split = "" if True else',
+          "tests/test_relaunch.py::test_the_advice_for_another_global_batch_is_one_that_resumes"),
 ]
 
 

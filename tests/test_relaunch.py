@@ -115,6 +115,26 @@ def test_a_restart_deletes_only_a_runs_outputs_and_never_the_projector_it_loads(
     assert plan_launch(load_config(path, ["train.restart=true"])).action == "fresh"  # a run's folder: as before
 
 
+def test_the_advice_for_another_global_batch_is_one_that_resumes():
+    """What a refused resume on another number of processes advises is what the relaunch then
+    takes: the recorded global batch, a per-device batch that splits it over the processes where
+    this launch's does not, and allow_config_change for the config's own key; where nothing
+    splits it, the number of processes to change instead."""
+    from llava_norm.train.rundir import global_batch_problem
+
+    saved = {"world_size": 1, "global_batch": 8}
+    said = global_batch_problem(saved, 2, 32, per_device=8)
+    assert said == ("saved with a global batch of 8 on 1 process; on 2 processes it would be 32. Set "
+                    "train.global_batch_size to 8 so the accumulation is re-derived, with train.per_device_batch_size "
+                    "one of [1, 2, 4] (to split it over 2 processes), and train.allow_config_change=true where the "
+                    "checkpoint's config names another global batch or none"), said
+    assert "per_device_batch_size one of" not in global_batch_problem(saved, 2, 16, per_device=4)
+    assert global_batch_problem(saved, 16, 16, per_device=1) == (
+        "saved with a global batch of 8 on 1 process; on 16 processes it would be 16, and no per-device batch "
+        "splits 8 rows over 16 processes: resume it on a number of processes that divides it")
+    assert global_batch_problem(saved, 2, 8, per_device=4) is None
+
+
 def test_a_rate_changed_under_allow_config_change_takes_effect_from_the_next_update(run):
     """A relaunch that lowers optim.lr* under train.allow_config_change (what the divergence stop
     advises) trains its remaining updates on the new config's schedule: the restored scheduler

@@ -242,7 +242,8 @@ def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: in
     if saved is None:  # the trainer refuses to resume it: said here first
         report.problems.append(f"{path}: {checkpoint.name}: {NO_DATA_STATE}")
         return
-    problem = global_batch_problem(saved, world, config.train.per_device_batch_size * world * accum)
+    problem = global_batch_problem(saved, world, config.train.per_device_batch_size * world * accum,
+                                   config.train.per_device_batch_size)
     if problem:  # the trainer's own check, said before the launch
         report.problems.append(f"{path}: {checkpoint.name}: {problem}")
         return

@@ -51,7 +51,7 @@ def processes(n: int) -> str:
     return f"{n} process" + ("" if n == 1 else "es")
 
 
-def global_batch_problem(saved: dict, world: int, global_batch: int) -> str | None:
+def global_batch_problem(saved: dict, world: int, global_batch: int, per_device: int | None = None) -> str | None:
     """Why a checkpoint's data position (its ``data_state.json``) does not carry over to a launch
     of ``world`` processes whose global batch is ``global_batch``; None where it does. Each step
     continues with the same samples only at the same global batch, on any number of processes
@@ -64,6 +64,14 @@ def global_batch_problem(saved: dict, world: int, global_batch: int) -> str | No
             f"steps could hold other samples; resume it on {processes(saved_world)}")
     if recorded != global_batch:
         now = "this launch's is" if saved_world == world else f"on {processes(world)} it would be"
+        fits = [d for d in range(1, recorded // world + 1) if recorded % (d * world) == 0]
+        if not fits:
+            return (f"saved with a global batch of {recorded} on {processes(saved_world)}; {now} {global_batch}, and "
+                    f"no per-device batch splits {recorded} rows over {processes(world)}: resume it on a number of "
+                    "processes that divides it")
+        split = "" if per_device in fits else f", with train.per_device_batch_size one of {fits} (to split it over " \
+                                               f"{processes(world)})"
         return (f"saved with a global batch of {recorded} on {processes(saved_world)}; {now} {global_batch}. Set "
-                f"train.global_batch_size to {recorded} so the accumulation is re-derived")
+                f"train.global_batch_size to {recorded} so the accumulation is re-derived{split}, and "
+                "train.allow_config_change=true where the checkpoint's config names another global batch or none")
     return None

@@ -151,7 +151,7 @@ class LlavaNormTrainer(Trainer):
         if saved is None:
             raise ResumeError(f"{checkpoint}: {NO_DATA_STATE}")
         world, saved_world = self.args.world_size, saved.get("world_size", self.args.world_size)
-        problem = global_batch_problem(saved, world, self._global_batch())
+        problem = global_batch_problem(saved, world, self._global_batch(), self.args.per_device_train_batch_size)
         if problem:
             raise ResumeError(f"{checkpoint}: {problem}")
         # The same samples per step, split another way (other processes, or another micro-batch
