@@ -205,8 +205,15 @@ def _eval(args) -> None:
     if summary is not None:  # each benchmark's headline, as the results table heads its column
         print(f"results in {config.out_dir}:")
         for name, result in summary["benchmarks"].items():
-            mark = headline(name)
-            print(f"  {mark.label(result['settings'])}: {mark.value(result['metrics']):.1f} ({mark.metric}, percent)")
+            print(f"  {headline_line(headline(name), result)}")
+
+
+def headline_line(mark, result: dict) -> str:
+    """A benchmark's headline as ``eval`` prints it, and how many replies its rule could not read
+    (a 0.0 whose every reply was unreadable says so, not a model that answered wrong)."""
+    unread = result["metrics"].get("unparsable_replies", 0)
+    said = f"; {unread} repl{'y' if unread == 1 else 'ies'} its answer rule could not read" if unread else ""
+    return f"{mark.label(result['settings'])}: {mark.value(result['metrics']):.1f} ({mark.metric}, percent{said})"
 
 
 def _table(args) -> None:

@@ -480,6 +480,20 @@ POPE_REPLIES = {
 }
 
 
+def test_eval_says_how_many_replies_its_rule_could_not_read(tmp_path):
+    """`llava-norm eval`'s headline line: a POPE score over replies the strict rule partly could not
+    read says how many, one with every reply read says nothing more."""
+    from llava_norm.cli import headline_line
+    from llava_norm.evaluation.table import headline
+
+    items = get_benchmark("pope").load(pope_parquet(tmp_path))
+    settings = get_benchmark("pope").settings()
+    for replies, said in ((POPE_REPLIES, "; 1 reply its answer rule could not read)"),
+                          ({**POPE_REPLIES, "5": "yes"}, "percent)")):
+        line = headline_line(headline("pope"), {"settings": {"benchmark": settings}, "metrics": score("pope", items, replies)})
+        assert line.endswith(said), line
+
+
 def test_pope_loader_prompt_and_split_filter(tmp_path):
     pope_parquet(tmp_path)
     items = get_benchmark("pope").load(tmp_path)
