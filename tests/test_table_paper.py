@@ -142,6 +142,15 @@ def test_a_subset_is_said_and_an_arm_of_mixed_runs_is_not_compared(runs, tmp_pat
     assert [(c.arm, c.benchmark) for c in comparisons] == [("none", "ocrbench")]
     assert "none, ocrbench: ours is over the first 10 items (--limit), the paper's over the whole benchmark" in notes
     assert "small: its runs were trained as different backbones or arms; not compared" in notes
+    # an arm one of whose runs was evaluated with a non-default option: not compared, whatever the others
+    optioned = tmp_path / "optioned"
+    shutil.copytree(runs["none"], optioned)
+    result = json.loads((optioned / "ocrbench.json").read_text())
+    result["settings"]["benchmark"]["max_new_tokens"] = 16
+    (optioned / "ocrbench.json").write_text(json.dumps(result))
+    comparisons, notes = paper_comparisons(cells, {"none": [runs["none"], optioned]})
+    assert not [c for c in comparisons if c.benchmark == "ocrbench"]
+    assert [n for n in notes if n.startswith("none, ocrbench: evaluated with non-default options")], notes
 
 
 def test_no_interval_reads_n_a_and_is_never_invented():
