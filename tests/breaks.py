@@ -1404,7 +1404,7 @@ BREAKS = [
           "        raise\n", "",
           "tests/test_training_single.py::test_a_pack_budget_below_an_images_tokens_stops_the_launch_before_any_weights_load"),
     Break("a grad_accum the global batch overrides unsaid", "llava_norm/train/preflight.py",
-          "        if t.global_batch_size is not None and t.grad_accum not in (TrainConfig.grad_accum, accum):",
+          "        if given and t.global_batch_size is not None and t.grad_accum != accum:",
           "        if False:",
           "tests/test_check.py::test_a_grad_accum_the_global_batch_overrides_is_a_warning"),
     Break("the smaller-batch change offered at the peak of no accumulation", "llava_norm/plan/estimate.py",

@@ -578,15 +578,16 @@ def test_a_take_of_no_row_is_a_problem(world):
 
 
 def test_a_grad_accum_the_global_batch_overrides_is_a_warning(world):
-    """train.grad_accum beside train.global_batch_size changes nothing (the accumulation is derived
-    from the global batch): said, unless it is the default or what the global batch gives anyway."""
+    """train.grad_accum given on the command line beside train.global_batch_size changes nothing
+    (the accumulation is derived from the global batch): said, unless it is what the global batch
+    gives anyway. A YAML base's own value (the shipped stage-2 base sets 4) is not said."""
     _, config, _, _, _ = world
     batch = ["train.global_batch_size=16", "train.per_device_batch_size=2"]
 
     def said(*overrides):
         return [w for w in preflight(config, [*batch, *overrides], gpus=2, plan=False).warnings if "grad_accum" in w]
 
-    assert said("train.grad_accum=8") == [f"{config}: key 'train.grad_accum': 8 is set, but train.global_batch_size 16 "
+    assert said("train.grad_accum=8") == [f"{config}: key 'train.grad_accum': 8 is given, but train.global_batch_size 16 "
                                           "decides the accumulation (4 on 1 node(s) x 2 GPUs): it changes nothing "
                                           "(train.global_batch_size=null to use it)"]
     assert said("train.grad_accum=4") == said() == []

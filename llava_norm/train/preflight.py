@@ -22,8 +22,7 @@ from pathlib import Path
 
 from llava_norm.config import _read_yaml_chain, each_config_error, load_config
 from llava_norm.config_checks import output_dir_problem, path_problems
-from llava_norm.config_schema import (NORM_ARMS, ConfigError, ModelConfig, RunConfig, TrainConfig, effective_grad_accum,
-                                      is_hub_id)
+from llava_norm.config_schema import NORM_ARMS, ConfigError, ModelConfig, RunConfig, effective_grad_accum, is_hub_id
 from llava_norm.data.templates import template_kwargs_problems
 from llava_norm.train.rundir import (NO_DATA_STATE, SUMMARY, complete_checkpoints, data_state, global_batch_problem,
                                      processes)
@@ -135,8 +134,10 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
     report.config, world, t = config, gpus * nodes, config.train
     try:
         accum = effective_grad_accum(t, world)
-        if t.global_batch_size is not None and t.grad_accum not in (TrainConfig.grad_accum, accum):
-            report.warnings.append(f"{path}: key 'train.grad_accum': {t.grad_accum} is set, but train.global_batch_size "
+        # given on the command line (a YAML base may set one for runs without a global batch)
+        given = any(o.split("=", 1)[0].lstrip("+") == "train.grad_accum" for o in overrides)
+        if given and t.global_batch_size is not None and t.grad_accum != accum:
+            report.warnings.append(f"{path}: key 'train.grad_accum': {t.grad_accum} is given, but train.global_batch_size "
                                    f"{t.global_batch_size} decides the accumulation ({accum} on {nodes} node(s) x "
                                    f"{gpus} GPUs): it changes nothing (train.global_batch_size=null to use it)")
     except ConfigError:
