@@ -702,6 +702,11 @@ def test_a_hub_card_that_its_shards_do_not_reach_is_said(world, monkeypatch, tmp
     assert skip.ok and [w for w in skip.warnings if said in w], skip.warnings
     stop = preflight(config, ["data.mixture=[{hub: org/next}]", "data.on_bad_sample=error"], gpus=2, plan=False)
     assert [p for p in stop.problems if said in p], stop.problems
+    # a take sized for the whole card (what a partial download leaves short): both are said
+    sized = preflight(config, ["data.mixture=[{hub: org/next, take: 'first:20'}]", "data.on_bad_sample=error"],
+                      gpus=2, plan=False)
+    assert [p for p in sized.problems if said in p], sized.problems
+    assert [w for w in sized.warnings if "'first:20' asks for more rows than the source's 8" in w], sized.warnings
 
 
 def test_a_backbone_that_is_neither_a_folder_nor_a_repo_id_is_one_line(world):

@@ -57,13 +57,12 @@ def source_problems(source: DataSource, key: str, prompt_format: str = "chat") -
             problems.append(f"key '{key}': none of its {len(resolved.files)} shard(s) holds a row the run can "
                             "read (above): this source would train nothing")
         taken = take_count(rows, source.take, f"{key}.take")
-        problems += _beyond(source.take, rows, key)
         if rows and not taken:
             problems.append(take_takes_nothing(source.take, rows, f"{key}.take"))
         if resolved.expected_rows is not None and not problems and rows != resolved.expected_rows:
             problems.append(f"{SKIPPABLE}key '{key}': the dataset card says {resolved.expected_rows} rows, the "
                             f"{len(resolved.files)} shards hold {rows}: a partial download? Download it again")
-        return problems, taken
+        return problems + _beyond(source.take, rows, key), taken  # the note last: it hides no problem
     problems, read = [], []
     for path in resolved.files:
         try:
