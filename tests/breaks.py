@@ -1390,8 +1390,7 @@ BREAKS = [
           "        if regrouped:", "        if False:",
           "tests/test_relaunch.py::test_checkpoint_with_another_config_is_refused_unless_allowed"),
     Break("weight decay turned on at a resume taken as the same optimizer", "llava_norm/train/relaunch.py",
-          '                "optim.weight_decay": bool(flat.get("optim.weight_decay"))}',
-          '                "optim.weight_decay": False}',
+          '"optim.weight_decay": bool(flat.get("optim.weight_decay"))}', '"optim.weight_decay": False}',
           "tests/test_relaunch.py::test_checkpoint_with_another_config_is_refused_unless_allowed"),
     Break("a restart deletes files of a folder that holds no run", "llava_norm/train/relaunch.py",
           "    if not ours:", "    if False:",
@@ -1462,6 +1461,17 @@ BREAKS = [
           "        taken = take_count(rows, source.take, f\"{key}.take\")\n",
           "        taken = take_count(rows, source.take, f\"{key}.take\")\n        problems += _beyond(source.take, rows, key)\n",
           "tests/test_check.py::test_a_hub_card_that_its_shards_do_not_reach_is_said"),
+    Break("a resume that trains the tower another way taken as the same optimizer", "llava_norm/train/relaunch.py",
+          '                "tower": tower, "optim.weight_decay": bool(flat.get("optim.weight_decay"))}',
+          '                "tower": None, "optim.weight_decay": bool(flat.get("optim.weight_decay"))}',
+          "tests/test_relaunch.py::test_changes_that_regroup_a_lora_runs_optimizer_are_named"),
+    Break("a LoRA of another rank resumed as the same optimizer", "llava_norm/train/relaunch.py",
+          '                **({f"lora.{k}": flat.get(f"lora.{k}") for k in ("rank", "target_modules", "lm_head")} if lora else {}),',
+          "                **{},",
+          "tests/test_relaunch.py::test_changes_that_regroup_a_lora_runs_optimizer_are_named"),
+    Break("a resume under another arm taken as the same model", "llava_norm/train/relaunch.py",
+          '"model.norm_alignment": flat.get("model.norm_alignment"),', "",
+          "tests/test_relaunch.py::test_changes_that_regroup_a_lora_runs_optimizer_are_named"),
 ]
 
 

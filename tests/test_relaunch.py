@@ -115,6 +115,26 @@ def test_a_restart_deletes_only_a_runs_outputs_and_never_the_projector_it_loads(
     assert plan_launch(load_config(path, ["train.restart=true"])).action == "fresh"  # a run's folder: as before
 
 
+def test_changes_that_regroup_a_lora_runs_optimizer_are_named():
+    """The shipped LoRA stage 2 (lora.vision_tower null: the tower trains in full, as
+    train_vision_tower says): the tower frozen, adapted instead, another rank or arm each gives
+    the model or optimizer other parameters; its learning rates do not."""
+    from llava_norm.train.relaunch import optimizer_layout_changes
+
+    path = Path(__file__).resolve().parents[1] / "configs/tiny/ln_textnorm_gwc/stage2_lora.yaml"
+    saved = to_yaml(load_config(path, [], check_paths=False))
+
+    def changes(*overrides):
+        return optimizer_layout_changes(saved, load_config(path, list(overrides), check_paths=False))
+
+    assert changes("train.train_vision_tower=false") == ["train.train_vision_tower: True -> False"]
+    assert changes("lora.vision_tower=lora") == ["lora.vision_tower: None -> 'lora'"]
+    assert changes("lora.vision_tower=full") == []  # what null means here
+    assert changes("lora.rank=4") == ["lora.rank: 8 -> 4"]
+    assert changes("model.norm_alignment=ln_textnorm") == ["model.norm_alignment: 'ln_textnorm_gwc' -> 'ln_textnorm'"]
+    assert changes("optim.lr_lora=1e-4", "optim.lr=3e-5") == []
+
+
 def test_the_advice_for_another_global_batch_is_one_that_resumes():
     """What a refused resume on another number of processes advises is what the relaunch then
     takes: the recorded global batch, a per-device batch that splits it over the processes where

@@ -71,22 +71,29 @@ def inert_keys(flat: dict) -> set[str]:
 
 
 def optimizer_layout_changes(saved_yaml: str, config: RunConfig) -> list[str]:
-    """``key: saved -> now`` for each change that regroups the optimizer (params.freeze_backbones,
-    freeze_for_lora, parameter_groups): another stage, LoRA on or off, the tower trained or not in a
-    full stage 2, weight decay to or from 0 (which splits each group in two)."""
+    """``key: saved -> now`` for each change that gives the model or its optimizer other parameters
+    or groups (params.freeze_backbones, freeze_for_lora, parameter_groups): another stage, arm or
+    projector, LoRA on or off or shaped otherwise, the tower trained another way, weight decay to or
+    from 0 (which splits each group in two)."""
     saved, now = flatten(yaml.safe_load(saved_yaml) or {}), flatten(yaml.safe_load(to_yaml(config)))
 
     def layout(flat: dict) -> dict:
         stage2 = flat.get("train.stage") == 2
         lora = stage2 and bool(flat.get("lora.enabled"))
-        return {"train.stage": flat.get("train.stage"), "lora.enabled": lora,
-                "train.train_vision_tower": stage2 and not lora and bool(flat.get("train.train_vision_tower")),
-                "optim.weight_decay": bool(flat.get("optim.weight_decay"))}
+        tower = "frozen" if not stage2 else flat.get("lora.vision_tower") if lora and flat.get("lora.vision_tower") \
+            else "full" if flat.get("train.train_vision_tower") else "frozen"  # config_schema.lora_vision_mode
+        return {"train.stage": flat.get("train.stage"), "model.norm_alignment": flat.get("model.norm_alignment"),
+                "model.projector_type": flat.get("model.projector_type"), "lora.enabled": lora,
+                **({f"lora.{k}": flat.get(f"lora.{k}") for k in ("rank", "target_modules", "lm_head")} if lora else {}),
+                "tower": tower, "optim.weight_decay": bool(flat.get("optim.weight_decay"))}
 
     before, after = layout(saved), layout(now)
-    changed = [key for key in before if before[key] != after[key]]
+    changed = [key for key in before if before.get(key) != after.get(key)]
     changed = changed[:1] if changed[:1] in (["train.stage"], ["lora.enabled"]) else changed  # the rest follows
-    return [f"{key}: {saved.get(key, '<unset>')!r} -> {now.get(key, '<unset>')!r}" for key in changed]
+    tower_keys = ("train.train_vision_tower", "lora.vision_tower")  # the keys the tower's training follows
+    keys = [k for key in changed for k in (tower_keys if key == "tower" else (key,))
+            if key != "tower" or saved.get(k) != now.get(k)]
+    return [f"{key}: {saved.get(key, '<unset>')!r} -> {now.get(key, '<unset>')!r}" for key in keys]
 
 
 def _where(value):
