@@ -210,7 +210,8 @@ def _eval(args) -> None:
 
 def headline_line(mark, result: dict) -> str:
     """A benchmark's headline as ``eval`` prints it, and how many replies its rule could not read
-    (a 0.0 whose every reply was unreadable says so, not a model that answered wrong)."""
+    where the benchmark counts them (POPE, MMBench): a 0.0 whose every reply was unreadable says
+    so, not a model that answered wrong."""
     unread = result["metrics"].get("unparsable_replies", 0)
     said = f"; {unread} repl{'y' if unread == 1 else 'ies'} its answer rule could not read" if unread else ""
     return f"{mark.label(result['settings'])}: {mark.value(result['metrics']):.1f} ({mark.metric}, percent{said})"

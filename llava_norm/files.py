@@ -105,7 +105,12 @@ def _partial_prefix(path: Path) -> str:
     return f".{path.name}."
 
 
-# Dots too: a temporary's writer is then "host.pid" with one dot, which tells it from the
-# temporary of a file whose name continues this one's (a.json and a.json.old).
-_HOST = socket.gethostname().replace("/", "_").replace(".", "_")
+def _writer_host(hostname: str) -> str:
+    """A host name as temporary files name their writer: without dots, so that the writer is
+    "host.pid" with one dot, which tells it from the temporary of a file whose name continues
+    this one's (a.json and a.json.old); never empty."""
+    return hostname.replace("/", "_").replace(".", "_") or "host"
+
+
+_HOST = _writer_host(socket.gethostname())
 _WRITER = re.compile(r"[^.]+\.[0-9]+")

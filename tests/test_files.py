@@ -95,6 +95,15 @@ def test_clearing_partial_writes_removes_only_that_files_temporaries(tmp_path):
     assert sorted(tmp_path.iterdir()) == sorted(kept)
 
 
+def test_a_cluster_hosts_dotted_name_still_names_one_writer():
+    """On a node named node01.cluster.local (or with no name at all) a writer's temporaries still
+    match its file's, so the next write clears what a killed one left."""
+    from llava_norm.files import _WRITER, _writer_host
+
+    for hostname in ("node01.cluster.local", "", "a/b.c"):
+        assert _WRITER.fullmatch(f"{_writer_host(hostname)}.4242"), hostname
+
+
 def test_a_write_removes_the_temporaries_its_files_dead_writers_left_and_no_other(tmp_path):
     """A writer killed before its rename leaves its temporary file, named by host and pid: the next
     write of that file removes it where the pid has ended on this host, and keeps a running

@@ -266,8 +266,9 @@ def _run_training(config: RunConfig, check) -> Path | None:
     if trainer.args.should_save:
         out.mkdir(parents=True, exist_ok=True)
         finish_removals(out)  # checkpoints rotated out, or a restart's trash, that a kill left half deleted
-        write_atomically(out / CONFIG_FILE, to_yaml(config), sole_writer=True)  # process 0 alone
+        # the record first: a folder holding it is a run's, which train.restart may clear
         record = start_record(config, plan.differences, resuming=plan.checkpoint is not None)
+        write_atomically(out / CONFIG_FILE, to_yaml(config), sole_writer=True)  # process 0 alone
     if plan.checkpoint:
         log.info("resuming from %s", plan.checkpoint)
     # report_to "all" is resolved by TrainingArguments
