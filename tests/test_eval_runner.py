@@ -330,8 +330,10 @@ def test_the_command_prints_each_benchmarks_headline_as_the_table_heads_it(setup
     assert len(printed) == len(names) + 1
     table = build_table([whole])
     for name, line in zip(names, printed[1:]):
-        label, value, path = re.fullmatch(r"  (.+): (\d+\.\d) \(([\w.]+), percent\)", line).groups()
+        label, value, path, unread = re.fullmatch(r"  (.+): (\d+\.\d) \(([\w.]+), percent(?:; (\d+) repl(?:y|ies) "
+                                                  r"its answer rule could not read)?\)", line).groups()
         result = json.loads((whole / f"{name}.json").read_text())
+        assert int(unread or 0) == result["metrics"].get("unparsable_replies", 0), line  # said where any
         node = result["metrics"]
         for key in path.split("."):
             node = node[key]
@@ -340,7 +342,8 @@ def test_the_command_prints_each_benchmarks_headline_as_the_table_heads_it(setup
         assert label == headline(name).label(result["settings"]) and path == headline(name).metric, line
         assert value == f"{table.values[table.runs[0]][name]:.1f}", (line, table.values)
     pope = next(line for name, line in zip(names, printed[1:]) if name == "pope")
-    assert re.fullmatch(r"  POPE: \d+\.\d \(mean_over_splits\.f1, percent\)", pope), pope
+    assert re.fullmatch(r"  POPE: \d+\.\d \(mean_over_splits\.f1, percent(; \d+ repl(y|ies) its answer rule could "
+                        r"not read)?\)", pope), pope
 
 
 def test_bad_input_and_ctrl_c_end_the_command_in_one_line(setup, tmp_path, monkeypatch, capsys):
