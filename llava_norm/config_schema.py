@@ -395,9 +395,10 @@ def take_count(total: int, take: str, key: str) -> int:
 
 def take_beyond_rows(take: str, total: int, key: str) -> str | None:
     """What to say of a ``first:N`` beyond a source's ``total`` rows: the run takes them all (as
-    LLaVA-NeXT's loader does), which a mixture's proportions may not have meant."""
+    LLaVA-NeXT's loader does), which a mixture's proportions may not have meant. Nothing for a
+    source without a row: what is wrong there is said apart."""
     kind, amount = parse_take(take, key)
-    if kind == "count" and amount > total:
+    if kind == "count" and amount > total > 0:
         return f"key '{key}': {take!r} asks for more rows than the source's {total}: the run takes all {total}"
     return None
 

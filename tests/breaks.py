@@ -1295,7 +1295,7 @@ BREAKS = [
           "        if _WRITER.fullmatch(writer) is None:", "        if False:",
           "tests/test_files.py::test_clearing_partial_writes_removes_only_that_files_temporaries"),
     Break("a take past a source's rows unsaid by the check", "llava_norm/train/source_checks.py",
-          "    note = total and take_beyond_rows(take, total, f\"{key}.take\")", "    note = None",
+          "    note = take_beyond_rows(take, total, f\"{key}.take\")", "    note = None",
           "tests/test_check.py::test_a_take_past_the_sources_rows_is_a_warning"),
     Break("a take past a source's rows a problem, not a warning", "llava_norm/train/preflight.py",
           "            if problem.startswith(NOTE):", "            if False:",

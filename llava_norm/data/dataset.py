@@ -138,8 +138,7 @@ class SupervisedDataset(Dataset):
             rows = position_rows[:take_count(len(position_rows), source.take, f"data.mixture[{i}].take")]
             if len(position_rows) and not len(rows):
                 raise ConfigError(take_takes_nothing(source.take, len(position_rows), f"data.mixture[{i}].take"))
-            beyond = len(position_rows) and take_beyond_rows(source.take, len(position_rows),
-                                                             f"data.mixture[{i}].take")
+            beyond = take_beyond_rows(source.take, len(position_rows), f"data.mixture[{i}].take")
             if beyond:
                 log.warning(beyond)
             taken = np.sort(np.concatenate([np.flatnonzero(whole), rows]))

@@ -135,7 +135,7 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
     try:
         accum = effective_grad_accum(t, world)
         # given on the command line (a YAML base may set one for runs without a global batch)
-        given = any(o.split("=", 1)[0].lstrip("+") == "train.grad_accum" for o in overrides)
+        given = any(o.partition("=")[0].strip() == "train.grad_accum" for o in overrides)
         if given and t.global_batch_size is not None and t.grad_accum != accum:
             report.warnings.append(f"{path}: key 'train.grad_accum': {t.grad_accum} is given, but train.global_batch_size "
                                    f"{t.global_batch_size} decides the accumulation ({accum} on {nodes} node(s) x "

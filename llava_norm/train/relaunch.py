@@ -150,8 +150,9 @@ def _checked_resume(checkpoint: Path, config: RunConfig, allowed: frozenset, why
     if not saved.is_file():
         differences = [f"{checkpoint} has no {RUN_CONFIG} (saved by an older version)"]
     else:
-        differences = config_differences(saved.read_text(), config, allowed)
-        regrouped = optimizer_layout_changes(saved.read_text(), config)
+        saved_yaml = saved.read_text()
+        differences = config_differences(saved_yaml, config, allowed)
+        regrouped = differences and optimizer_layout_changes(saved_yaml, config)  # (each layout key is a config key)
         if regrouped:
             raise RelaunchError(f"{config.train.output_dir}: {why}, but {'; '.join(regrouped)} would give the "
                                 "optimizer other parameters or groups than the checkpoint's, whose state cannot be "

@@ -104,8 +104,8 @@ def source_problems(source: DataSource, key: str, prompt_format: str = "chat") -
 
 
 def _beyond(take: str, total: int, key: str) -> list[str]:
-    """A ``first:N`` past the rows the source holds, as a note (none where it holds no row: said above)."""
-    note = total and take_beyond_rows(take, total, f"{key}.take")
+    """A ``first:N`` past the rows the source holds, as a note."""
+    note = take_beyond_rows(take, total, f"{key}.take")
     return [NOTE + note] if note else []
 
 
