@@ -51,6 +51,11 @@ def test_lmms_eval_resolves_and_runs_the_llava_norm_model(checkpoint):
     cut = model.generate_until([_instance("generate_until", (docs[0]["q"], {"max_new_tokens": 6, "until": [stop]},
                                                              lambda doc: [doc["image"]], 0, "t", "test"), 0)])
     assert cut == [full[:full.index(stop)]], (cut, full, stop)
+    # stop_at_until=false: the reply whole, as lmms-eval's llava wrapper and llava-norm eval give it
+    whole = cls.create_from_arg_string(f"pretrained={checkpoint},stop_at_until=false", {"batch_size": 2, "device": "cpu"})
+    whole.task_dict = model.task_dict
+    assert whole.generate_until([_instance("generate_until", (docs[0]["q"], {"max_new_tokens": 6, "until": [stop]},
+                                                              lambda doc: [doc["image"]], 0, "t", "test"), 0)]) == [full]
 
     # lmms-eval picks a multiple-choice answer by the smallest value (its wrappers return a loss):
     # the plugin returns the negative log-likelihood, so the most likely choice is picked

@@ -52,8 +52,13 @@ class LlavaNormLmms(lmms):
 
     def __init__(self, pretrained: str, dtype: str = "auto", batch_size: int | str = DEFAULT_BATCH_SIZE,
                  prompt_format: str | None = None, system_prompt: str | None = None,
-                 trust_remote_code: bool | str = False, device: str | None = None, **unused) -> None:
+                 trust_remote_code: bool | str = False, device: str | None = None,
+                 stop_at_until: bool | str = True, **unused) -> None:
         super().__init__()
+        # lmms-eval gives every task that names no stop strings until=["\n\n"]; its own llava
+        # wrapper ignores them (and ``llava-norm eval`` cuts nothing), so a reply with a blank
+        # line scores as there only with stop_at_until=false
+        self.stop_at_until = _as_bool(stop_at_until)
 
         self._rank = int(os.environ.get("RANK", "0"))
         self._world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -94,7 +99,8 @@ class LlavaNormLmms(lmms):
                 stops.append(gen_kwargs.get("until"))
             # Greedy everywhere, as the paper evaluates.
             texts = self.predictor.generate_budgeted(prompts, budgets)
-            texts = [_cut_at_stop_strings(text, stop) for text, stop in zip(texts, stops)]
+            if self.stop_at_until:
+                texts = [_cut_at_stop_strings(text, stop) for text, stop in zip(texts, stops)]
             replies.extend(texts)
         return replies
 

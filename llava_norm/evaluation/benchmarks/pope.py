@@ -164,7 +164,8 @@ class POPE(RowBenchmark):
             "prompt_template": build_prompt("{question.strip()}"),
             "reply_rule": self.reply_rule,
             "reply_rule_description": REPLY_RULES[self.reply_rule],
-            "metrics": "accuracy, precision, recall, f1 with yes as positive; recall over all gold-yes items; "
+            "metrics": "accuracy, precision, recall, f1 with yes as positive; a miss is an exact no to a gold-yes item "
+            "(an unreadable reply counts in neither precision nor recall, as in lmms-eval); "
             "predicted_yes_share = share of replies read as yes (lmms-eval's pope_yes_ratio is the gold share, a bug; "
             "we report it separately as gold_yes_share); pooled.accuracy is the other common headline",
         }
