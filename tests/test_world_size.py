@@ -8,7 +8,9 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -193,3 +195,47 @@ def test_a_universal_copy_counts_only_while_its_source_files_are_the_ones_it_was
     os.utime(optim, ns=(saved_at, saved_at))
     with pytest.raises(RuntimeError, match="no complete universal copy"):
         universal_checkpoint(checkpoint, tmp_path, convert=False)
+
+
+FORKED_CONVERSION = """
+import sys
+from pathlib import Path
+import torch
+from deepspeed.checkpoint import ds_to_universal
+from llava_norm.train.universal import universal_checkpoint
+
+def extract(n):  # what a conversion worker does to each fragment: a narrow copy of a flat buffer
+    return float(torch.ones(n).narrow(0, 0, n // 2).clone().sum())
+
+def conversion(args):  # DeepSpeed's own pool of forked workers, as its extraction runs it
+    print(ds_to_universal._do_parallel_work(extract, [2_000_000, 2_000_000], 2), flush=True)
+
+torch.set_num_threads(2)
+float((torch.ones(4_000_000) * 2).sum())  # this process's OpenMP threads have run, as a launch's have
+ds_to_universal.main = conversion
+checkpoint = Path(sys.argv[1])
+universal_checkpoint(checkpoint, checkpoint.parent)
+print("threads after", torch.get_num_threads())
+"""
+
+
+def test_the_conversions_forked_workers_do_not_wait_forever_on_this_process_threads(tmp_path):
+    """A launch without torchrun has as many intra-op threads as cores; DeepSpeed's conversion
+    forks its workers from it, and a forked worker's first parallel op waited forever (GNU OpenMP
+    is not fork-safe): a one-process resume of a run saved on two hung. Here DeepSpeed's own
+    worker pool runs a fragment-sized copy from universal_checkpoint, in a process whose OpenMP
+    threads ran; it ends, and the process has its threads back afterwards."""
+    checkpoint = tmp_path / "checkpoint-2"
+    (checkpoint / "global_step2").mkdir(parents=True)
+    (checkpoint / "latest").write_text("global_step2")
+    proc = subprocess.Popen([sys.executable, "-c", FORKED_CONVERSION, str(checkpoint)], cwd=REPO,
+                            env={**env(), "OMP_NUM_THREADS": "2"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the workers too, waiting where they hung
+        proc.communicate()
+        raise AssertionError("the conversion's forked workers still waited after 60 s") from None
+    assert proc.returncode == 0, err[-3000:]
+    assert "[1000000.0, 1000000.0]" in out and "threads after 2" in out, out

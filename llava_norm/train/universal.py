@@ -56,7 +56,7 @@ def universal_checkpoint(checkpoint: Path, output_dir: Path, convert: bool = Tru
             shutil.copy2(item, tmp / item.name)
     from deepspeed.checkpoint import ds_to_universal  # lazy: DeepSpeed only for a run that uses it
 
-    with weights_only_loads():
+    with weights_only_loads(), one_thread_for_forked_workers():
         ds_to_universal.main(argparse.Namespace(
             input_folder=str(checkpoint / tag), output_folder=str(tmp / f"{tag}_universal"), num_extract_workers=4,
             num_merge_workers=2, keep_temp_folder=False, strict=True, inject_missing_state=True))  # DeepSpeed's defaults
@@ -64,6 +64,22 @@ def universal_checkpoint(checkpoint: Path, output_dir: Path, convert: bool = Tru
     (tmp / COMPLETE_MARKER).write_text(json.dumps(source))
     os.replace(tmp, out)
     return out
+
+
+@contextmanager
+def one_thread_for_forked_workers():
+    """One intra-op thread in this process while DeepSpeed's conversion forks its workers.
+
+    Why: a worker forked after this process's OpenMP threads ran (a launch without torchrun has
+    as many as cores unless OMP_NUM_THREADS says otherwise) waits forever in its first parallel
+    tensor op, as GNU OpenMP is not fork-safe: a resume on one process hung at "Extracting ZeRO
+    fragments". With one thread, the workers' ops run inline, never entering OpenMP."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def deepspeed_records() -> list:
