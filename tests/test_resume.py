@@ -44,7 +44,8 @@ def test_killed_run_resumes_exactly(tmp_path, tiny_dir, references, case):
 # checkpoint-2, the folder the first relaunch wrote over a half-written one. The next relaunch is killed while it writes the
 # final model, after checkpoint-8, and the one after it while it writes its summary: the last one
 # must finish the run from checkpoint-8 without training a step (the last step falls inside
-# epoch 2, where the stock loop trained a ninth).
+# epoch 2, where the stock loop trained a ninth). Each half-written folder is given a rank file a
+# save on more processes would have left: the save that writes there again clears it first.
 SAVE_KILLS = [(2, "early"), (3, "middle"), (4, "rank"), (5, "late")]
 
 
@@ -55,7 +56,7 @@ def test_a_kill_during_a_save_resumes_from_the_checkpoint_before(tmp_path, tiny_
         "torchrun", config, [f"train.output_dir={o}", *common], 2))
     out = tmp_path / "killed"
     launches = launches_of("torchrun", config, [f"train.output_dir={out}", *common], 2)
-    resumed_from = None
+    resumed_from, strays = None, []
     for step, phase in SAVE_KILLS:
         stopped_in, printed = kill_during_save(launches, out, step, phase)
         if resumed_from is not None:  # this launch continued from the one before the previous half-written one
@@ -79,6 +80,10 @@ def test_a_kill_during_a_save_resumes_from_the_checkpoint_before(tmp_path, tiny_
                 assert "optim" in name and any(f.endswith("model.safetensors") for f in written), written
         assert [p.name for p in complete_checkpoints(out)][-1] == f"checkpoint-{step - 1}"
         resumed_from = out / f"checkpoint-{step - 1}"
+        # what a save on more processes leaves in such a folder: the next save there must not keep it
+        strays.append(folder / f"global_step{step}" / "zero_pp_rank_2_mp_rank_00_optim_states.pt")
+        strays[-1].parent.mkdir(exist_ok=True)
+        strays[-1].write_bytes(b"a rank this world size does not have")
     stopped_in, printed = kill_during_final_save(launches, out)
     assert printed.count(f"resuming from {resumed_from}") == 1, printed[-3000:]  # said once, not once per rank
     assert Path(stopped_in) == out / "model/model.safetensors" and (out / f"checkpoint-{MAX_STEPS}/checkpoint_complete").is_file()
@@ -95,6 +100,7 @@ def test_a_kill_during_a_save_resumes_from_the_checkpoint_before(tmp_path, tiny_
     for name in ("model/model.safetensors", "projector.safetensors"):
         assert (out / name).read_bytes() == (ref_out / name).read_bytes(), name
     assert not list(out.rglob(".checkpoint_complete.*.tmp"))  # the relaunch that wrote over checkpoint-5 cleared it
+    assert not [p for p in strays if p.exists()]  # each half-written folder was cleared before it was written again
     assert not list(out.glob(".train_summary.json.*"))  # and the last one the summary's killed writer's
     # Five kills later: every logged figure but the timings, and train_loss over all eight steps
     assert summary_figures(resumed) == summary_figures(reference)

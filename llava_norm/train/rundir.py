@@ -35,6 +35,16 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found) if (p / COMPLETE_MARKER).is_file()]
 
 
+def incomplete_checkpoints(output_dir: str | Path, up_to: int) -> list[Path]:
+    """Checkpoint dirs a killed save left without their marker, at step ``up_to`` or before: a run
+    saving at ``up_to`` is past them, so none of them will be completed, only written into."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT.match(p.name)) and p.is_dir()]
+    return [p for step, p in sorted(found) if step <= up_to and not (p / COMPLETE_MARKER).is_file()]
+
+
 def checkpoint_step(checkpoint: str | Path) -> int | None:
     """The optimizer step a checkpoint was saved at, from the Trainer's state (None: none recorded)."""
     path = Path(checkpoint) / TRAINER_STATE

@@ -33,7 +33,7 @@ from llava_norm.data.sampler import EpochSampler, ModalityLengthGroupedSampler, 
 from llava_norm.files import remove_tree, write_atomically
 from llava_norm.train.params import make_optimizer
 from llava_norm.train.rundir import (COMPLETE_MARKER, DATA_STATE, NO_DATA_STATE, complete_checkpoints, data_state,
-                                     global_batch_problem, processes)
+                                     global_batch_problem, incomplete_checkpoints, processes)
 from llava_norm.train.runlog import RunLog
 from llava_norm.train.universal import remove_universal_copies
 
@@ -312,6 +312,12 @@ class LlavaNormTrainer(Trainer):
         super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial) -> None:
+        if self.args.should_save:  # a killed save's files (another world size's ranks' among them) would
+            # stay in the folder this save writes, and be converted with it on the next resume
+            for stale in incomplete_checkpoints(self._get_output_dir(trial=trial), self.state.global_step):
+                remove_tree(stale)
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
         super()._save_checkpoint(model, trial)  # args.save_total_limit is None: rotation is ours
         folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
         self._write_skips(folder)
