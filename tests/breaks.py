@@ -1484,6 +1484,9 @@ BREAKS = [
     Break("a save writes into a killed save's folder without clearing it", "llava_norm/train/trainer.py",
           "                remove_tree(stale)", "                pass",
           "tests/test_resume.py::test_a_kill_during_a_save_resumes_from_the_checkpoint_before"),
+    Break("a relaunch saves and logs at the checkpoint's intervals", "llava_norm/train/trainer.py",
+          "        self.state.compute_steps(self.args, max_steps)", "        pass",
+          "tests/test_relaunch.py::test_intervals_changed_on_a_relaunch_are_the_ones_it_saves_and_logs_at"),
 ]
 
 

@@ -171,6 +171,19 @@ def test_a_rate_changed_under_allow_config_change_takes_effect_from_the_next_upd
     assert logged[3] == expected[3] and min(expected[3].values()) > 0, logged
 
 
+def test_intervals_changed_on_a_relaunch_are_the_ones_it_saves_and_logs_at(run):
+    """train.save_steps and train.logging_steps never block a resume, and the relaunch saves and
+    logs at its own: transformers restores the checkpoint's with its state, which kept them."""
+    launch, out, _ = run
+    launch("train.max_steps=4", "train.logging_steps=1", "train.save_total_limit=10")
+    (out / "train_summary.json").unlink()
+    for step in (2, 3, 4):  # killed after checkpoint-1
+        shutil.rmtree(out / f"checkpoint-{step}")
+    launch("train.max_steps=4", "train.save_total_limit=10", "train.save_steps=2", "train.logging_steps=3")
+    assert sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*")) == [1, 2, 4]
+    assert [e["step"] for e in _summary(out)["log_history"] if "loss" in e] == [1, 3]
+
+
 def test_checkpoint_with_another_config_is_refused_unless_allowed(run):
     launch, out, path = run
     launch()

@@ -119,6 +119,9 @@ class LlavaNormTrainer(Trainer):
         self.run_log.resumed_from = Path(resume_from_checkpoint) if resume_from_checkpoint is not None else None
         if resume_from_checkpoint is None:
             return epochs, skip
+        # this launch's intervals (train.save_steps, train.logging_steps), not the checkpoint's
+        # that transformers restores with its state: changing them never blocks a resume, so it applies
+        self.state.compute_steps(self.args, max_steps)
         if self.state.global_step > self.state.max_steps:
             raise ResumeError(f"{resume_from_checkpoint}: at step {self.state.global_step}, past this run's last "
                               f"step {self.state.max_steps} (train.max_steps or train.epochs lowered?)")
