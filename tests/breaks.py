@@ -1095,9 +1095,9 @@ BREAKS = [
           "                ctx = bos + ctx if bos else [tokenizer.eos_token_id] + ctx",
           "tests/test_eval_runner.py::test_a_pair_is_scored_on_the_whole_texts_tokens_with_the_contexts_trailing_space"),
     Break("predictions kept when a setting was added or dropped since", "llava_norm/evaluation/predictions.py",
-          "        changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))",
-          "        changed = sorted(k for k in settings if k in old and old[k] != settings[k])",
-          "tests/test_eval_runner.py::test_predictions_from_other_settings_are_refused"),
+          "        changed = sorted(k for k in set(old) | set(settings) if k not in LOCATION_KEYS and old.get(k) != settings.get(k))",
+          "        changed = sorted(k for k in settings if k in old and k not in LOCATION_KEYS and old[k] != settings[k])",
+          "tests/test_eval_runner.py::test_predictions_from_other_settings_are_refused_and_from_other_paths_to_the_same_files_kept"),
     Break("a sweep run outside the chain's handling of Ctrl-C", "llava_norm/chain_cli.py",
           '    _run_chain(config, "sweep", args.dry_run)',
           "    import llava_norm.pipeline as chain; chain.run_steps(chain.plan(config)[0])",
@@ -1487,6 +1487,9 @@ BREAKS = [
     Break("a relaunch saves and logs at the checkpoint's intervals", "llava_norm/train/trainer.py",
           "        self.state.compute_steps(self.args, max_steps)", "        pass",
           "tests/test_relaunch.py::test_intervals_changed_on_a_relaunch_are_the_ones_it_saves_and_logs_at"),
+    Break("partial predictions refused when only the checkpoint's or the data's path changed", "llava_norm/evaluation/predictions.py",
+          "if k not in LOCATION_KEYS and old.get(k) != settings.get(k))", "if old.get(k) != settings.get(k))",
+          "tests/test_eval_runner.py::test_predictions_from_other_settings_are_refused_and_from_other_paths_to_the_same_files_kept"),
 ]
 
 

@@ -62,17 +62,22 @@ def test_each_item_is_batched_as_in_a_run_never_stopped_whatever_the_process_cou
         assert left == sorted([("6", "7", "8"), ("9", "10")]), (world, left)
 
 
-def test_predictions_from_other_settings_are_refused(tmp_path):
+def test_predictions_from_other_settings_are_refused_and_from_other_paths_to_the_same_files_kept(tmp_path):
     store = PredictionStore(tmp_path, "mmlu")
-    store.write_settings({"checkpoint": "/a", "limit": None})
-    store.verify_settings({"checkpoint": "/a", "limit": None})
-    with pytest.raises(SettingsMismatchError, match="checkpoint"):
-        store.verify_settings({"checkpoint": "/b", "limit": None})
+    recorded = {"checkpoint": "/a", "checkpoint_fingerprint": "f", "data_path": "/d", "data_fingerprint": "g",
+                "limit": None}
+    store.write_settings(recorded)
+    store.verify_settings(recorded)
+    # the same checkpoint and data, copied or mounted elsewhere: the same predictions
+    store.verify_settings({**recorded, "checkpoint": "/copy/of/a", "data_path": "/mnt/d"})
+    for key in ("checkpoint_fingerprint", "data_fingerprint", "limit"):  # what they hold, or how they are read
+        with pytest.raises(SettingsMismatchError, match=f"differing keys: \\['{key}'\\]"):
+            store.verify_settings({**recorded, key: "other"})
     # a setting recorded only now (a newer version records more, pair_encoding say), or no longer
     with pytest.raises(SettingsMismatchError, match="pair_encoding"):
-        store.verify_settings({"checkpoint": "/a", "limit": None, "pair_encoding": "lm-eval"})
-    with pytest.raises(SettingsMismatchError, match="checkpoint"):
-        store.verify_settings({"limit": None})
+        store.verify_settings({**recorded, "pair_encoding": "lm-eval"})
+    with pytest.raises(SettingsMismatchError, match="checkpoint_fingerprint"):
+        store.verify_settings({k: v for k, v in recorded.items() if k != "checkpoint_fingerprint"})
 
 
 # ------------------------------------------------------------------ table

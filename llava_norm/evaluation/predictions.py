@@ -21,6 +21,11 @@ from typing import Any
 
 from llava_norm.files import write_atomically
 
+# Where the checkpoint and the data live, as opposed to what they hold: compared through their
+# fingerprints (also in the settings), so predictions or a result of a moved but identical copy
+# are still used.
+LOCATION_KEYS = ("checkpoint", "data_path")
+
 # A recorded setting -> the `llava-norm eval` option that sets it (evaluation.settings records them)
 OPTIONS = {"batch_items": "batch-size", "limit": "limit", "max_new_tokens_cap": "max-new-tokens-cap", "dtype": "dtype"}
 
@@ -72,12 +77,12 @@ class PredictionStore:
 
     def verify_settings(self, settings: dict) -> None:
         """Refuse to mix predictions made under different settings (another checkpoint,
-        prompt or split) into one result."""
+        prompt or split) into one result; the same checkpoint or data at another path is the same."""
         path = self.dir / "settings.json"
         if not path.exists():
             return
         old = read_json_output(path)
-        changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+        changed = sorted(k for k in set(old) | set(settings) if k not in LOCATION_KEYS and old.get(k) != settings.get(k))
         if changed:
             key = changed[0]
             option = f" (--{OPTIONS[key]})" if key in OPTIONS else ""

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from llava_norm.config_schema import resolve_dtype
 from llava_norm.data.prompts import PromptSettings, run_config
 from llava_norm.evaluation.benchmarks import BENCHMARKS, get_benchmark
+from llava_norm.evaluation.predictions import LOCATION_KEYS
 from llava_norm.provenance import fingerprint, flatten
 
 
@@ -104,9 +105,6 @@ def checkpoint_fingerprint(checkpoint: str | Path) -> str:
     return fingerprint(checkpoint)
 
 
-# Where the checkpoint and the data live, as opposed to what they hold: compared through their
-# fingerprints, so an evaluation of a moved but identical copy is still reused.
-LOCATION_KEYS = ("checkpoint", "data_path")
 
 
 def settings_differences(recorded: dict, expected: dict) -> list[str]:
