@@ -530,8 +530,8 @@ BREAKS = [
           "        data = read_json_output(path)", "        data = __import__(\"json\").loads(path.read_text())",
           "tests/test_eval_runner.py::test_bad_arguments_an_empty_benchmark_and_damaged_outputs_end_the_command_in_one_line"),
     Break("a damaged predictions line ends evaluation in a traceback", "llava_norm/evaluation/predictions.py",
-          "                        raise DamagedFileError(f\"{path}:{number}: not a prediction record",
-          "                        raise ValueError(f\"{path}:{number}: not a prediction record",
+          "                    raise DamagedFileError(f\"{path}:{number}: not a prediction record",
+          "                    raise ValueError(f\"{path}:{number}: not a prediction record",
           "tests/test_eval_runner.py::test_bad_arguments_an_empty_benchmark_and_damaged_outputs_end_the_command_in_one_line"),
     Break("a batch size or token cap of 0 taken", "llava_norm/evaluation/arguments.py",
           "    if value < 1:", "    if value < 0:",
@@ -1490,6 +1490,10 @@ BREAKS = [
     Break("partial predictions refused when only the checkpoint's or the data's path changed", "llava_norm/evaluation/predictions.py",
           "if k not in LOCATION_KEYS and old.get(k) != settings.get(k))", "if old.get(k) != settings.get(k))",
           "tests/test_eval_runner.py::test_predictions_from_other_settings_are_refused_and_from_other_paths_to_the_same_files_kept"),
+    Break("a torn prediction line is decoded as text", "llava_norm/evaluation/predictions.py",
+          "            lines = path.read_bytes().split(b\"\\n\")[:-1]",
+          "            lines = [line.encode() for line in path.read_text(encoding=\"utf-8\").split(\"\\n\")[:-1]]",
+          "tests/test_eval_runner.py::test_torn_line_is_cut_and_duplicates_are_counted_once"),
 ]
 
 

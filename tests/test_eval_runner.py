@@ -35,6 +35,8 @@ def test_torn_line_is_cut_and_duplicates_are_counted_once(tmp_path):
     store.repair(0)
     store.append(0, [{"item_id": "c", "prediction": "yes"}])
     store.append(1, [{"item_id": "a", "prediction": "no"}])  # a stray duplicate from another rank file
+    with open(store.rank_file(1), "ab") as f:  # a writer killed inside a character: a rank file not repaired
+        f.write('{"item_id": "d", "prediction": "é'.encode()[:-1])
     merged = store.read_all()
     assert merged.predictions == {"a": "yes", "b": "no", "c": "yes"}
     assert merged.duplicates == 1

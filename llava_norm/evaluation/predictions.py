@@ -108,22 +108,22 @@ class PredictionStore:
     def read_all(self) -> Merged:
         merged = Merged()
         for path in self.files():
-            with open(path, encoding="utf-8") as f:
-                for number, line in enumerate(f, 1):
-                    if not line.endswith("\n"):
-                        break  # torn tail of a killed writer: not a finished record
-                    try:
-                        record = json.loads(line)
-                        item_id = record["item_id"]
-                        prediction = record["prediction"]
-                    except (json.JSONDecodeError, KeyError, TypeError) as error:
-                        raise DamagedFileError(f"{path}:{number}: not a prediction record ({error}); "
-                                               "delete that line (the records around it are kept and its item is "
-                                               "predicted again), or the file, or pass --overwrite", path) from None
-                    if item_id in merged.predictions:
-                        merged.duplicates += 1
-                    else:
-                        merged.predictions[item_id] = prediction
+            # bytes: a killed writer's torn tail (no newline) may end inside a character, and is
+            # not a finished record
+            lines = path.read_bytes().split(b"\n")[:-1]
+            for number, line in enumerate(lines, 1):
+                try:
+                    record = json.loads(line.decode("utf-8"))
+                    item_id = record["item_id"]
+                    prediction = record["prediction"]
+                except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
+                    raise DamagedFileError(f"{path}:{number}: not a prediction record ({error}); "
+                                           "delete that line (the records around it are kept and its item is "
+                                           "predicted again), or the file, or pass --overwrite", path) from None
+                if item_id in merged.predictions:
+                    merged.duplicates += 1
+                else:
+                    merged.predictions[item_id] = prediction
         return merged
 
     def append(self, rank: int, records: list[dict]) -> None:
