@@ -273,10 +273,16 @@ def test_unlabelled_checkpoints_get_labels_that_tell_them_apart():
                     "model dir, RUN/model, or a checkpoint-N dir")
 
 
-def test_a_run_folder_or_a_folder_without_a_model_is_named_as_such(tmp_path):
+def test_a_run_folder_or_a_folder_without_a_model_is_named_as_such(tmp_path, tiny_dir):
     """A training run's folder given where a model belongs is named as one, with its model's path;
-    a folder without config.json is named as that."""
+    a folder without config.json is named as that, and a backbone as one."""
     from llava_norm.cli import main
+
+    for backbone, kind in (("llama", "llama"), ("siglip", "siglip")):
+        with pytest.raises(SystemExit) as stop:
+            main(["analyze", "gain-stats", "--checkpoint", str(tiny_dir / backbone)])
+        assert stop.value.code == (f"analyze gain-stats: {tiny_dir / backbone}: a {kind!r} model (its config.json), "
+                                   "not one a llava-norm run saved (a backbone? give RUN/model)")
 
     (tmp_path / "run" / "model").mkdir(parents=True)
     (tmp_path / "run" / "model" / "config.json").write_text("{}")

@@ -23,6 +23,7 @@ from llava_norm.layout import CONFIG_FILE, MODEL_DIR
 from llava_norm.config_schema import is_hub_id, resolve_dtype
 from llava_norm.model.builder import Bundle, load_bundle, load_tokenizer, torch_dtype
 from llava_norm.provenance import make_record
+from llava_norm.saved_model import check_model_kind
 
 
 def analysis_device(device: str | None = None) -> torch.device:
@@ -85,6 +86,7 @@ def saved_model_config(path: str | Path) -> dict:
                                 "its checkpoint-N dirs")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: no config.json; expected a saved model dir or a checkpoint-N dir")
+    check_model_kind(path)  # a backbone's config.json has no text_config, no norm layer
     return json.loads((path / "config.json").read_text())
 
 
