@@ -288,3 +288,24 @@ def test_the_forest_plot_greys_exactly_the_intervals_that_cover_zero():
     figure = forest_figure(rows, "deltas", "points")
     marks = [to_hex(bars.lines[0].get_color()) for bars in figure.axes[0].containers]
     assert marks == [to_hex(c) for c in ("tab:gray", "tab:gray", "tab:green", "tab:red")]
+
+
+def test_a_row_the_provenance_recheck_marks_is_marked_in_the_statistics_too(runs, tmp_path):
+    """`llava-norm table` prints the statistics: a run whose checkpoint changed after it was
+    evaluated is marked there (its arm's rows, the note under them, the CSV), not only in the
+    per-run table beside it."""
+    from llava_norm.cli import main
+
+    config = runs["noisy@seed0"].parent / "model" / "config.json"
+    kept = config.read_text()
+    try:
+        config.write_text(kept.replace("{", '{"edited": 1, ', 1))
+        main(["table", *map(str, runs.values()), "--out", str(tmp_path / "t")])
+    finally:
+        config.write_text(kept)
+    said = "noisy@seed0: stale: the checkpoint changed after it was evaluated"
+    stats = (tmp_path / "t_stats.md").read_text()
+    assert f"- † noisy: {said}" in stats and "| noisy †" in stats, stats
+    assert stats.count("stale:") == 1  # that run's alone (every run here is marked for its missing training record)
+    assert said in (tmp_path / "t_stats.csv").read_text()
+    assert "stale: the checkpoint changed after it was evaluated" in (tmp_path / "t.md").read_text()

@@ -265,7 +265,7 @@ def test_killed_evaluation_resumes_to_the_same_metrics_without_double_counting(s
         assert result["settings"]["max_new_tokens_cap"] == 12
         assert result["settings"]["benchmark"]["benchmark"] == bench
 
-    md, csv_path = write_table([whole, cut], setup / "tables/llama3.2-3b", baseline="whole")
+    md, csv_path, _ = write_table([whole, cut], setup / "tables/llama3.2-3b", baseline="whole")
     assert (md.name, csv_path.name) == ("llama3.2-3b.md", "llama3.2-3b.csv")  # a dotted prefix is kept whole
     assert json.loads((setup / "tables/llama3.2-3b.provenance.json").read_text())["complete"]
     header = csv_path.read_text().splitlines()[0].split(",")

@@ -348,8 +348,9 @@ def write_tables(runs: dict[str, Path], prefix: str | Path, baseline: str, first
         cells = ablation_cells(runs, baseline, benchmarks, options, data)
     except IncompleteGrid:
         cells = None  # write_ablation meets it again, after the per-run table
-    md, csv_path = write_table(list(runs.values()), prefix, baseline=first_run, marks=marks, benchmarks=benchmarks,
-                               checkpoints=checkpoints, data=data)
-    marked = {name: found for name, found in (marks or {}).items() if name in runs and found}
+    md, csv_path, rechecked = write_table(list(runs.values()), prefix, baseline=first_run, marks=marks,
+                                          benchmarks=benchmarks, checkpoints=checkpoints, data=data)
+    # the statistics' rows carry the per-run table's marks too (a checkpoint changed since, say)
+    marked = {name: found for name, found in rechecked.items() if name in runs and found}
     stats = write_ablation(runs, prefix, baseline, benchmarks, options, data, marked, paper, cells)
     return md, csv_path, stats

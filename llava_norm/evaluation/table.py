@@ -193,13 +193,14 @@ def to_csv(table: Table) -> str:
 def write_table(run_dirs: list[str | Path], out_prefix: str | Path, baseline: str | None = None,
                 extra_rows: dict[str, dict[str, float]] | None = None,
                 marks: dict[str, list[str]] | None = None, benchmarks: list[str] | None = None,
-                checkpoints: dict[str, Path] | None = None, data: dict[str, Path] | None = None) -> tuple[Path, Path]:
+                checkpoints: dict[str, Path] | None = None, data: dict[str, Path] | None = None
+                ) -> tuple[Path, Path, dict[str, list[str]]]:
     """Write ``<out_prefix>.md`` and ``<out_prefix>.csv`` with each row's provenance (checkpoint,
     config hash, evaluation settings, date, code), re-checked now. ``marks`` adds, per run, what
     the caller knows (a stale step reused on purpose); ``benchmarks`` limits the columns to those
     asked for; ``checkpoints`` and ``data`` say where each run's checkpoint and each benchmark's
     files are now (the pipeline knows; by default, where they were when evaluated). Returns the
-    two paths."""
+    two paths and each run's marks (the caller's and those the re-check found)."""
     table = build_table(run_dirs, baseline, benchmarks)
     runs = dict(read_run(d, benchmarks) for d in run_dirs)
     table.sources = {name: row_source(name, runs[name], (marks or {}).get(name), (checkpoints or {}).get(name), data)
@@ -216,5 +217,5 @@ def write_table(run_dirs: list[str | Path], out_prefix: str | Path, baseline: st
                          dict(zip(runs, run_dirs)))
     record.complete, record.outputs = True, {"md": fingerprint(md), "csv": fingerprint(csv_path)}
     write_record(out_prefix.parent, record, f"{out_prefix.name}.provenance.json")
-    return md, csv_path
+    return md, csv_path, {run: list(source.marks) for run, source in table.sources.items()}
 
