@@ -309,3 +309,16 @@ def test_a_row_the_provenance_recheck_marks_is_marked_in_the_statistics_too(runs
     assert stats.count("stale:") == 1  # that run's alone (every run here is marked for its missing training record)
     assert said in (tmp_path / "t_stats.csv").read_text()
     assert "stale: the checkpoint changed after it was evaluated" in (tmp_path / "t.md").read_text()
+
+
+def test_an_evaluation_killed_before_its_summary_is_tabulated_under_its_run_name(runs, tmp_path):
+    """Each finished <benchmark>.json records the run's name; the summary comes last. A folder
+    named `eval` (eval's default --out) without a summary is still named as its run."""
+    import shutil
+
+    from llava_norm.evaluation.table import EVAL_SUMMARY, read_run
+
+    killed = tmp_path / "noisy@seed0" / "eval"
+    shutil.copytree(runs["noisy@seed0"], killed)
+    (killed / EVAL_SUMMARY).unlink()
+    assert read_run(killed)[0] == "noisy@seed0"

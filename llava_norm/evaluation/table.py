@@ -75,8 +75,11 @@ def read_run(run_dir: str | Path, benchmarks: list[str] | None = None) -> tuple[
     if not run_dir.is_dir():
         raise FileNotFoundError(f"evaluation directory not found: {run_dir}")
     summary = run_dir / EVAL_SUMMARY
-    name = read_json_output(summary)["run_name"] if summary.exists() else run_dir.name
     results = {k: v for k, v in read_results(run_dir).items() if benchmarks is None or k in benchmarks}
+    # an evaluation killed before its summary: the run name each finished result records
+    named = {r.get("run_name") for r in results.values()} - {None}
+    name = read_json_output(summary)["run_name"] if summary.exists() else \
+        named.pop() if len(named) == 1 else run_dir.name
     if not results:
         # a run's folder or its saved model given for the evaluation beside them (eval's default --out)
         # (only a run's folder, holding its model, or that model folder: a checkpoint's evaluation is another)
