@@ -322,3 +322,33 @@ def test_an_evaluation_killed_before_its_summary_is_tabulated_under_its_run_name
     shutil.copytree(runs["noisy@seed0"], killed)
     (killed / EVAL_SUMMARY).unlink()
     assert read_run(killed)[0] == "noisy@seed0"
+
+
+def test_a_table_of_moved_benchmark_files_is_made_where_data_root_says_they_are_now(runs, tmp_path):
+    """Results evaluated on files since moved: `table` refuses them naming the way on, and with
+    --data-root (or --data NAME=PATH) checks and reads them where they are now, unmarked."""
+    import shutil
+
+    from llava_norm.cli import main
+
+    world = next(iter(runs.values())).parents[1] / "world" / "benchmarks"
+    moved = tmp_path / "moved"
+    shutil.copytree(world, moved)
+    evaluated = tmp_path / "evaluated"
+    names = ["base@seed0", "noisy@seed0"]
+    for name in names:  # evaluations whose recorded data path is gone
+        shutil.copytree(runs[name], evaluated / name)
+        for bench in BENCHMARKS:
+            result = evaluated / name / f"{bench}.json"
+            result.write_text(result.read_text().replace(str(world), str(tmp_path / "gone")))
+    dirs = [str(evaluated / n) for n in names]
+    with pytest.raises(SystemExit) as stop:
+        main(["table", *dirs, "--out", str(tmp_path / "t")])
+    assert "is gone or changed since it was scored (moved: llava-norm table's --data-root DIR" in str(stop.value.code)
+    main(["table", *dirs, "--out", str(tmp_path / "t"), "--data-root", str(moved)])
+    for table in ("t.md", "t_stats.md"):  # the files checked where they are now: no data mark
+        text = (tmp_path / table).read_text()
+        assert "cannot be verified" not in text and "data changed" not in text, text
+    main(["table", *dirs, "--out", str(tmp_path / "u"), "--data", f"mmlu={moved / 'mmlu'}",
+          "--data", f"hellaswag={moved / 'hellaswag'}"])
+    assert (tmp_path / "u_stats.md").is_file()

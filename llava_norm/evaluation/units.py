@@ -90,7 +90,8 @@ def read_units(result_path: str | Path, options: dict | None = None, data: str |
         raise ValueError(_settings_problem(path, bench, settings["benchmark"]))
     data = Path(data or settings["data_path"])
     if not data.exists() or fingerprint(data) != settings["data_fingerprint"]:
-        raise ValueError(f"{path}: its benchmark data {data} is gone or changed since it was scored")
+        raise ValueError(f"{path}: its benchmark data {data} is gone or changed since it was scored (moved: "
+                         "llava-norm table's --data-root DIR or --data NAME=PATH says where it is now)")
     predictions = PredictionStore(path.parent, bench.name).read_all().predictions
     units = units_of(bench, bench.load(data, settings["limit"]), predictions)
     recorded = bench.declaration.headline.value(result["metrics"])
