@@ -87,9 +87,12 @@ def interrupted(train, word: str = "interrupted") -> str:
     ``train.resume`` decide, as train/relaunch.py)."""
     # lazy: only once interrupted
     from llava_norm.layout import CHAIN_LAUNCH
-    from llava_norm.train.rundir import complete_checkpoints
+    from llava_norm.train.relaunch import finished_step
+    from llava_norm.train.rundir import SUMMARY, complete_checkpoints
 
     out = Path(train.output_dir)
+    if out.is_dir() and finished_step(out) is not None:  # stopped after its summary: nothing is left to do
+        return f"{word}: the run had finished ({out / SUMMARY}); the same command exits at once"
     found = complete_checkpoints(out) if out.is_dir() else []
     if not found:
         return f"{word}: no checkpoint was complete yet; the same command starts the run again"

@@ -220,6 +220,10 @@ def test_ctrl_c_leaves_one_line_naming_the_checkpoint_to_resume_from(tmp_path, m
                                             "(train.restart=true): drop that to resume")
     assert said(["train.resume=none"]) == (f"{last}; relaunch with train.resume=auto to resume from it (this "
                                            "command has train.resume=none)")
+    (tmp_path / "train_summary.json").write_text('{"complete": true, "global_step": 4}')  # stopped after its end
+    assert said() == f"interrupted: the run had finished ({tmp_path / 'train_summary.json'}); the same command " \
+        "exits at once"
+    (tmp_path / "train_summary.json").unlink()
     # a stage the pipeline launched (it restarts a stale one): rerunning the chain resumes it
     from llava_norm import chain_launch
     from llava_norm.layout import CHAIN_LAUNCH

@@ -123,7 +123,8 @@ def config_differences(saved_yaml: str, config: RunConfig, allowed: frozenset = 
             for key in sorted(set(saved) | set(now)) if key not in ignore and saved.get(key) != now.get(key)]
 
 
-def _finished_step(out: Path) -> int | None:
+def finished_step(out: Path) -> int | None:
+    """The last step of the finished run in ``out`` (its summary says complete); None if none."""
     path = out / SUMMARY
     if not path.is_file():
         return None
@@ -178,7 +179,7 @@ def plan_launch(config: RunConfig) -> LaunchPlan:
         return LaunchPlan("fresh", message="train.restart: starting over")
     if t.resume not in ("auto", "none"):
         return _checked_resume(Path(t.resume).expanduser(), config, frozenset(), f"train.resume={t.resume} was asked for")
-    finished = _finished_step(out)
+    finished = finished_step(out)
     checkpoints = complete_checkpoints(out)
     if t.resume == "none":
         if finished is not None or checkpoints:
