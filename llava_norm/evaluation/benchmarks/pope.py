@@ -159,13 +159,15 @@ class POPE(RowBenchmark):
         }
 
     def details(self) -> dict[str, Any]:
+        # Recorded in every result's settings and compared on reuse: a rewording would make every
+        # earlier POPE result another variant. (Recall's misses are exact "no" replies under the
+        # strict rule, any no-word under LLaVA's: yes_no_metrics.)
         return {
             "split": self.split,
             "prompt_template": build_prompt("{question.strip()}"),
             "reply_rule": self.reply_rule,
             "reply_rule_description": REPLY_RULES[self.reply_rule],
-            "metrics": "accuracy, precision, recall, f1 with yes as positive; a miss is an exact no to a gold-yes item "
-            "(an unreadable reply counts in neither precision nor recall, as in lmms-eval); "
+            "metrics": "accuracy, precision, recall, f1 with yes as positive; recall over all gold-yes items; "
             "predicted_yes_share = share of replies read as yes (lmms-eval's pope_yes_ratio is the gold share, a bug; "
             "we report it separately as gold_yes_share); pooled.accuracy is the other common headline",
         }
