@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from llava_norm.evaluation.predictions import PredictionStore, SettingsMismatchError
+from llava_norm.evaluation.predictions import DamagedFileError, PredictionStore, SettingsMismatchError
 from llava_norm.evaluation.table import COMPARABLE, build_table, to_csv, to_markdown, write_table
 from llava_norm.model.builder import ModelSpec, build_model
 from llava_norm_demo.synth import build_world
@@ -40,6 +40,9 @@ def test_torn_line_is_cut_and_duplicates_are_counted_once(tmp_path):
     merged = store.read_all()
     assert merged.predictions == {"a": "yes", "b": "no", "c": "yes"}
     assert merged.duplicates == 1
+    store.rank_file(2).write_bytes(b'\xff\xfe\n')  # a whole line that is no UTF-8: damaged, and named
+    with pytest.raises(DamagedFileError, match=f"{store.rank_file(2)}:1: not a prediction record"):
+        store.read_all()
 
 
 def test_each_item_is_batched_as_in_a_run_never_stopped_whatever_the_process_count():

@@ -184,6 +184,24 @@ def test_intervals_changed_on_a_relaunch_are_the_ones_it_saves_and_logs_at(run):
     assert [e["step"] for e in _summary(out)["log_history"] if "loss" in e] == [1, 3]
 
 
+def test_a_save_over_a_folder_of_another_course_of_the_run_clears_it_first(run):
+    """Resumed by train.resume from checkpoint-2 while a complete checkpoint-3 is there (and a
+    killed save's checkpoint-1 never completed): the save at step 3 clears that folder before it
+    writes (a file the earlier save left, another world size's rank file say, would stay beside
+    the new ones under the old marker), and the half-written folder goes too."""
+    launch, out, _ = run
+    launch("train.save_total_limit=10")
+    (out / "train_summary.json").unlink()
+    (out / "checkpoint-1" / "checkpoint_complete").unlink()  # as a killed save leaves it
+    for folder in ("checkpoint-1", "checkpoint-3"):
+        (out / folder / "zero_pp_rank_5_mp_rank_00_optim_states.pt").write_bytes(b"an earlier save's")
+    launch("train.save_total_limit=10", f"train.resume={out / 'checkpoint-2'}")
+    assert _summary(out)["resumed_from"] == str(out / "checkpoint-2")
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+    assert not list(out.rglob("zero_pp_rank_5_*"))
+    assert (out / "checkpoint-3" / "checkpoint_complete").read_text() == "3"
+
+
 def test_checkpoint_with_another_config_is_refused_unless_allowed(run):
     launch, out, path = run
     launch()

@@ -99,7 +99,7 @@ def test_a_kill_during_a_save_resumes_from_the_checkpoint_before(tmp_path, tiny_
     assert sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))[-1] == MAX_STEPS
     for name in ("model/model.safetensors", "projector.safetensors"):
         assert (out / name).read_bytes() == (ref_out / name).read_bytes(), name
-    assert not list(out.rglob(".checkpoint_complete.*.tmp"))  # the relaunch that wrote over checkpoint-5 cleared it
+    assert not list(out.rglob(".checkpoint_complete.*.tmp"))  # the save at 5 cleared the killed save's folder first
     assert not [p for p in strays if p.exists()]  # each half-written folder was cleared before it was written again
     assert not list(out.glob(".train_summary.json.*"))  # and the last one the summary's killed writer's
     # Five kills later: every logged figure but the timings, and train_loss over all eight steps

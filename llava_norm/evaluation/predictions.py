@@ -26,6 +26,11 @@ from llava_norm.files import write_atomically
 # are still used.
 LOCATION_KEYS = ("checkpoint", "data_path")
 
+
+def differing_keys(old: dict, new: dict) -> list[str]:
+    """The keys of two settings dicts whose values differ, locations aside."""
+    return sorted(k for k in set(old) | set(new) if k not in LOCATION_KEYS and old.get(k) != new.get(k))
+
 # A recorded setting -> the `llava-norm eval` option that sets it (evaluation.settings records them)
 OPTIONS = {"batch_items": "batch-size", "limit": "limit", "max_new_tokens_cap": "max-new-tokens-cap", "dtype": "dtype"}
 
@@ -82,7 +87,7 @@ class PredictionStore:
         if not path.exists():
             return
         old = read_json_output(path)
-        changed = sorted(k for k in set(old) | set(settings) if k not in LOCATION_KEYS and old.get(k) != settings.get(k))
+        changed = differing_keys(old, settings)
         if changed:
             key = changed[0]
             option = f" (--{OPTIONS[key]})" if key in OPTIONS else ""

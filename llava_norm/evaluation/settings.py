@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from llava_norm.config_schema import resolve_dtype
 from llava_norm.data.prompts import PromptSettings, run_config
 from llava_norm.evaluation.benchmarks import BENCHMARKS, get_benchmark
-from llava_norm.evaluation.predictions import LOCATION_KEYS
+from llava_norm.evaluation.predictions import differing_keys
 from llava_norm.provenance import fingerprint, flatten
 
 
@@ -105,12 +105,9 @@ def checkpoint_fingerprint(checkpoint: str | Path) -> str:
     return fingerprint(checkpoint)
 
 
-
-
 def settings_differences(recorded: dict, expected: dict) -> list[str]:
     """The settings keys (dotted) whose values differ, locations aside."""
-    old, new = flatten(recorded), flatten(expected)
-    return sorted(k for k in set(old) | set(new) if k not in LOCATION_KEYS and old.get(k) != new.get(k))
+    return differing_keys(flatten(recorded), flatten(expected))
 
 
 def benchmark_settings(config: EvalConfig, request: BenchmarkRequest) -> dict[str, Any]:

@@ -26,23 +26,27 @@ PROFILE_DIR = "profile"  # in output_dir, with train.profile_steps: the trace an
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
+def _checkpoint_dirs(output_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every ``checkpoint-N`` folder, complete or not, oldest first."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    return sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT.match(p.name)) and p.is_dir())
+
+
 def complete_checkpoints(output_dir: str | Path) -> list[Path]:
     """Checkpoint dirs whose save finished on every rank, oldest first."""
-    root = Path(output_dir)
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT.match(p.name)) and p.is_dir()]
-    return [p for _, p in sorted(found) if (p / COMPLETE_MARKER).is_file()]
+    return [p for _, p in _checkpoint_dirs(output_dir) if (p / COMPLETE_MARKER).is_file()]
 
 
-def incomplete_checkpoints(output_dir: str | Path, up_to: int) -> list[Path]:
-    """Checkpoint dirs a killed save left without their marker, at step ``up_to`` or before: a run
-    saving at ``up_to`` is past them, so none of them will be completed, only written into."""
-    root = Path(output_dir)
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT.match(p.name)) and p.is_dir()]
-    return [p for step, p in sorted(found) if step <= up_to and not (p / COMPLETE_MARKER).is_file()]
+def stale_checkpoints(output_dir: str | Path, step: int, resumed_from: Path | None) -> list[Path]:
+    """What a save at ``step`` must clear first: the folders a killed save left without their
+    marker at that step or before (the run is past them: none will be completed, only written
+    into), and a complete one at that very step from another course of the run (a launch resumed
+    an earlier checkpoint by ``train.resume``) other than ``resumed_from``."""
+    kept = Path(resumed_from).resolve() if resumed_from is not None else None
+    return [p for at, p in _checkpoint_dirs(output_dir) if p.resolve() != kept and
+            (at == step or (at < step and not (p / COMPLETE_MARKER).is_file()))]
 
 
 def checkpoint_step(checkpoint: str | Path) -> int | None:

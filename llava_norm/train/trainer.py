@@ -33,7 +33,7 @@ from llava_norm.data.sampler import EpochSampler, ModalityLengthGroupedSampler, 
 from llava_norm.files import remove_tree, write_atomically
 from llava_norm.train.params import make_optimizer
 from llava_norm.train.rundir import (COMPLETE_MARKER, DATA_STATE, NO_DATA_STATE, complete_checkpoints, data_state,
-                                     global_batch_problem, incomplete_checkpoints, processes)
+                                     global_batch_problem, processes, stale_checkpoints)
 from llava_norm.train.runlog import RunLog
 from llava_norm.train.universal import remove_universal_copies
 
@@ -315,9 +315,10 @@ class LlavaNormTrainer(Trainer):
         super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial) -> None:
-        if self.args.should_save:  # a killed save's files (another world size's ranks' among them) would
+        if self.args.should_save:  # an earlier save's files (another world size's ranks' among them) would
             # stay in the folder this save writes, and be converted with it on the next resume
-            for stale in incomplete_checkpoints(self._get_output_dir(trial=trial), self.state.global_step):
+            for stale in stale_checkpoints(self._get_output_dir(trial=trial), self.state.global_step,
+                                           self.run_log.resumed_from):
                 remove_tree(stale)
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
@@ -331,7 +332,7 @@ class LlavaNormTrainer(Trainer):
             files = {**self.checkpoint_files, DATA_STATE: json.dumps(self._data_position(), indent=2)}
             for name, text in files.items():
                 (folder / name).write_text(text)
-            # sole writer: a killed launch's temporary marker goes, in a folder this one wrote over
+            # sole writer: no other process writes the marker (a killed save's folder is gone by now)
             write_atomically(folder / COMPLETE_MARKER, str(self.state.global_step), sole_writer=True)
             complete = complete_checkpoints(self._get_output_dir(trial=trial))
             for old in complete[: max(len(complete) - self.keep_checkpoints, 0)]:
