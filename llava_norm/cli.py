@@ -225,8 +225,7 @@ def _table(args) -> None:
         # lazy: start-up; a subcommand loads only the stages it runs
         from llava_norm.analysis.ablation import split_name, write_tables
         from llava_norm.evaluation.arguments import benchmark_options, key_values
-        from llava_norm.evaluation.settings import resolve_benchmarks
-        from llava_norm.evaluation.table import runs_by_name
+        from llava_norm.evaluation.table import benchmark_files_now, runs_by_name
 
     out = args.out  # a folder (there, or named with a trailing /): the tables go inside it
     if out.endswith(("/", os.sep)) or Path(out).is_dir():
@@ -237,12 +236,7 @@ def _table(args) -> None:
         baseline = args.baseline or next(iter(names))
         arm = split_name(baseline)[0]
         first_run = baseline if baseline in names else next((n for n in names if split_name(n)[0] == arm), baseline)
-        # where the benchmark files are now, if not where they were evaluated (another machine, a move)
-        paths = key_values(args.data, "--data")
-        benchmarks = list(dict.fromkeys(b for _, results in found.values() for b in results)) if args.data_root \
-            else list(paths)
-        data = {r.name: Path(r.path) for r in resolve_benchmarks(benchmarks, args.data_root, paths, {})} \
-            if benchmarks else None
+        data = benchmark_files_now(found, args.data_root, key_values(args.data, "--data"))
         md, csv_path, stats = write_tables(names, out, arm, first_run, options=benchmark_options(args.option),
                                            data=data, paper=args.paper)
     except (ValueError, FileNotFoundError) as error:
@@ -329,8 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "over seeds), PREFIX_forest.png, PREFIX.md/.csv (per run)")
     p.add_argument("--option", action="append", default=[], metavar="NAME.KEY=VALUE",
                    help="a benchmark option the runs were evaluated with, as given to llava-norm eval")
-    p.add_argument("--data-root", help="where the benchmark files are now, as eval's --data-root (default: where "
-                                       "each result says they were when evaluated)")
+    p.add_argument("--data-root", help="where the benchmark files are now, as eval's --data-root, every benchmark "
+                                       "tabulated (default: where each result says they were when evaluated)")
     p.add_argument("--data", action="append", default=[], metavar="NAME=PATH", help="one benchmark's files, now")
     p.add_argument("--paper", action="store_true",
                    help="in PREFIX_stats.md/.csv, beside each arm whose backbone and arm the paper reports, the "

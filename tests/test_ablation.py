@@ -313,7 +313,8 @@ def test_a_row_the_provenance_recheck_marks_is_marked_in_the_statistics_too(runs
 
 def test_an_evaluation_killed_before_its_summary_is_tabulated_under_its_run_name(runs, tmp_path):
     """Each finished <benchmark>.json records the run's name; the summary comes last. A folder
-    named `eval` (eval's default --out) without a summary is still named as its run."""
+    named `eval` (eval's default --out) without a summary is still named as its run, where its
+    results agree on one name."""
     import shutil
 
     from llava_norm.evaluation.table import EVAL_SUMMARY, read_run
@@ -322,6 +323,10 @@ def test_an_evaluation_killed_before_its_summary_is_tabulated_under_its_run_name
     shutil.copytree(runs["noisy@seed0"], killed)
     (killed / EVAL_SUMMARY).unlink()
     assert read_run(killed)[0] == "noisy@seed0"
+    # results of two run names (one reused from an earlier --name): no name to take but the folder's
+    result = killed / "mmlu.json"
+    result.write_text(result.read_text().replace('"noisy@seed0"', '"earlier"'))
+    assert read_run(killed)[0] == "eval"
 
 
 def test_a_table_of_moved_benchmark_files_is_made_where_data_root_says_they_are_now(runs, tmp_path):

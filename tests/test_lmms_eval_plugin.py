@@ -56,6 +56,8 @@ def test_lmms_eval_resolves_and_runs_the_llava_norm_model(checkpoint):
     whole.task_dict = model.task_dict
     assert whole.generate_until([_instance("generate_until", (docs[0]["q"], {"max_new_tokens": 6, "until": [stop]},
                                                               lambda doc: [doc["image"]], 0, "t", "test"), 0)]) == [full]
+    with pytest.raises(ValueError, match=r"stop_at_until='flase'; give true or false"):  # not read as false
+        cls.create_from_arg_string(f"pretrained={checkpoint},stop_at_until=flase", {"batch_size": 2, "device": "cpu"})
 
     # lmms-eval picks a multiple-choice answer by the smallest value (its wrappers return a loss):
     # the plugin returns the negative log-likelihood, so the most likely choice is picked

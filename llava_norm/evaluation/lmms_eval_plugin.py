@@ -36,8 +36,15 @@ def manifest():
     return ModelManifest(model_id=MODEL_ID, simple_class_path=f"{__name__}.LlavaNormLmms")
 
 
-def _as_bool(value) -> bool:
-    return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+def _as_bool(value, name: str = "option") -> bool:
+    """A --model_args flag: true/false (1/0, yes/no); anything else is refused, naming it, rather
+    than read as false (stop_at_until=flase would have cut the replies it was to keep)."""
+    if isinstance(value, bool):
+        return value
+    word = str(value).lower()
+    if word not in ("1", "true", "yes", "0", "false", "no"):
+        raise ValueError(f"llava_norm model_args: {name}={value!r}; give true or false")
+    return word in ("1", "true", "yes")
 
 
 def _cut_at_stop_strings(text: str, until) -> str:
@@ -58,7 +65,7 @@ class LlavaNormLmms(lmms):
         # lmms-eval gives every task that names no stop strings until=["\n\n"]; its own llava
         # wrapper ignores them (and ``llava-norm eval`` cuts nothing), so a reply with a blank
         # line scores as there only with stop_at_until=false
-        self.stop_at_until = _as_bool(stop_at_until)
+        self.stop_at_until = _as_bool(stop_at_until, "stop_at_until")
 
         self._rank = int(os.environ.get("RANK", "0"))
         self._world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -68,7 +75,7 @@ class LlavaNormLmms(lmms):
         else:
             self._device = torch.device(device if device and device != "cuda" else "cpu")
         bundle = load_bundle(pretrained, dtype=resolve_dtype(dtype, self._device),
-                             trust_remote_code=_as_bool(trust_remote_code))
+                             trust_remote_code=_as_bool(trust_remote_code, "trust_remote_code"))
         bundle.model.to(self._device)
         settings = training_prompt_settings(pretrained)
         if prompt_format:

@@ -105,6 +105,17 @@ def runs_by_name(run_dirs: list[str | Path], benchmarks: list[str] | None = None
     return found
 
 
+def benchmark_files_now(found: dict[str, tuple[Path, dict]], data_root: str | None,
+                        paths: dict[str, str]) -> dict[str, Path] | None:
+    """Where the benchmark files of ``found`` (``runs_by_name``) are now: ``paths`` by name, the
+    rest under ``data_root`` (each benchmark's folder, as eval's --data-root); None where neither
+    is given (where each result says they were when evaluated)."""
+    from llava_norm.evaluation.settings import resolve_benchmarks  # lazy: it imports torch, which a table needs not
+
+    names = list(dict.fromkeys(b for _, results in found.values() for b in results)) if data_root else list(paths)
+    return {r.name: Path(r.path) for r in resolve_benchmarks(names, data_root, paths, {})} if names else None
+
+
 def build_table(run_dirs: list[str | Path], baseline: str | None = None,
                 benchmarks: list[str] | None = None) -> Table:
     runs = {name: results for name, (_, results) in runs_by_name(run_dirs, benchmarks).items()}
