@@ -160,6 +160,10 @@ def test_the_count_of_deltas_excluding_zero_is_set_against_chance(runs):
     # how likely that many by chance: P[X >= 3], X ~ Binomial(4, 0.05) = 4 * 0.05**3 * 0.95 + 0.05**4
     chance = 4 * 0.05 ** 3 * 0.95 + 0.05 ** 4
     assert f"3 or more would happen by chance with probability {chance:.2g} if the deltas were independent" in md
+    # none excluding 0: the count said, and no "0 or more ... with probability 1"
+    covering = [replace(c, delta=replace(c.delta, low=-1.0, high=1.0)) for c in cells]
+    md = to_markdown([replace(c, arm="base", delta=None) for c in cells] + covering, "base")
+    assert "0 of 4 deltas have an interval that excludes 0." in md and "or more would happen" not in md
 
 
 def test_an_arm_that_scored_the_same_on_every_unit_is_not_counted_as_no_difference(runs):

@@ -196,7 +196,7 @@ def ablation_cells(runs: dict[str, Path], baseline: str, benchmarks: list[str] |
 
 ONE_SEED = "one seed: item noise only, seed-to-seed spread not measured"
 IDENTICAL = ("both arms scored the same on every unit of every seed paired: the delta is 0 by construction, "
-             "not evidence of no effect, and is left out of the count of deltas below and of the figure")
+             "not evidence of no effect, and is left out of the count of deltas above and of the figure")
 
 
 def _delta_text(delta: Delta) -> str:
@@ -257,9 +257,9 @@ def to_markdown(cells: list[Cell], baseline: str, marks: dict[str, list[str]] | 
         chance = binomial_tail(len(held), tested, 1 - LEVEL)
         lines += ["", f"{len(held)} of {tested} deltas have an interval that excludes 0. Each interval is at "
                   f"{LEVEL:.0%}: with no effect anywhere, about {tested * (1 - LEVEL):.1f} of {tested} would exclude "
-                  "0 by chance alone, so one such delta among many is not evidence of an effect. "
-                  f"{len(held)} or more would happen by chance with probability {chance:.2g} if the deltas were "
-                  "independent (they are not quite: the arms share a baseline)."]
+                  "0 by chance alone, so one such delta among many is not evidence of an effect." + (
+                  " " f"{len(held)} or more would happen by chance with probability {chance:.2g} if the deltas were "
+                  "independent (they are not quite: the arms share a baseline)." if held else "")]
     elif any(c.identical for c in cells):
         lines += ["", "Every delta is 0 by construction: the arms scored the same on every unit."]
     else:
