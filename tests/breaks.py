@@ -1525,6 +1525,13 @@ BREAKS = [
     Break("a misspelt plugin flag is read as false", "llava_norm/evaluation/lmms_eval_plugin.py",
           '    if word not in ("1", "true", "yes", "0", "false", "no"):', "    if False:",
           "tests/test_lmms_eval_plugin.py::test_lmms_eval_resolves_and_runs_the_llava_norm_model"),
+    Break("analyze report's damaged JSON said without its file", "llava_norm/analysis/report.py",
+          '            raise ValueError(f"{path}: not readable JSON ({error}); delete it or write it again") from None',
+          "            raise",
+          "tests/test_analysis.py::test_report_names_a_damaged_json_and_a_missing_folder"),
+    Break("analyze report's missing folder said as one without analyses", "llava_norm/analysis/report.py",
+          "    if not Path(folder).is_dir():\n        raise FileNotFoundError", "    if False:\n        raise FileNotFoundError",
+          "tests/test_analysis.py::test_report_names_a_damaged_json_and_a_missing_folder"),
 ]
 
 

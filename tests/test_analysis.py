@@ -296,6 +296,19 @@ def test_a_run_folder_or_a_folder_without_a_model_is_named_as_such(tmp_path, tin
                                "checkpoint-N dir")
 
 
+def test_report_names_a_damaged_json_and_a_missing_folder(tmp_path):
+    from llava_norm.cli import main
+
+    (tmp_path / "layers.json").write_text('{"analysis": "layers", "rows": [')  # cut short
+    with pytest.raises(SystemExit) as stop:
+        main(["analyze", "report", str(tmp_path)])
+    assert str(stop.value.code).startswith(f"analyze report: {tmp_path / 'layers.json'}: not readable JSON ("), \
+        stop.value.code
+    with pytest.raises(SystemExit) as stop:
+        main(["analyze", "report", str(tmp_path / "nowhere")])
+    assert str(stop.value.code).startswith(f"analyze report: {tmp_path / 'nowhere'}: no such folder"), stop.value.code
+
+
 def test_a_missing_llm_and_a_count_below_one_are_refused_in_one_line(capsys):
     """An LLM that is neither a folder nor a hub id (the loader's OSError), and --limit below 1
     (once taken as 'all but 3')."""

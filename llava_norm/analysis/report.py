@@ -101,9 +101,14 @@ SECTIONS = {"interface_norms": _interface, "top_norm_rows": _top_rows, "layers":
 
 def load_results(folder: str | Path) -> list[tuple[Path, dict]]:
     """Every analysis JSON in the folder, in the paper's order."""
+    if not Path(folder).is_dir():
+        raise FileNotFoundError(f"{folder}: no such folder (from {Path.cwd()})")
     found = []
     for path in sorted(Path(folder).glob("*.json")):
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text())
+        except ValueError as error:  # JSON's and UTF-8's: a file cut short or edited, named
+            raise ValueError(f"{path}: not readable JSON ({error}); delete it or write it again") from None
         if isinstance(data, dict) and data.get("analysis") in SECTIONS:
             found.append((path, data))
     return sorted(found, key=lambda item: ORDER.index(item[1]["analysis"]))
