@@ -103,6 +103,8 @@ def test_merged_model_matches_unmerged(lora_run, tmp_path):
                                 "the run holding it"),  # the run's own folder
                          (out / "model" / "merged", "write the merged model to a new directory, not over or inside "
                                                     "the LoRA dir or the run holding it"),  # inside the model
+                         (out / "merged", "write the merged model to a new directory, not over or inside the LoRA dir "
+                                          "or the run holding it"),  # inside the run, beside its model
                          (merged_dir, "already holds files; give a new or empty directory")):  # another model's
         with pytest.raises(SystemExit) as stop:
             cli_main(["merge-lora", str(out), str(target)])

@@ -206,7 +206,8 @@ def merge_lora_dir(in_dir: str | Path, out_dir: str | Path, dtype: str = "float3
         raise FileNotFoundError(f"{in_dir}: no adapter_config.json; not a LoRA model dir (nor a run dir with one)")
     out = Path(out_dir).resolve()
     lora = in_dir.resolve()
-    if out == lora or out in lora.parents or lora in out.parents:  # the run's folder; the model's own files
+    run = lora.parent if lora.name == MODEL_DIR else lora  # the run holding the LoRA model, where it is one
+    if out == lora or out in lora.parents or run in out.parents:  # the run's folder, the model's, or inside either
         raise ValueError(f"{out_dir}: write the merged model to a new directory, not over or inside the LoRA dir or "
                          "the run holding it")
     if out.is_dir() and any(out.iterdir()):  # another model's files would be mixed with this one's
