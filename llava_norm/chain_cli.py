@@ -88,12 +88,14 @@ def _pipeline(args) -> None:
     _run_chain(_chain_config(args, args.arms), "pipeline", args.dry_run)
 
 
-def _sweep_argv(args) -> list[str]:
-    """The sweep's own words with absolute paths, for the Slurm tasks to repeat."""
+def _sweep_argv(args, arms: list[str]) -> list[str]:
+    """The sweep's own words with absolute paths, for the Slurm tasks to repeat; ``arms`` (the grid's
+    arm directories) named one by one: an arm directory added later must not shift the tasks' chains."""
     def absolute(path: str) -> str:
         return str(Path(path).resolve())
 
-    argv = [absolute(args.backbone), "--arms", args.arms, "--baseline", args.baseline, "--seeds", args.seeds,
+    argv = [absolute(args.backbone), "--arms", ",".join(Path(arm).name for arm in arms), "--baseline", args.baseline,
+            "--seeds", args.seeds,
             "--runs", absolute(args.runs), "--data-root", absolute(args.data_root), "--benchmarks", args.benchmarks]
     argv += [f"--stage1={o}" for o in args.stage1] + [f"--stage2={o}" for o in args.stage2]
     argv += [f"--eval-arg={a}" for a in args.eval_arg]
@@ -118,7 +120,7 @@ def _sweep(args) -> None:
                 raise ValueError("--slurm writes the whole grid's files; --task and --table-only are what they run")
             settings = SlurmSettings(args.slurm_gpus, args.slurm_cpus_per_task, args.slurm_time, args.slurm_arg,
                                      args.slurm_mem)
-            for path in write_slurm(config, _sweep_argv(args), args.slurm, settings):
+            for path in write_slurm(config, _sweep_argv(args, config.arms), args.slurm, settings):
                 print(f"written: {path}")
             return
     except GridProblems as error:

@@ -123,6 +123,28 @@ def test_multi_gpu_tasks_take_a_port_from_their_job_and_task(sweep, tmp_path):
     assert "#SBATCH --cpus-per-task=5\n" in array and "#SBATCH --mem=400G\n" in array
 
 
+def test_the_slurm_files_name_the_grids_arms_so_an_arm_added_later_shifts_no_task(sweep, tmp_path, monkeypatch):
+    """--arms all (the default) is resolved when the files are written: the tasks repeat the arms
+    their header lists, one by one, so an arm directory added before a task runs (or is
+    requeued) does not renumber the chains under it."""
+    import shutil
+
+    import llava_norm.sweep as sweeps
+
+    monkeypatch.setattr(sweeps, "check_grid", lambda config, gpus: ([], 10.0))
+    backbone = tmp_path / "configs" / "recipe"  # two of the recipe's arms, with the base files they name
+    for arm in ("none", "scale_to_t"):
+        shutil.copytree(REPO / "configs/recipe-1gpu" / arm, backbone / arm)
+    shutil.copytree(REPO / "configs/_base", tmp_path / "configs" / "_base")
+    args = [str(backbone), *[a for i, a in enumerate(sweep.args[1:]) if a != "--arms" and sweep.args[i] != "--arms"]]
+    done = _cli("sweep", *args, "--slurm", str(tmp_path / "s"))
+    assert done.returncode == 0, done.stderr
+    array = (tmp_path / "s" / "sweep.sbatch").read_text()
+    assert " --arms none,scale_to_t " in array and "--arms all" not in array
+    assert " --arms none,scale_to_t " in (tmp_path / "s" / "table.sbatch").read_text()  # the table's grid too
+    assert [line.split(": ", 1)[1] for line in array.splitlines() if line.startswith("#   ")] == NAMES
+
+
 def test_slurm_files_ask_the_plans_host_memory_and_a_quarter_and_keep_the_data_roots(sweep, tmp_path, monkeypatch):
     """--mem from the grid's host memory (check_grid's, here 10 GiB) with MEMORY_MARGIN's quarter
     more and PROCESS_HOST_GIB for each process, rounded up; LLAVA_DATA and EVAL_DATA as set when the files are written, in both jobs;
