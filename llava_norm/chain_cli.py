@@ -14,11 +14,14 @@ from pathlib import Path
 from llava_norm.worker import frozen_imports, how_stopped, stop_on_sigterm
 
 
+PIPELINE_RUNS = "runs/pipeline"  # the pipeline's default --runs, in the checkout
+
+
 def register_chains(sub) -> None:
     """Add ``pipeline`` and ``sweep`` to the command line's subparsers."""
     p = sub.add_parser("pipeline", help="stage 1 -> stage 2 -> eval -> table for arm config dirs (reuses a step only if its provenance matches)")
     p.add_argument("arms", nargs="+", help="config dirs with stage1.yaml + stage2.yaml; the first is the baseline")
-    _add_chain_arguments(p, "runs/pipeline")
+    _add_chain_arguments(p, PIPELINE_RUNS)
     p.set_defaults(func=_pipeline)
 
     p = sub.add_parser("sweep", help="arms x seeds of one backbone through the pipeline, here or as a Slurm array; "
@@ -84,7 +87,36 @@ def _run_chain(config, command: str, dry_run: bool) -> None:
         sys.exit(status)
 
 
+# Set by scripts/pipeline.sh: where the user typed the command, which runs in the checkout (the
+# configs' own relative paths are the checkout's)
+CALLED_FROM = "LLAVA_NORM_CALLED_FROM"
+
+
+def _paths_from_caller(args, defaults: dict[str, str]) -> None:
+    """The paths the user typed (arm directories, --runs, --data-root, --table, the evaluation's
+    --data-root and --data), read from where they typed them; the built-in defaults stay the
+    checkout's."""
+    # lazy: start-up; a subcommand loads only the stages it runs
+    from llava_norm.evaluation.arguments import absolute_data_words
+
+    base = os.environ.pop(CALLED_FROM, None)
+    if not base:
+        return
+
+    def typed(path: str) -> str:
+        return path if Path(path).expanduser().is_absolute() else str(Path(base) / path)
+
+    args.arms = [typed(arm) for arm in args.arms]
+    for key in ("runs", "data_root", "table"):
+        if getattr(args, key) is not None and getattr(args, key) != defaults.get(key):
+            setattr(args, key, typed(getattr(args, key)))
+    args.eval_arg = absolute_data_words(args.eval_arg, base)
+
+
 def _pipeline(args) -> None:
+    from llava_norm.evaluation.arguments import DEFAULT_DATA_ROOT  # lazy: start-up
+
+    _paths_from_caller(args, {"runs": PIPELINE_RUNS, "data_root": DEFAULT_DATA_ROOT})
     _run_chain(_chain_config(args, args.arms), "pipeline", args.dry_run)
 
 

@@ -7,6 +7,8 @@
 # Options: --runs DIR, --data-root DIR, --benchmarks a,b, --stage1 K=V, --stage2 K=V, --eval-arg ARG,
 #          --table PREFIX, --stream, --code-counts, --reuse-stale. Training and evaluation use GPUS_PER_NODE / NNODES like the other scripts.
 set -euo pipefail
+# the paths you type are read from here; the chain runs in the checkout (the configs' own paths)
+export LLAVA_NORM_CALLED_FROM="$PWD"
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3

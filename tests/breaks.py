@@ -1059,7 +1059,7 @@ BREAKS = [
           "                          eval_args=args.eval_arg,",
           "tests/test_check.py::test_a_chain_without_its_benchmark_data_stops_before_anything_trains"),
     Break("--eval-arg's --data paths left relative", "llava_norm/evaluation/arguments.py",
-          '        return f"{bench}={Path(path).expanduser().resolve()}" if eq else value',
+          '        return f"{bench}={(Path(base) / Path(path).expanduser()).resolve()}" if eq else value',
           '        return value',
           "tests/test_check.py::test_a_chain_without_its_benchmark_data_stops_before_anything_trains"),
     Break("pretrain.sh naming a missing config as if under the repository root", "scripts/pretrain.sh",
@@ -1540,6 +1540,12 @@ BREAKS = [
           '    argv = [absolute(args.backbone), "--arms", ",".join(Path(arm).name for arm in arms), "--baseline", args.baseline,',
           '    argv = [absolute(args.backbone), "--arms", args.arms, "--baseline", args.baseline,',
           "tests/test_sweep.py::test_the_slurm_files_name_the_grids_arms_so_an_arm_added_later_shifts_no_task"),
+    Break("scripts/pipeline.sh reads the typed paths from the checkout", "scripts/pipeline.sh",
+          'export LLAVA_NORM_CALLED_FROM="$PWD"\n', "",
+          "tests/test_config.py::test_the_pipeline_script_reads_the_paths_typed_from_where_they_were_typed"),
+    Break("the chain ignores where its paths were typed", "llava_norm/chain_cli.py",
+          "    if not base:\n        return\n", "    if True:\n        return\n",
+          "tests/test_config.py::test_the_pipeline_script_reads_the_paths_typed_from_where_they_were_typed"),
 ]
 
 

@@ -453,6 +453,33 @@ def test_the_scripts_read_paths_from_where_they_are_called(tmp_path):
                               f"{run / 'model'}", said
 
 
+def test_the_pipeline_script_reads_the_paths_typed_from_where_they_were_typed(tmp_path, monkeypatch):
+    """scripts/pipeline.sh runs the chain in the checkout (the configs' own paths are the
+    checkout's): the arm directories, --runs, --data-root, --table and the evaluation's data
+    paths the user typed were read from there, so `--runs ../runs/x` typed in configs/ trained
+    outside the checkout. It names where they were typed; the chain reads them from there."""
+    from argparse import Namespace
+
+    from llava_norm.chain_cli import CALLED_FROM, PIPELINE_RUNS, _paths_from_caller
+
+    fake = tmp_path / "python"  # in place of the interpreter: where it runs, and what it is told
+    fake.write_text('#!/bin/sh\necho "$LLAVA_NORM_CALLED_FROM $(pwd)"\n')
+    fake.chmod(0o755)
+    done = subprocess.run(["bash", str(REPO / "scripts/pipeline.sh")], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": str(fake)}, timeout=60)
+    assert done.stdout.split() == [str(tmp_path), str(REPO)], done.stdout + done.stderr
+    monkeypatch.setenv(CALLED_FROM, str(tmp_path))
+    args = Namespace(arms=["mine/none", "/abs/arm"], runs="../r", data_root="data/eval", table="t",
+                     eval_arg=["--data=mmlu=m", "--data-root", "d", "--limit=5"])
+    _paths_from_caller(args, {"runs": PIPELINE_RUNS, "data_root": "data/eval"})
+    assert args.arms == [str(tmp_path / "mine/none"), "/abs/arm"]
+    assert (args.runs, args.table) == (str(tmp_path / "../r"), str(tmp_path / "t"))
+    assert args.data_root == "data/eval"  # a default is the checkout's
+    assert args.eval_arg == [f"--data=mmlu={(tmp_path / 'm').resolve()}", "--data-root", str((tmp_path / "d").resolve()),
+                             "--limit=5"]
+    assert CALLED_FROM not in os.environ  # read once: no launch of the chain inherits it
+
+
 @pytest.mark.parametrize("command", ["train", "plan"])
 def test_train_and_plan_name_every_key_the_config_refuses_not_the_first_alone(command, tmp_path):
     """As `llava-norm check` lists them: a launch that fixes one key at a time would otherwise

@@ -135,14 +135,14 @@ def check_eval_words(words: list[str]) -> None:
     benchmark_options(args.option)
 
 
-def absolute_data_words(words: list[str]) -> list[str]:
+def absolute_data_words(words: list[str], base: str | Path = ".") -> list[str]:
     """``words`` with the paths of ``--data-root DIR`` and ``--data NAME=PATH`` (either spelling)
-    made absolute from here: a chain's evaluations run in the checkout, not where it was started."""
+    made absolute from ``base`` (here): a chain's evaluations run in the checkout, not where it was started."""
     def absolute(flag: str, value: str) -> str:
         if flag == "--data-root":
-            return str(Path(value).expanduser().resolve())
+            return str((Path(base) / Path(value).expanduser()).resolve())
         bench, eq, path = value.partition("=")
-        return f"{bench}={Path(path).expanduser().resolve()}" if eq else value
+        return f"{bench}={(Path(base) / Path(path).expanduser()).resolve()}" if eq else value
 
     out, pending = [], None
     for word in words:
