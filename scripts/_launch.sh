@@ -12,6 +12,11 @@ if [ -z "${GPUS_PER_NODE:-}" ]; then
 fi
 NNODES=${NNODES:-${SLURM_NNODES:-1}}
 NODE_RANK=${NODE_RANK:-${SLURM_NODEID:-0}}
+for name in GPUS_PER_NODE NNODES; do  # a count torchrun would meet as its own traceback
+  case "${!name}" in
+    ''|0*|*[!0-9]*) echo "$(basename "$0"): $name=${!name}: expected a whole number of at least 1" >&2; exit 2 ;;
+  esac
+done
 if [ "$GPUS_PER_NODE" -eq 1 ] && [ "$NNODES" -eq 1 ]; then
   exec "$PY" -m llava_norm.cli "$@"
 fi

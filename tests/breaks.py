@@ -1546,6 +1546,9 @@ BREAKS = [
     Break("the chain ignores where its paths were typed", "llava_norm/chain_cli.py",
           "    if not base:\n        return\n", "    if True:\n        return\n",
           "tests/test_config.py::test_the_pipeline_script_reads_the_paths_typed_from_where_they_were_typed"),
+    Break("the launcher hands torchrun a count that is not one", "scripts/_launch.sh",
+          'at least 1" >&2; exit 2 ;;', 'at least 1" >&2 ;;',
+          "tests/test_config.py::test_the_launcher_refuses_a_process_or_node_count_that_is_not_one_in_one_line"),
 ]
 
 

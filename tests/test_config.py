@@ -453,6 +453,16 @@ def test_the_scripts_read_paths_from_where_they_are_called(tmp_path):
                               f"{run / 'model'}", said
 
 
+@pytest.mark.parametrize("name,value", [("GPUS_PER_NODE", "0"), ("GPUS_PER_NODE", "two"), ("NNODES", "1x")])
+def test_the_launcher_refuses_a_process_or_node_count_that_is_not_one_in_one_line(name, value):
+    """torchrun met these as its own AssertionError or ValueError traceback."""
+    given = {"GPUS_PER_NODE": "2", "NNODES": "1", name: value}
+    done = subprocess.run(["bash", str(REPO / "scripts/_launch.sh"), "train", "c.yaml"], capture_output=True, text=True,
+                          env={**os.environ, **given, "PYTHON": "/bin/echo"}, timeout=60)
+    assert (done.returncode, done.stderr) == (2, f"_launch.sh: {name}={value}: expected a whole number of at least 1\n")
+    assert done.stdout == ""  # nothing launched
+
+
 def test_the_pipeline_script_reads_the_paths_typed_from_where_they_were_typed(tmp_path, monkeypatch):
     """scripts/pipeline.sh runs the chain in the checkout (the configs' own paths are the
     checkout's): the arm directories, --runs, --data-root, --table and the evaluation's data
