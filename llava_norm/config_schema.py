@@ -357,9 +357,16 @@ def effective_grad_accum(train: TrainConfig, world_size: int) -> int:
     if train.global_batch_size % per_step:
         raise ConfigError(
             f"key 'train.global_batch_size': {train.global_batch_size} is not a multiple of per_device_batch_size "
-            f"{train.per_device_batch_size} x {world_size} processes"
+            f"{train.per_device_batch_size} x {world_size} processes; world sizes that work: "
+            f"{world_sizes_that_split(train)}"
         )
     return train.global_batch_size // per_step
+
+
+def world_sizes_that_split(train: TrainConfig) -> list[int]:
+    """Every number of processes ``train.global_batch_size`` splits over, up to one row-batch each."""
+    most = train.global_batch_size // train.per_device_batch_size
+    return [w for w in range(1, most + 1) if train.global_batch_size % (train.per_device_batch_size * w) == 0]
 
 
 def parse_take(take: str, key: str) -> tuple[str, float]:

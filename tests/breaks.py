@@ -1549,6 +1549,10 @@ BREAKS = [
     Break("the launcher hands torchrun a count that is not one", "scripts/_launch.sh",
           'at least 1" >&2; exit 2 ;;', 'at least 1" >&2 ;;',
           "tests/test_config.py::test_the_launcher_refuses_a_process_or_node_count_that_is_not_one_in_one_line"),
+    Break("train's refusal of a global batch its processes cannot split names no count that can", "llava_norm/config_schema.py",
+          '            f"{train.per_device_batch_size} x {world_size} processes; world sizes that work: "\n            f"{world_sizes_that_split(train)}"',
+          '            f"{train.per_device_batch_size} x {world_size} processes"',
+          "tests/test_config.py::test_global_batch_derives_accumulation"),
 ]
 
 

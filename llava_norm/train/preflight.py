@@ -22,7 +22,8 @@ from pathlib import Path
 
 from llava_norm.config import _read_yaml_chain, each_config_error, load_config
 from llava_norm.config_checks import output_dir_problem, path_problems
-from llava_norm.config_schema import NORM_ARMS, ConfigError, ModelConfig, RunConfig, effective_grad_accum, is_hub_id
+from llava_norm.config_schema import (NORM_ARMS, ConfigError, ModelConfig, RunConfig, effective_grad_accum, is_hub_id,
+                                      world_sizes_that_split)
 from llava_norm.data.templates import template_kwargs_problems
 from llava_norm.train.rundir import (NO_DATA_STATE, SUMMARY, complete_checkpoints, data_state, global_batch_problem,
                                      processes)
@@ -78,13 +79,6 @@ def unset_variables(path: Path, config: RunConfig) -> list[str]:
                 problems.append(f"environment variable {name} is unset: key '{key}' falls back to {value} "
                                 f"({source} reads it)")
     return problems
-
-
-def _sizes_that_divide(config: RunConfig) -> list[int]:
-    """Every number of processes the global batch splits over, up to one row-batch each."""
-    t = config.train
-    most = t.global_batch_size // t.per_device_batch_size
-    return [w for w in range(1, most + 1) if t.global_batch_size % (t.per_device_batch_size * w) == 0]
 
 
 def backbone_problems(name: str, key: str) -> tuple[list[str], str]:
@@ -143,7 +137,7 @@ def preflight(path: str | Path, overrides: list[str], gpus: int, nodes: int = 1,
     except ConfigError:
         report.problems.append(f"{path}: key 'train.global_batch_size': {t.global_batch_size} rows per step cannot be "
                                f"split over {nodes} node(s) x {gpus} GPUs at {t.per_device_batch_size} per GPU; world "
-                               f"sizes that work: {_sizes_that_divide(config)}")
+                               f"sizes that work: {world_sizes_that_split(t)}")
         accum = None
     rows = 0
     sources = {} if sources is None else sources
