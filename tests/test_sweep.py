@@ -136,8 +136,10 @@ def test_the_slurm_files_name_the_grids_arms_so_an_arm_added_later_shifts_no_tas
     for arm in ("none", "scale_to_t"):
         shutil.copytree(REPO / "configs/recipe-1gpu" / arm, backbone / arm)
     shutil.copytree(REPO / "configs/_base", tmp_path / "configs" / "_base")
-    args = [str(backbone), *[a for i, a in enumerate(sweep.args[1:]) if a != "--arms" and sweep.args[i] != "--arms"]]
-    done = _cli("sweep", *args, "--slurm", str(tmp_path / "s"))
+    rest = list(sweep.args[1:])  # the fixture's words but its backbone and its --arms
+    at = rest.index("--arms")
+    del rest[at:at + 2]
+    done = _cli("sweep", str(backbone), *rest, "--slurm", str(tmp_path / "s"))
     assert done.returncode == 0, done.stderr
     array = (tmp_path / "s" / "sweep.sbatch").read_text()
     assert " --arms none,scale_to_t " in array and "--arms all" not in array
