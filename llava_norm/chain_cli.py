@@ -92,10 +92,10 @@ def _run_chain(config, command: str, dry_run: bool) -> None:
 CALLED_FROM = "LLAVA_NORM_CALLED_FROM"
 
 
-def _paths_from_caller(args, defaults: dict[str, str]) -> None:
-    """The paths the user typed (arm directories, --runs, --data-root, --table, the evaluation's
-    --data-root and --data), read from where they typed them; the built-in defaults stay the
-    checkout's."""
+def _paths_from_caller(args) -> None:
+    """The paths the user typed (arm directories, --runs, --data-root or EVAL_DATA, --table, the
+    evaluation's --data-root and --data), read from where they typed them; the built-in defaults
+    (``_defaults``) stay the checkout's."""
     # lazy: start-up; a subcommand loads only the stages it runs
     from llava_norm.evaluation.arguments import absolute_data_words
 
@@ -107,16 +107,27 @@ def _paths_from_caller(args, defaults: dict[str, str]) -> None:
         return path if Path(path).expanduser().is_absolute() else str(Path(base) / path)
 
     args.arms = [typed(arm) for arm in args.arms]
+    if args.data_root is None and os.environ.get("EVAL_DATA"):  # set in the shell the command was typed in
+        args.data_root = os.environ["EVAL_DATA"]
     for key in ("runs", "data_root", "table"):
-        if getattr(args, key) is not None and getattr(args, key) != defaults.get(key):
+        if getattr(args, key) is not None:  # typed: a value that equals a default is read from there too
             setattr(args, key, typed(getattr(args, key)))
     args.eval_arg = absolute_data_words(args.eval_arg, base)
 
 
-def _pipeline(args) -> None:
+def _defaults(args) -> None:
+    """What was not typed: --runs the subcommand's own folder, --data-root EVAL_DATA, else data/eval."""
     from llava_norm.evaluation.arguments import DEFAULT_DATA_ROOT  # lazy: start-up
 
-    _paths_from_caller(args, {"runs": PIPELINE_RUNS, "data_root": DEFAULT_DATA_ROOT})
+    if args.runs is None:
+        args.runs = args.default_runs
+    if args.data_root is None:
+        args.data_root = os.environ.get("EVAL_DATA") or DEFAULT_DATA_ROOT
+
+
+def _pipeline(args) -> None:
+    _paths_from_caller(args)
+    _defaults(args)
     _run_chain(_chain_config(args, args.arms), "pipeline", args.dry_run)
 
 
@@ -137,6 +148,7 @@ def _sweep_argv(args, arms: list[str]) -> list[str]:
 
 
 def _sweep(args) -> None:
+    _defaults(args)
     with frozen_imports():
         # lazy: start-up; a subcommand loads only the stages it runs
         from llava_norm.sweep import GridProblems, SlurmSettings, arm_dirs, parse_seeds, write_slurm
@@ -165,12 +177,12 @@ def _sweep(args) -> None:
 
 
 def _add_chain_arguments(p: argparse.ArgumentParser, runs: str) -> None:
-    """What the pipeline and the sweep share: where runs go, the overrides, evaluation, reuse."""
-    # lazy: start-up; a subcommand loads only the stages it runs
-    from llava_norm.evaluation.arguments import DEFAULT_DATA_ROOT
-
-    p.add_argument("--runs", default=runs, help="runs go to RUNS/<arm>[/seed<k>]/{stage1,stage2,eval}")
-    p.add_argument("--data-root", default=os.environ.get("EVAL_DATA", DEFAULT_DATA_ROOT), help="benchmark data root")
+    """What the pipeline and the sweep share: where runs go, the overrides, evaluation, reuse.
+    --runs and --data-root have no argparse default: a path typed equal to a default is still a
+    typed path (``_paths_from_caller``); ``_defaults`` fills them."""
+    p.add_argument("--runs", help=f"runs go to RUNS/<arm>[/seed<k>]/{{stage1,stage2,eval}} (default {runs})")
+    p.add_argument("--data-root", help="benchmark data root (default: EVAL_DATA, else data/eval)")
+    p.set_defaults(default_runs=runs)
     p.add_argument("--benchmarks", default="all")
     p.add_argument("--stage1", action="append", default=[], metavar="KEY=VALUE", help="override for every stage 1")
     p.add_argument("--stage2", action="append", default=[], metavar="KEY=VALUE", help="override for every stage 2")

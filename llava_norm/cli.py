@@ -91,8 +91,15 @@ def interrupted(train, word: str = "interrupted") -> str:
     from llava_norm.train.rundir import SUMMARY, complete_checkpoints
 
     out = Path(train.output_dir)
-    if out.is_dir() and finished_step(out) is not None:  # stopped after its summary: nothing is left to do
-        return f"{word}: the run had finished ({out / SUMMARY}); the same command exits at once"
+    if out.is_dir() and finished_step(out) is not None:  # stopped after its summary
+        done = f"{word}: the run had finished ({out / SUMMARY})"
+        if train.restart:
+            return f"{done}; the same command deletes it and trains again (train.restart=true)"
+        if train.resume == "none":
+            return f"{done}; the same command is refused (train.resume=none); with train.resume=auto it exits at once"
+        if train.resume != "auto":
+            return f"{done}; the same command resumes from {train.resume} again (train.resume)"
+        return f"{done}; the same command exits at once"
     found = complete_checkpoints(out) if out.is_dir() else []
     if not found:
         return f"{word}: no checkpoint was complete yet; the same command starts the run again"

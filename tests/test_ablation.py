@@ -315,6 +315,28 @@ def test_a_row_the_provenance_recheck_marks_is_marked_in_the_statistics_too(runs
     assert "stale: the checkpoint changed after it was evaluated" in (tmp_path / "t.md").read_text()
 
 
+def test_a_table_made_away_from_the_checkpoints_marks_every_arms_statistics(runs, tmp_path):
+    """The README's case of a table made on another machine: no checkpoint where the results say,
+    so every arm's statistics rows (and the CSV) carry "cannot be verified", not only the
+    per-run table."""
+    from llava_norm.cli import main
+
+    moved = [(run.parent / "model", run.parent / "model.away") for run in runs.values()]
+    try:
+        for here, away in moved:
+            here.rename(away)
+        main(["table", *map(str, runs.values()), "--out", str(tmp_path / "t")])
+    finally:
+        for here, away in moved:
+            away.rename(here)
+    stats = (tmp_path / "t_stats.md").read_text()
+    for arm in ARMS:
+        assert f"| {arm} †" in stats, stats
+        assert f"- † {arm}: {arm}@seed0: checkpoint {runs[f'{arm}@seed0'].parent / 'model'} not found: cannot be " \
+               "verified" in stats, stats
+    assert "cannot be verified" in (tmp_path / "t_stats.csv").read_text()
+
+
 def test_an_evaluation_killed_before_its_summary_is_tabulated_under_its_run_name(runs, tmp_path):
     """Each finished <benchmark>.json records the run's name; the summary comes last. A folder
     named `eval` (eval's default --out) without a summary is still named as its run, where its

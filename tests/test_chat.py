@@ -35,10 +35,12 @@ def saved(tmp_path_factory, tiny_dir):
 
 
 def _evaluation_replies(saved) -> list[str]:
+    """Evaluation's replies at --batch-size 1 (what the README says chat gives): one prompt a batch,
+    through the predictor `llava-norm eval` generates with."""
     bundle = load_bundle(saved / "model")
     predictor = Predictor.from_settings(bundle, training_prompt_settings(saved / "model"))
     image = Image.open(saved / "red.png").convert("RGB")
-    return predictor.generate([Prompt(q, image) for q in QUESTIONS], max_new_tokens=12)
+    return [predictor.generate([Prompt(q, image)], max_new_tokens=12)[0] for q in QUESTIONS]
 
 
 def test_the_reply_is_evaluations_greedy_reply(saved):

@@ -469,9 +469,8 @@ def test_the_pipeline_script_reads_the_paths_typed_from_where_they_were_typed(tm
     checkout's): the arm directories, --runs, --data-root, --table and the evaluation's data
     paths the user typed were read from there, so `--runs ../runs/x` typed in configs/ trained
     outside the checkout. It names where they were typed; the chain reads them from there."""
-    from argparse import Namespace
-
-    from llava_norm.chain_cli import CALLED_FROM, PIPELINE_RUNS, _paths_from_caller
+    from llava_norm.chain_cli import CALLED_FROM, PIPELINE_RUNS, _defaults, _paths_from_caller
+    from llava_norm.cli import build_parser
 
     fake = tmp_path / "python"  # in place of the interpreter: where it runs, and what it is told
     fake.write_text('#!/bin/sh\necho "$LLAVA_NORM_CALLED_FROM $(pwd)"\n')
@@ -479,15 +478,29 @@ def test_the_pipeline_script_reads_the_paths_typed_from_where_they_were_typed(tm
     done = subprocess.run(["bash", str(REPO / "scripts/pipeline.sh")], cwd=tmp_path, capture_output=True, text=True,
                           env={**os.environ, "PYTHON": str(fake)}, timeout=60)
     assert done.stdout.split() == [str(tmp_path), str(REPO)], done.stdout + done.stderr
-    monkeypatch.setenv(CALLED_FROM, str(tmp_path))
-    args = Namespace(arms=["mine/none", "/abs/arm"], runs="../r", data_root="data/eval", table="t",
-                     eval_arg=["--data=mmlu=m", "--data-root", "d", "--limit=5"])
-    _paths_from_caller(args, {"runs": PIPELINE_RUNS, "data_root": "data/eval"})
+
+    def parsed(*words: str):  # the pipeline's own parser, then what _pipeline does with the paths
+        monkeypatch.setenv(CALLED_FROM, str(tmp_path))
+        args = build_parser().parse_args(["pipeline", *words])
+        _paths_from_caller(args)
+        _defaults(args)
+        return args
+
+    monkeypatch.delenv("EVAL_DATA", raising=False)
+    args = parsed("--runs", "../r", "--table", "t", "--eval-arg=--data=mmlu=m", "--eval-arg=--data-root",
+                  "--eval-arg=d", "--eval-arg=--limit=5", "mine/none", "/abs/arm")
     assert args.arms == [str(tmp_path / "mine/none"), "/abs/arm"]
     assert (args.runs, args.table) == (str(tmp_path / "../r"), str(tmp_path / "t"))
     assert args.data_root == "data/eval"  # a default is the checkout's
     assert args.eval_arg == [f"--data=mmlu={(tmp_path / 'm').resolve()}", "--data-root", str((tmp_path / "d").resolve()),
                              "--limit=5"]
+    # typed, a path equal to a default is read from where it was typed (it was the checkout's);
+    # EVAL_DATA, set in the shell the command was typed in, too
+    args = parsed("--runs", PIPELINE_RUNS, "--data-root", "data/eval", "arm")
+    assert (args.runs, args.data_root) == (str(tmp_path / PIPELINE_RUNS), str(tmp_path / "data/eval"))
+    monkeypatch.setenv("EVAL_DATA", "bench")
+    assert parsed("arm").data_root == str(tmp_path / "bench")
+    assert parsed("arm").runs == PIPELINE_RUNS  # not typed: the checkout's
     assert CALLED_FROM not in os.environ  # read once: no launch of the chain inherits it
 
 

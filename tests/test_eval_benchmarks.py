@@ -481,8 +481,8 @@ POPE_REPLIES = {
 
 
 def test_eval_says_how_many_replies_its_rule_could_not_read(tmp_path):
-    """`llava-norm eval`'s headline line: a POPE score over replies the strict rule partly could not
-    read says how many, one with every reply read says nothing more."""
+    """`llava-norm eval`'s headline line: a POPE or MMBench score over replies its rule partly could
+    not read says how many, one with every reply read says nothing more."""
     from llava_norm.cli import headline_line
     from llava_norm.evaluation.table import headline
 
@@ -491,6 +491,14 @@ def test_eval_says_how_many_replies_its_rule_could_not_read(tmp_path):
     for replies, said in ((POPE_REPLIES, "; 1 reply its answer rule could not read)"),
                           ({**POPE_REPLIES, "5": "yes"}, "percent)")):
         line = headline_line(headline("pope"), {"settings": {"benchmark": settings}, "metrics": score("pope", items, replies)})
+        assert line.endswith(said), line
+    mmbench = get_benchmark("mmbench_en_dev")
+    items = mmbench.load(mmbench_tsv(tmp_path))
+    for replies, said in (({"0": "red", "1000000": "It is red", "1": "four or five", "1000001": "I cannot tell"},
+                           "; 2 replies its answer rule could not read)"),
+                          ({"0": "A", "1000000": "B", "1": "B", "1000001": "C"}, "percent)")):
+        metrics = score("mmbench_en_dev", items, replies)
+        line = headline_line(headline("mmbench_en_dev"), {"settings": {"benchmark": mmbench.settings()}, "metrics": metrics})
         assert line.endswith(said), line
 
 

@@ -300,6 +300,9 @@ def test_finished_benchmarks_are_not_recomputed_and_changed_settings_are_refused
     said = stop.value.code
     assert isinstance(said, str) and "\n" not in said, said
     assert said.startswith("eval: ") and "limit=2" in said and "--replace-stale" in said, said
+    # --batch-size 4: a generated item is a row, a log-likelihood item several (a quarter as many items)
+    recorded = {b: json.loads((whole / f"{b}.json").read_text())["settings"]["batch_items"] for b in NINE}
+    assert recorded == {b: 1 if b in ("hellaswag", "mmlu") else 4 for b in NINE}
     with pytest.raises(SystemExit) as stop:  # the batch moves logits: predictions of another are not kept
         evaluate("--batch-size", "2")
     assert "batch_items=4, this run has batch_items=2 (--batch-size)" in str(stop.value.code), stop.value.code

@@ -58,6 +58,16 @@ def test_lmms_eval_resolves_and_runs_the_llava_norm_model(checkpoint):
                                                               lambda doc: [doc["image"]], 0, "t", "test"), 0)]) == [full]
     with pytest.raises(ValueError, match=r"stop_at_until='flase'; give true or false"):  # not read as false
         cls.create_from_arg_string(f"pretrained={checkpoint},stop_at_until=flase", {"batch_size": 2, "device": "cpu"})
+    # What the README says of the lmms-eval pinned here (requirements-plugin-test.txt), read from its
+    # source (its task module needs packages this project does not install): a task naming no
+    # `until` gets its few-shot delimiter, "\n\n" by default; its own llava wrapper's cut at
+    # `until` is commented out, so it keeps replies whole
+    source = (Path(lmms_eval.__file__).parent / "api/task.py").read_text()
+    assert 'fewshot_delimiter: str = "\\n\\n"' in source
+    assert 'self.generation_kwargs["until"] = [self.fewshot_delimiter]' in source
+    wrapper = (Path(lmms_eval.__file__).parent / "models/simple/llava.py").read_text().splitlines()
+    cuts = [line.strip() for line in wrapper if "for term in until" in line]
+    assert cuts and all(line.startswith("#") for line in cuts), cuts
 
     # lmms-eval picks a multiple-choice answer by the smallest value (its wrappers return a loss):
     # the plugin returns the negative log-likelihood, so the most likely choice is picked

@@ -299,3 +299,15 @@ train: {{stage: 2, output_dir: {tmp_path}/out, max_steps: 1, per_device_batch_si
         run_training(load_config(path, changed))
     assert {name: (out / name).read_bytes() for name in before} == before
     assert run_training(load_config(path)) is None  # the original command: finished, nothing to do
+    # the same config, rows edited since (longer replies: other packs): refused too, and not a file
+    # of the run's folder is written or touched
+    from launch import snapshot
+
+    rows = json.loads(data.read_text())
+    for row in rows[::2]:
+        row["conversations"][-1]["value"] += " and then some more words" * 6
+    data.write_text(json.dumps(rows))
+    taken = snapshot(out)
+    with pytest.raises(ResumeError, match="no longer gives epoch 0's sample order"):
+        run_training(load_config(path, ["train.extend=true", "train.max_steps=2"]))
+    assert snapshot(out) == taken

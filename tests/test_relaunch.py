@@ -133,6 +133,17 @@ def test_changes_that_regroup_a_lora_runs_optimizer_are_named():
     assert changes("lora.rank=4") == ["lora.rank: 8 -> 4"]
     assert changes("model.norm_alignment=ln_textnorm") == ["model.norm_alignment: 'ln_textnorm_gwc' -> 'ln_textnorm'"]
     assert changes("optim.lr_lora=1e-4", "optim.lr=3e-5") == []
+    # each other key the docstring names, one by one
+    assert changes("model.projector_type=linear") == ["model.projector_type: 'mlp2x_gelu' -> 'linear'"]
+    assert changes("lora.target_modules=[q_proj]") == ["lora.target_modules: None -> ['q_proj']"]
+    assert changes("lora.lm_head=true") == ["lora.lm_head: False -> True"]
+    assert changes("optim.weight_decay=0.1") == ["optim.weight_decay: 0.0 -> 0.1"]
+    decayed = to_yaml(load_config(path, ["optim.weight_decay=0.1"], check_paths=False))
+    assert optimizer_layout_changes(decayed, load_config(path, [], check_paths=False)) == \
+        ["optim.weight_decay: 0.1 -> 0.0"]  # to 0 as from 0
+    assert optimizer_layout_changes(decayed, load_config(path, ["optim.weight_decay=0.2"], check_paths=False)) == []
+    # another stage: that change alone is said (the tower and LoRA follow from it)
+    assert changes("train.stage=1", "lora.enabled=false") == ["train.stage: 2 -> 1"]
 
 
 def test_the_advice_for_another_global_batch_is_one_that_resumes():

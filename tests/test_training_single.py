@@ -118,20 +118,25 @@ def test_the_named_fused_loss_kernel_reaches_the_loss(tmp_path, tiny_dir, monkey
     assert "train.loss fused: liger runs on CUDA only, not on cpu; using the chunked torch cross-entropy" in caplog.text
 
 
-def test_a_pack_budget_below_an_images_tokens_stops_the_launch_before_any_weights_load(tmp_path, tiny_dir):
+def test_a_pack_budget_below_an_images_tokens_stops_the_launch_before_any_weights_load(tmp_path, tiny_dir,
+                                                                                        monkeypatch):
     """`check` refuses it from the plan; the launch, whose start-up plan otherwise only informs,
     stops on it too, with the same line, not after loading the model on "32 consecutive samples do
-    not fit"."""
+    not fit". The model's builder fails the test if it is reached."""
     import pytest
 
     from llava_norm.config import ConfigError
+    from llava_norm.train import run
 
+    def loads(*args, **kwargs):
+        raise AssertionError("the weights were loaded before the launch refused its pack budget")
+
+    monkeypatch.setattr(run, "build_model", loads)
     config = _tiny_stage2(tmp_path, tiny_dir, "max_steps: 1")
     config.data.packing, config.data.pack_max_tokens = True, 4
     with pytest.raises(ConfigError, match=r"key 'data\.pack_max_tokens': 4 tokens per row do not hold 1 image\(s\) "
                                           r"of \d+ tokens"):
         run_training(config)
-    assert not (tmp_path / "out" / "model").exists()
 
 
 def test_train_cudnn_attention_is_off_by_default_at_launch(tmp_path, tiny_dir):
@@ -221,8 +226,14 @@ def test_ctrl_c_leaves_one_line_naming_the_checkpoint_to_resume_from(tmp_path, m
     assert said(["train.resume=none"]) == (f"{last}; relaunch with train.resume=auto to resume from it (this "
                                            "command has train.resume=none)")
     (tmp_path / "train_summary.json").write_text('{"complete": true, "global_step": 4}')  # stopped after its end
-    assert said() == f"interrupted: the run had finished ({tmp_path / 'train_summary.json'}); the same command " \
-        "exits at once"
+    done = f"interrupted: the run had finished ({tmp_path / 'train_summary.json'})"
+    assert said() == f"{done}; the same command exits at once"
+    # what the same command does with a finished run is its flags' (train/relaunch.py)
+    assert said(["train.restart=true"]) == f"{done}; the same command deletes it and trains again (train.restart=true)"
+    assert said(["train.resume=none"]) == (f"{done}; the same command is refused (train.resume=none); with "
+                                           "train.resume=auto it exits at once")
+    assert said([f"train.resume={tmp_path / 'checkpoint-2'}"]) == (
+        f"{done}; the same command resumes from {tmp_path / 'checkpoint-2'} again (train.resume)")
     (tmp_path / "train_summary.json").unlink()
     # a stage the pipeline launched (it restarts a stale one): rerunning the chain resumes it
     from llava_norm import chain_launch
