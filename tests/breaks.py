@@ -1589,6 +1589,22 @@ BREAKS = [
           '        return [f"checkpoint {source.checkpoint or \'(unnamed)\'} not found: cannot be verified"]',
           '        return []',
           'tests/test_ablation.py::test_a_table_made_away_from_the_checkpoints_marks_every_arms_statistics'),
+    Break("VLMEvalKit's sibling TSVs matched by one glob read as one benchmark", 'llava_norm/evaluation/benchmarks/tabular.py',
+          '        if len(tsvs) > 1:  # VLMEvalKit keeps one file per benchmark; siblings (_MINI, _V11, ...) are other sets',
+          '        if False:',
+          'tests/test_eval_benchmarks.py::test_vlmevalkit_sibling_sets_in_one_folder_are_never_read_as_one_benchmark'),
+    Break("OCRBench's glob takes its sibling sets too", 'llava_norm/evaluation/benchmarks/ocrbench.py',
+          '"OCRBench.tsv"',
+          '"OCRBench*.tsv"',
+          'tests/test_eval_benchmarks.py::test_vlmevalkit_sibling_sets_in_one_folder_are_never_read_as_one_benchmark'),
+    Break("ai2d's no-mask variant tries VLMEvalKit's masked file first", 'llava_norm/evaluation/benchmarks/ai2d.py',
+          '        return (mask, no_mask, *rest) if self.variant == "mask" else (no_mask, mask, *rest)',
+          '        return self.declaration.files',
+          'tests/test_eval_benchmarks.py::test_vlmevalkit_sibling_sets_in_one_folder_are_never_read_as_one_benchmark'),
+    Break("ai2d's no-mask variant reads VLMEvalKit's masked file", 'llava_norm/evaluation/benchmarks/ai2d.py',
+          '        if self.variant == "no_mask" and masked:',
+          '        if False:',
+          'tests/test_eval_benchmarks.py::test_vlmevalkit_sibling_sets_in_one_folder_are_never_read_as_one_benchmark'),
 ]
 
 

@@ -437,6 +437,37 @@ def test_scienceqa_img_prompt_skips_text_only_rows_and_scores_letter_dot(tmp_pat
     assert len(get_benchmark("scienceqa_img").load(tmp_path, limit=2)) == 2
 
 
+def test_vlmevalkit_sibling_sets_in_one_folder_are_never_read_as_one_benchmark(tmp_path):
+    """VLMEvalKit's data folder holds OCRBench.tsv beside OCRBench_MINI.tsv, AI2D_TEST.tsv beside
+    AI2D_TEST_NO_MASK.tsv: the benchmark's own file is read alone, and a folder whose TSVs are
+    only other sets is refused by name, not merged (their ids collide and fall back silently)."""
+    def ocr(path, n):
+        path.parent.mkdir(exist_ok=True)
+        return write_tsv(path, [{"index": i, "image": b64(RED), "question": f"q{i}", "answer": "['a']",
+                                 "category": "Regular Text Recognition"} for i in range(n)])
+
+    ocr(tmp_path / "lmu" / "OCRBench.tsv", 2)
+    ocr(tmp_path / "lmu" / "OCRBench_MINI.tsv", 3)
+    assert len(get_benchmark("ocrbench").load(tmp_path / "lmu")) == 2
+    (tmp_path / "lmu" / "OCRBench.tsv").unlink()
+    ocr(tmp_path / "lmu" / "OCRBench_X.tsv", 1)
+    with pytest.raises(ValueError, match=r"lmu: 2 TSV files match '\*\.tsv' \(OCRBench_MINI\.tsv, OCRBench_X\.tsv\)"):
+        get_benchmark("ocrbench").load(tmp_path / "lmu")
+
+    def ai2d(path, n):
+        path.parent.mkdir(exist_ok=True)
+        return write_tsv(path, [{"index": i, "image": b64(RED), "question": f"q{i}", "A": "stem", "B": "leaf",
+                                 "answer": "B", "category": "c"} for i in range(n)])
+
+    ai2d(tmp_path / "both" / "AI2D_TEST.tsv", 2)
+    ai2d(tmp_path / "both" / "AI2D_TEST_NO_MASK.tsv", 3)
+    assert len(get_benchmark("ai2d").load(tmp_path / "both")) == 2
+    assert len(get_benchmark("ai2d", variant="no_mask").load(tmp_path / "both")) == 3
+    (tmp_path / "both" / "AI2D_TEST_NO_MASK.tsv").unlink()
+    with pytest.raises(ValueError, match=r"AI2D_TEST\.tsv is VLMEvalKit's masked data but variant='no_mask'"):
+        get_benchmark("ai2d", variant="no_mask").load(tmp_path / "both")
+
+
 # ---------------------------------------------------------------------------- AI2D
 
 

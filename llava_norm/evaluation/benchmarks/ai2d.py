@@ -38,7 +38,7 @@ class AI2D(RowBenchmark):
 
     declaration: ClassVar[Declaration] = Declaration(
         name="ai2d", kind="generate",
-        files=("AI2D_TEST*.tsv", "test-*.parquet", "**/test-*.parquet", "*.tsv", "*.parquet"),
+        files=("AI2D_TEST.tsv", "AI2D_TEST_NO_MASK.tsv", "test-*.parquet", "**/test-*.parquet", "*.tsv", "*.parquet"),
         source=" | ".join(VARIANTS.values()),
         prompt=build_prompt, parser=ai2d_reply_correct,
         headline=Headline("AI2D", "accuracy", "accuracy (masked variant unless named)"),
@@ -50,10 +50,20 @@ class AI2D(RowBenchmark):
     def __post_init__(self) -> None:
         self.check_option("variant", VARIANTS)
 
+    def file_patterns(self) -> tuple[str, ...]:
+        # VLMEvalKit's folder may hold both variants' TSVs: the asked-for variant's is tried first
+        mask, no_mask, *rest = self.declaration.files
+        return (mask, no_mask, *rest) if self.variant == "mask" else (no_mask, mask, *rest)
+
     def check_files(self, files: list[Path]) -> None:
-        # Catch the one mix-up a path can reveal: no-mask files scored as the masked variant.
+        # The mix-ups a path can reveal: no-mask files scored as the masked variant, and
+        # VLMEvalKit's masked file as the no-mask one.
         if self.variant == "mask" and any(_looks_no_mask(f) for f in files):
             raise ValueError(f"ai2d: {files[0]} looks like the no-mask data but variant='mask'; pass variant='no_mask'")
+        masked = [f for f in files if f.name == self.declaration.files[0]]
+        if self.variant == "no_mask" and masked:
+            raise ValueError(f"ai2d: {masked[0]} is VLMEvalKit's masked data but variant='no_mask'; its no-mask file "
+                             f"is {self.declaration.files[1]}")
 
     def item(self, row: Row, item_id: str, by_index: Mapping[str, Any]) -> GenerationItem:
         options = options_from_row(row, list_columns=("options",), max_letters=5)

@@ -42,7 +42,7 @@ class MMBenchEnDev(RowBenchmark):
 
     declaration: ClassVar[Declaration] = Declaration(
         name="mmbench_en_dev", kind="generate", data_dir="mmbench",
-        files=("MMBench_DEV_EN*.tsv", "en/dev-*.parquet", "dev-*.parquet", "*.tsv", "*.parquet"),
+        files=("MMBench_DEV_EN.tsv", "en/dev-*.parquet", "dev-*.parquet", "*.tsv", "*.parquet"),
         source="lmms-lab/MMBench config 'en' split 'dev' (parquet) or VLMEvalKit MMBench_DEV_EN.tsv",
         prompt=build_prompt, parser=infer_option_letter,
         headline=Headline("MMBench-EN", "circular_accuracy", "CircularEval accuracy, dev split"),

@@ -69,7 +69,7 @@ class MMStar(RowBenchmark):
 
     declaration: ClassVar[Declaration] = Declaration(
         name="mmstar", kind="generate",
-        files=("MMStar*.tsv", "mmstar*.parquet", "**/mmstar*.parquet", "val-*.parquet", "**/val-*.parquet",
+        files=("MMStar.tsv", "mmstar*.parquet", "**/mmstar*.parquet", "val-*.parquet", "**/val-*.parquet",
                "*.tsv", "*.parquet"),
         source="Lin-Chen/MMStar split 'val' (parquet, options inline) or VLMEvalKit MMStar.tsv (A-D columns, rebuilt inline)",
         prompt=build_prompt, parser=mmstar_paper_era_correct,

@@ -58,7 +58,7 @@ def build_prompt(question: str) -> str:
 class OCRBench(RowBenchmark):
     declaration: ClassVar[Declaration] = Declaration(
         name="ocrbench", kind="generate",
-        files=("OCRBench*.tsv", "test-*.parquet", "**/test-*.parquet", "*.tsv", "*.parquet"),
+        files=("OCRBench.tsv", "test-*.parquet", "**/test-*.parquet", "*.tsv", "*.parquet"),
         source="echo840/OCRBench split 'test' (parquet) or VLMEvalKit OCRBench.tsv",
         prompt=build_prompt, parser=ocr_answer_correct,
         headline=Headline("OCRBench", "accuracy", "share of items right (= final score / 10 on the full 1,000)"),

@@ -99,7 +99,7 @@ class POPE(RowBenchmark):
 
     declaration: ClassVar[Declaration] = Declaration(
         name="pope", kind="generate",
-        files=("POPE*.tsv", "data/test-*.parquet", "test-*.parquet", "Full/*.parquet", "*.parquet", "*.tsv"),
+        files=("POPE.tsv", "data/test-*.parquet", "test-*.parquet", "Full/*.parquet", "*.parquet", "*.tsv"),
         source="lmms-lab/POPE (config 'default' split 'test' pooled, or config 'Full' splits "
         "adversarial/popular/random) or VLMEvalKit POPE.tsv",
         prompt=build_prompt, parser=parse_yes_no,

@@ -30,7 +30,7 @@ class ScienceQAImg(RowBenchmark):
 
     declaration: ClassVar[Declaration] = Declaration(
         name="scienceqa_img", kind="generate", data_dir="scienceqa",
-        files=("ScienceQA_TEST*.tsv", "ScienceQA-IMG/test-*.parquet", "test-*.parquet", "**/test-*.parquet",
+        files=("ScienceQA_TEST.tsv", "ScienceQA-IMG/test-*.parquet", "test-*.parquet", "**/test-*.parquet",
                "*.tsv", "*.parquet"),
         source="lmms-lab/ScienceQA config 'ScienceQA-IMG' split 'test' (parquet) or VLMEvalKit ScienceQA_TEST.tsv; "
         "rows without an image are skipped",

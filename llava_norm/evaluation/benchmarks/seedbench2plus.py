@@ -29,7 +29,7 @@ def build_prompt(question: str, options: Mapping[str, str]) -> str:
 class SEEDBench2Plus(RowBenchmark):
     declaration: ClassVar[Declaration] = Declaration(
         name="seedbench2_plus", kind="generate", data_dir="seedbench_2_plus",
-        files=("SEEDBench2_Plus*.tsv", "test-*.parquet", "**/test-*.parquet", "*.tsv", "*.parquet"),
+        files=("SEEDBench2_Plus.tsv", "test-*.parquet", "**/test-*.parquet", "*.tsv", "*.parquet"),
         source="doolayer/SEED-Bench-2-Plus split 'test' (parquet) or VLMEvalKit SEEDBench2_Plus.tsv",
         prompt=build_prompt, parser=seedbench_reply_correct,
         headline=Headline("SEED-Bench-2-Plus", "all", "accuracy over chart, map and web"),

@@ -139,6 +139,10 @@ def resolve_files(path: str | Path, patterns: Sequence[str], what: str) -> list[
         raise ValueError(f"{path}: no such file or directory (expected {what} data)")
     for pattern in patterns:
         found = sorted(p for p in path.glob(pattern) if p.is_file() and p.suffix.lower() in TABLE_SUFFIXES)
+        tsvs = [p.name for p in found if p.suffix.lower() == ".tsv"]
+        if len(tsvs) > 1:  # VLMEvalKit keeps one file per benchmark; siblings (_MINI, _V11, ...) are other sets
+            raise ValueError(f"{path}: {len(tsvs)} TSV files match {pattern!r} ({', '.join(tsvs)}), each a benchmark "
+                             f"file of its own: give the path of the {what} one")
         if found:
             return found
     raise ValueError(f"{path}: no {what} data file found; looked for {list(patterns)}")
@@ -261,7 +265,7 @@ class RowBenchmark(Benchmark):
 
     def load(self, path: str | Path, limit: int | None = None) -> list[Item]:
         check_limit(limit)
-        files = resolve_files(path, self.declaration.files, self.declaration.headline.column)
+        files = resolve_files(path, self.file_patterns(), self.declaration.headline.column)
         self.check_files(files)
         rows = read_rows(files)
         by_index = image_index(rows)
@@ -273,6 +277,10 @@ class RowBenchmark(Benchmark):
             if item is not None:
                 items.append(item)
         return items
+
+    def file_patterns(self) -> tuple[str, ...]:
+        """The globs tried in a data directory, in order (default: the declaration's)."""
+        return self.declaration.files
 
     def check_files(self, files: list[Path]) -> None:
         """Refuse files that cannot hold this variant of the benchmark (default: accept)."""
