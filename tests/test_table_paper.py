@@ -186,3 +186,20 @@ def test_only_benchmarks_a_header_names_are_attributed():
     # The first column ("likely MMBench") and the unnamed second half are never attributed.
     assert {b for values in TABLE_4.values() for b in values} == {"mmstar", "pope", "seedbench2_plus", "ocrbench"}
     assert all(get_benchmark(b) for values in TABLE_4.values() for b in values)  # registry names, not labels
+
+
+def test_the_caveats_arithmetic_on_the_papers_numbers():
+    """What CAVEATS infers from the paper's values, redone: a share of items right is a count out
+    of the benchmark's size (OCRBench 1,000 items, MMStar 1,500, SEED-Bench-2-Plus 2,277)."""
+    from llava_norm.evaluation.paper import CAVEATS
+
+    def a_count_out_of(value: float, items: int) -> bool:
+        return any(round(100 * right / items, 2) == value for right in range(items + 1))
+
+    rows = list(TABLE_4.values())
+    assert all(a_count_out_of(row["ocrbench"], 1000) for row in rows)  # final score / 10: k/1000
+    assert not any(a_count_out_of(row["mmstar"], 1500) for row in rows)
+    assert "none of its four values is a count out of MMStar's 1,500 items" in CAVEATS["mmstar"]
+    not_counts = [row["seedbench2_plus"] for row in rows if not a_count_out_of(row["seedbench2_plus"], 2277)]
+    assert not_counts == [45.56, 58.27]
+    assert "two of its four (45.56, 58.27) are no count out of its 2,277 items" in CAVEATS["seedbench2_plus"]

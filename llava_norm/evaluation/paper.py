@@ -62,11 +62,13 @@ TABLE_4: dict[tuple[str, str], dict[str, float]] = {
 # What a reader must know before reading our number against the paper's, per column.
 CAVEATS = {
     "mmstar": "the paper does not say whether MM-Star is the macro mean over the L2 categories "
-              "(lmms-eval, our headline) or the micro mean over items (VLMEvalKit)",
+              "(lmms-eval, our headline) or the micro mean over items (VLMEvalKit); none of its four values is a "
+              "count out of MMStar's 1,500 items, so they are not the micro mean",
     "pope": "the paper does not say which POPE metric it reports; ours is F1 ('yes' positive), "
             "the mean over the adversarial, popular and random splits",
     "seedbench2_plus": "the paper's header reads SEED-Bench-2, its appendix lists SEED-Bench-2-Plus; values of "
-                       "43-59 fit SEED-Bench-2-Plus, which is what we evaluate",
+                       "43-59 fit SEED-Bench-2-Plus, which is what we evaluate, but two of its four (45.56, 58.27) "
+                       "are no count out of its 2,277 items, so not the accuracy over all items, our headline",
     "ocrbench": "the paper's number is the final score out of 1,000 divided by 10; ours is the share of items "
                 "right in percent: the same number on the full 1,000 items, so nothing is converted",
 }
