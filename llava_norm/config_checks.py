@@ -277,6 +277,14 @@ def _check_projector(config: RunConfig) -> None:
         header = None
     if not isinstance(header, dict):
         raise ConfigError(f"key '{key}': {path} is not a safetensors file")
+    # the tensors' bytes follow the header: a file cut short (a copy that stopped) holds fewer
+    ends = [entry["data_offsets"][1] for name, entry in header.items()
+            if name != "__metadata__" and isinstance(entry, dict) and len(entry.get("data_offsets") or ()) == 2]
+    whole = 8 + size + max(ends, default=0)
+    actual = Path(path).expanduser().stat().st_size
+    if actual < whole:
+        raise ConfigError(f"key '{key}': {path} is cut short: its header says {whole:,} bytes, the file has "
+                          f"{actual:,} (copy it again from stage 1's run)")
     found = {name.removeprefix(PROJECTOR_PREFIX).split(".")[0] for name in header} - {"__metadata__"}
     want = {"linear_1", *(["linear_2"] if m.projector_type == "mlp2x_gelu" else []),
             *(["norm"] if NORM_ARMS[m.norm_alignment].has_tensors else [])}

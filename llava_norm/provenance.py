@@ -291,6 +291,11 @@ def write_record(directory: str | Path, record: Record, name: str = RECORD) -> P
     return write_atomically(path, json.dumps(asdict(record), indent=2, default=str))  # never half a record
 
 
+class DamagedRecordError(ValueError):
+    """A record file that does not read as one (edited, or cut short by a failing disk: it is
+    written whole); the message names the file."""
+
+
 def read_record(directory: str | Path, name: str = RECORD) -> Record | None:
     path = Path(directory) / name
     if not path.is_file():
@@ -298,4 +303,4 @@ def read_record(directory: str | Path, name: str = RECORD) -> Record | None:
     try:
         return Record(**json.loads(path.read_text()))
     except (TypeError, ValueError) as error:
-        raise ValueError(f"{path}: not a provenance record ({error})") from error
+        raise DamagedRecordError(f"{path}: not a provenance record ({error})") from error

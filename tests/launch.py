@@ -117,6 +117,16 @@ def processes_of(out: Path, among: list[int] | None = None, argument: str | None
     return found
 
 
+def saved_as_is(checkpoint: Path) -> None:
+    """The checkpoint's marker written again for the files it holds now, as if its save had left
+    them so: for a test that stands in for another save (another world size's, a crafted file's)
+    by editing one, where the resume would otherwise refuse it as changed since its save."""
+    from llava_norm.train.rundir import COMPLETE_MARKER, checkpoint_manifest
+
+    marker = checkpoint / COMPLETE_MARKER
+    marker.write_text(checkpoint_manifest(checkpoint, json.loads(marker.read_text())["step"]))
+
+
 def snapshot(out: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(out)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(out.rglob("*"))
             if p.is_file()}

@@ -337,6 +337,28 @@ def test_a_table_made_away_from_the_checkpoints_marks_every_arms_statistics(runs
     assert "cannot be verified" in (tmp_path / "t_stats.csv").read_text()
 
 
+def test_a_run_whose_stored_predictions_are_gone_is_named_with_how_many(runs, tmp_path):
+    """The table re-scores each result from its stored predictions: some or all of them gone was
+    said as "no prediction for 1 item(s)" (one unit's), naming neither the run nor the folder."""
+    import shutil
+
+    from llava_norm.cli import main
+
+    copy = tmp_path / "noisy@seed0"
+    shutil.copytree(runs["noisy@seed0"], copy)
+    store = copy / "predictions" / "hellaswag"
+    lines = [line for path in sorted(store.glob("rank*.jsonl")) for line in path.read_text().splitlines()]
+    for path in store.glob("rank*.jsonl"):
+        path.unlink()
+    (store / "rank0.jsonl").write_text("".join(line + "\n" for line in lines[2:]))  # two records lost
+    others = [str(d) for name, d in runs.items() if name != "noisy@seed0"]
+    with pytest.raises(SystemExit) as refused:
+        main(["table", *others, str(copy), "--out", str(tmp_path / "t")])
+    said = str(refused.value.code)
+    assert said.startswith(f"table: {copy / 'hellaswag.json'}: hellaswag: no stored prediction for 2 of its "
+                           f"{len(lines)} item(s) (") and said.endswith(f") in {store}"), said
+
+
 def test_an_evaluation_killed_before_its_summary_is_tabulated_under_its_run_name(runs, tmp_path):
     """Each finished <benchmark>.json records the run's name; the summary comes last. A folder
     named `eval` (eval's default --out) without a summary is still named as its run, where its

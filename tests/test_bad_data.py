@@ -304,6 +304,9 @@ BAD_ROWS = {
                      r"turn 1 \(gpt\) is empty"),
     "blank_question": ({"id": "b1", "conversations": _turns(("human", " \n\t"), ("gpt", "y"))}, "empty_turn",
                        r"turn 0 \(human\) is empty"),
+    # JSON's "\ud800" escape alone: a lone surrogate, which the tokenizer refused in a traceback
+    "lone_surrogate": ({"id": "b1", "conversations": _turns(("human", "x"), ("gpt", "ok \ud800 lone"))},
+                       "bad_conversation", r"turn 1 \(gpt\) holds '\\ud800' at character 3, half of a surrogate pair"),
 }
 
 

@@ -217,6 +217,14 @@ def test_a_projector_from_another_arm_llm_or_tower_is_refused_naming_both(setup)
                          "'linear_2', 'norm'] (a whole model's weights? give stage 1's projector file)")):
         with pytest.raises(ConfigError, match=re.escape(f"key 'model.pretrained_projector': ") + ".*" + re.escape(said)):
             load_config(setup["base"], [f"model.pretrained_projector={given}", "model.norm_alignment=ln_textnorm_gwc"])
+    # a copy that stopped part-way: its header whole, its tensors not (stage 2 met it in a traceback)
+    whole = (run / "projector.safetensors").read_bytes()
+    (run / "cut.safetensors").write_bytes(whole[:-10])
+    with pytest.raises(ConfigError, match=re.escape(f"key 'model.pretrained_projector': {run / 'cut.safetensors'} is "
+                                                    f"cut short: its header says {len(whole):,} bytes, the file has "
+                                                    f"{len(whole) - 10:,}")):
+        load_config(setup["base"], [f"model.pretrained_projector={run / 'cut.safetensors'}",
+                                    "model.norm_alignment=ln_textnorm_gwc"])
 
 
 def test_a_take_out_of_range_is_said_so():

@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from launch import scheduled_rates, snapshot
+from launch import saved_as_is, scheduled_rates, snapshot
 from tinydata import write_dataset
 
 from llava_norm.config import load_config, to_yaml
@@ -115,6 +115,59 @@ def test_a_restart_deletes_only_a_runs_outputs_and_never_the_projector_it_loads(
     assert plan_launch(load_config(path, ["train.restart=true"])).action == "fresh"  # a run's folder: as before
 
 
+def test_a_checkpoint_changed_after_its_save_is_refused_naming_its_files(run, tmp_path):
+    """A complete checkpoint whose optimizer.pt was deleted resumed with a fresh optimizer and
+    schedule without a word; one with a file cut short failed in a traceback, while `check` said
+    OK. Its marker records every file's size: the relaunch and `check` refuse it, naming the files
+    and the complete checkpoint before it, which `train.resume` then resumes."""
+    from llava_norm.train.preflight import preflight
+    from llava_norm.train.rundir import complete_checkpoints
+
+    launch, out, path = run
+    launch()
+    (out / "train_summary.json").unlink()  # as if killed after its last checkpoint
+    *_, before, last = complete_checkpoints(out)
+    (last / "optimizer.pt").unlink()
+    state = last / "trainer_state.json"
+    saved = state.stat().st_size
+    state.write_text(state.read_text()[:50])
+    said = (f"{last}: it holds a checkpoint to resume, but it changed after its save: optimizer.pt is missing; "
+            f"trainer_state.json has 50 bytes, {saved:,} when saved. train.resume={before.resolve()} resumes from the "
+            "complete checkpoint before it")
+    with pytest.raises(RelaunchError) as refused:
+        plan_launch(load_config(path))
+    assert str(refused.value) == said
+    assert f"{path}: relaunch refused: {said}" in preflight(path, [], 1, plan=False).problems
+    plan = plan_launch(load_config(path, [f"train.resume={before}"]))
+    assert (plan.action, plan.checkpoint) == ("resume", before)
+    # its run config damaged in place (the size kept): named, not a YAML parser's traceback
+    kept = (before / "run_config.yaml").read_bytes()
+    (before / "run_config.yaml").write_bytes(b"garbage: [" + b" " * (len(kept) - 10))
+    with pytest.raises(RelaunchError, match=re.escape(f"{before / 'run_config.yaml'}: not a readable config (")):
+        plan_launch(load_config(path, [f"train.resume={before}"]))
+
+
+def test_a_damaged_run_record_is_named_in_one_line_by_check_and_the_relaunch(run, monkeypatch):
+    """The resume reads the run's provenance record to carry its earlier launches' changes: one
+    that no longer reads as a record was a traceback at the relaunch, and `check` said OK."""
+    from llava_norm.cli import main
+    from llava_norm.provenance import RECORD
+    from llava_norm.train.preflight import preflight
+
+    launch, out, path = run
+    launch()
+    (out / "train_summary.json").unlink()  # as if killed after its last checkpoint
+    (out / RECORD).write_text("{")
+    said = f"{path}: relaunch refused: {out / RECORD}: not a provenance record ("
+    advice = "move it aside and relaunch, and the run's record is written anew (without the changes earlier launches made)"
+    assert [p for p in preflight(path, [], 1, plan=False).problems if p.startswith(said) and p.endswith(advice)]
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(SystemExit) as refused:  # the launch's own check says it, before anything loads
+        main(["train", str(path)])
+    told = str(refused.value.code)
+    assert told.startswith(f"launch check: {said}") and told.endswith(advice) and "\n" not in told, told
+
+
 def test_changes_that_regroup_a_lora_runs_optimizer_are_named():
     """The shipped LoRA stage 2 (lora.vision_tower null: the tower trains in full, as
     train_vision_tower says): the tower frozen, adapted instead, another rank or arm each gives
@@ -210,7 +263,7 @@ def test_a_save_over_a_folder_of_another_course_of_the_run_clears_it_first(run):
     assert _summary(out)["resumed_from"] == str(out / "checkpoint-2")
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
     assert not list(out.rglob("zero_pp_rank_5_*"))
-    assert (out / "checkpoint-3" / "checkpoint_complete").read_text() == "3"
+    assert json.loads((out / "checkpoint-3" / "checkpoint_complete").read_text())["step"] == 3
 
 
 def test_checkpoint_with_another_config_is_refused_unless_allowed(run):
@@ -369,6 +422,7 @@ def test_a_checkpoint_file_that_would_run_code_is_refused_in_one_line_naming_it(
     rng = out / "checkpoint-2" / "rng_state.pth"
     assert rng.is_file()
     torch.save({"python": _Payload()}, rng)  # as torch writes its files, so the refusal names the payload
+    saved_as_is(out / "checkpoint-2")  # a crafted checkpoint's marker would list it as saved
     capsys.readouterr()
     with pytest.raises(SystemExit) as stop:
         main(["train", str(path)])
@@ -387,18 +441,22 @@ def test_llava_norm_check_says_a_launch_resumes_on_another_number_of_processes(r
     launch, out, path = run
     state, saved = _stopped_after_checkpoint_2(launch, out)
     state.write_text(json.dumps({**saved, "world_size": 2}))  # the same global batch (2) on 2 processes
+    saved_as_is(state.parent)  # each edit stands in for another save's file
     report = preflight(path, [], gpus=1, plan=False)
     assert report.ok and f"resumes {out / 'checkpoint-2'} (saved on 2 processes) on 1 process" in report.summary
     state.write_text(json.dumps({**saved, "world_size": 2, "global_batch": 4}))
+    saved_as_is(state.parent)
     report = preflight(path, [], gpus=1, plan=False)
     assert [p for p in report.problems if "checkpoint-2: saved with a global batch of 4 on 2 processes; on 1 "
             "process it would be 2. Set train.global_batch_size to 4" in p]
     # a checkpoint that recorded no global batch: the trainer refuses it, so the check says so too
     state.write_text(json.dumps({**{k: v for k, v in saved.items() if k != "global_batch"}, "world_size": 2}))
+    saved_as_is(state.parent)
     report = preflight(path, [], gpus=1, plan=False)
     assert [p for p in report.problems if "checkpoint-2: saved on 2 processes without a record of its global batch" in p]
     assert preflight(path, [], gpus=2, plan=False).ok  # 2 processes: the checkpoint's own shape
     state.unlink()  # no data position at all: the trainer refuses it on any number of processes
+    saved_as_is(state.parent)
     report = preflight(path, [], gpus=2, plan=False)
     assert [p for p in report.problems if "checkpoint-2: no data_state.json; its position in the data is unknown" in p]
 
@@ -553,6 +611,7 @@ def test_a_checkpoint_without_log_state_warns_and_gives_train_loss_over_the_step
     (out / "train_summary.json").unlink()  # as if killed right after checkpoint-2, written before runlog existed
     shutil.rmtree(out / "checkpoint-3")
     (out / "checkpoint-2" / "log_state_rank0.json").unlink()
+    (out / "checkpoint-2" / "checkpoint_complete").write_text("2")  # the marker such a version wrote
     with caplog.at_level("WARNING", logger="llava_norm.train.runlog"):
         launch()
     assert f"{out / 'checkpoint-2'} has no log_state_rank0.json: the logs' sums start again at step 2, and " \
@@ -571,6 +630,7 @@ def test_a_resume_that_would_change_the_global_batch_is_refused_before_anything_
     state, saved = _stopped_after_checkpoint_2(launch, out)
     assert saved["world_size"] == 1
     state.write_text(json.dumps({**saved, "world_size": 2, "global_batch": 2 * saved["global_batch"]}))
+    saved_as_is(state.parent)  # as a two-process save would have left it
     before = snapshot(out)
     from llava_norm.train.trainer import ResumeError
 
@@ -581,6 +641,7 @@ def test_a_resume_that_would_change_the_global_batch_is_refused_before_anything_
     assert snapshot(out) == before
     # one that recorded no global batch cannot show its steps would hold the same samples
     state.write_text(json.dumps({**{k: v for k, v in saved.items() if k != "global_batch"}, "world_size": 2}))
+    saved_as_is(state.parent)
     before = snapshot(out)
     with pytest.raises(ResumeError, match="saved on 2 processes without a record of its global batch"):
         launch()

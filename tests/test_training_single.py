@@ -139,6 +139,22 @@ def test_a_pack_budget_below_an_images_tokens_stops_the_launch_before_any_weight
         run_training(config)
 
 
+def test_stage_1_on_text_only_rows_stops_before_training(tmp_path, tiny_dir):
+    """Stage 1 trains the projector and norm layer, which only image rows reach: on rows without
+    an image every step ran with a zero gradient, and the run said "stage 1 done"."""
+    import pytest
+
+    from llava_norm.data.dataset import BadSampleError
+
+    config = _tiny_stage2(tmp_path, tiny_dir, "max_steps: 1")
+    data, images = write_dataset(tmp_path / "text", n=4, text_only_every=1)
+    config.train.stage, config.data.prompt_format = 1, "plain"
+    config.data.mixture[0].path, config.data.mixture[0].image_folder = str(data), str(images)
+    with pytest.raises(BadSampleError, match=r"data\.mixture: none of its 4 usable rows has an image"):
+        run_training(config)
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
 def test_train_cudnn_attention_is_off_by_default_at_launch(tmp_path, tiny_dir):
     """A config that does not name train.cudnn_attention turns torch's cuDNN attention switch off at
     launch (its default, false); set here on a CPU, where sdpa never picks cuDNN anyway, and put

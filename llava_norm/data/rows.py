@@ -172,6 +172,11 @@ def check_row(raw, source: str, index: int, position: str | None = None, image_p
             raise bad(f"turn {t} has unknown role {turn.get('from')!r} (expected one of {'|'.join(ROLE_MAP)})")
         if not turn["value"].strip():  # an empty answer trains nothing; an empty question teaches the wrong thing
             raise bad(f"turn {t} ({turn['from']}) is empty", "empty_turn")
+        try:  # JSON's \ud800 escapes parse to lone surrogates, which no tokenizer takes
+            turn["value"].encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise bad(f"turn {t} ({turn['from']}) holds {turn['value'][error.start]!r} at character {error.start}, "
+                      "half of a surrogate pair: not text any tokenizer reads") from None
         messages.append({"role": role, "content": turn["value"]})
     adjustments = []
     first = next((i for i, m in enumerate(messages) if m["role"] != "system"), None)

@@ -92,8 +92,15 @@ def read_units(result_path: str | Path, options: dict | None = None, data: str |
     if not data.exists() or fingerprint(data) != settings["data_fingerprint"]:
         raise ValueError(f"{path}: its benchmark data {data} is gone or changed since it was scored (moved: "
                          "llava-norm table's --data-root DIR or --data NAME=PATH says where it is now)")
-    predictions = PredictionStore(path.parent, bench.name).read_all().predictions
-    units = units_of(bench, bench.load(data, settings["limit"]), predictions)
+    store = PredictionStore(path.parent, bench.name)
+    predictions = store.read_all().predictions
+    items = bench.load(data, settings["limit"])
+    missing = [item.item_id for item in items if item.item_id not in predictions]
+    if missing:  # named here, whole: each unit's scoring would name its own first
+        shown = ", ".join(repr(m) for m in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ValueError(f"{path}: {bench.name}: no stored prediction for {len(missing)} of its {len(items)} item(s) "
+                         f"({shown}) in {store.dir}")
+    units = units_of(bench, items, predictions)
     recorded = bench.declaration.headline.value(result["metrics"])
     if not np.isclose(units.headline, recorded, atol=1e-9):
         raise ValueError(f"{path}: its stored predictions score {units.headline}, the file says {recorded}")

@@ -31,7 +31,7 @@ from llava_norm.files import REMOVING
 from llava_norm.layout import CONFIG_FILE, MODEL_DIR, PROJECTOR_FILE
 from llava_norm.provenance import RECORD, flatten
 from llava_norm.train.rundir import (COMPLETE_MARKER, PROFILE_DIR, RUN_CONFIG, SKIPPED, SUMMARY, WANDB_RUN_ID,
-                                     checkpoint_step, complete_checkpoints)
+                                     checkpoint_damage, checkpoint_step, complete_checkpoints)
 
 log = logging.getLogger(__name__)
 # Where and how often to write, and how to treat this launch: none of them changes the trained weights.
@@ -147,12 +147,23 @@ def _checked_resume(checkpoint: Path, config: RunConfig, allowed: frozenset, why
         complete = ", ".join(p.name for p in complete_checkpoints(checkpoint.parent)) or "none"
         raise RelaunchError(f"{checkpoint}: {why}, but it has no {COMPLETE_MARKER}: its save never finished (a "
                             f"launch stopped while writing it). Complete ones beside it: {complete}")
+    damage = checkpoint_damage(checkpoint)
+    if damage:  # deleted or cut short since its save: the Trainer would start a missing optimizer afresh
+        found = [p.resolve() for p in complete_checkpoints(checkpoint.parent)]
+        before = found[:found.index(checkpoint.resolve())] if checkpoint.resolve() in found else []
+        raise RelaunchError(f"{checkpoint}: {why}, but it changed after its save: {'; '.join(damage)}. "
+                            + (f"train.resume={before[-1]} resumes from the complete checkpoint before it"
+                               if before else "train.restart=true starts over"))
     saved = checkpoint / RUN_CONFIG
     if not saved.is_file():
         differences = [f"{checkpoint} has no {RUN_CONFIG} (saved by an older version)"]
     else:
         saved_yaml = saved.read_text()
-        differences = config_differences(saved_yaml, config, allowed)
+        try:
+            differences = config_differences(saved_yaml, config, allowed)
+        except yaml.YAMLError as error:  # (a checkpoint saved before markers listed their files' sizes)
+            raise RelaunchError(f"{saved}: not a readable config ({str(error).splitlines()[0]}); "
+                                "train.resume=<an earlier checkpoint> resumes from another") from None
         regrouped = differences and optimizer_layout_changes(saved_yaml, config)  # (each layout key is a config key)
         if regrouped:
             raise RelaunchError(f"{config.train.output_dir}: {why}, but {'; '.join(regrouped)} would give the "

@@ -25,7 +25,7 @@ from llava_norm.config import RunConfig, effective_grad_accum, lora_vision_mode,
 from llava_norm.config_schema import NORM_ARMS, ConfigError, packing_llm_problem, world_size
 from llava_norm.data.collate import collate
 from llava_norm.data.conversation import conversation_tokenizer
-from llava_norm.data.dataset import SupervisedDataset, count_by_cause
+from llava_norm.data.dataset import BadSampleError, SupervisedDataset, count_by_cause
 from llava_norm.data.packing import PackedDataset, collate_packed
 from llava_norm.data.rows import WHOLE_FILE
 from llava_norm.files import finish_removals, write_atomically
@@ -224,6 +224,9 @@ def _run_training(config: RunConfig, check) -> Path | None:
         dataset = SupervisedDataset(d.mixture, encoder, bundle.image_processor, max_length, d.image_aspect,
                                     d.on_bad_sample, d.length_estimate, system_prompt=d.system_prompt,
                                     image_placement=d.image_placement, exact_lengths=d.packing)
+    if t.stage == 1 and not dataset.has_image.any():  # its steps would run with every gradient 0
+        raise BadSampleError(f"data.mixture: none of its {len(dataset.has_image)} usable rows has an image, and "
+                             "stage 1 trains only the projector and norm layer, which no text-only row reaches")
     pad_id = bundle.tokenizer.pad_token_id
 
     def collate_fn(examples):

@@ -49,6 +49,36 @@ def stale_checkpoints(output_dir: str | Path, step: int, resumed_from: Path | No
             (at == step or (at < step and not (p / COMPLETE_MARKER).is_file()))]
 
 
+def checkpoint_manifest(checkpoint: str | Path, step: int) -> str:
+    """What the marker of ``checkpoint`` records: its step and every file's size then (the marker's
+    own aside), so that a resume can tell a file deleted or cut short since (``checkpoint_damage``)."""
+    folder = Path(checkpoint)
+    files = {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*"))
+             if p.is_file() and p.name != COMPLETE_MARKER}
+    return json.dumps({"step": step, "files": files})
+
+
+def checkpoint_damage(checkpoint: str | Path) -> list[str]:
+    """The files of a complete checkpoint that are missing or of another size than when it was
+    saved; [] where all are as saved, or where the marker lists none (written by an older version)."""
+    folder = Path(checkpoint)
+    try:
+        recorded = json.loads((folder / COMPLETE_MARKER).read_text())
+    except (OSError, ValueError):  # an older version's marker holds the step alone
+        return []
+    files = recorded.get("files") if isinstance(recorded, dict) and "step" in recorded else None
+    if not isinstance(files, dict):  # (a universal copy's marker records its source's files otherwise)
+        return []
+    found = []
+    for name, size in files.items():
+        path = folder / name
+        if not path.is_file():
+            found.append(f"{name} is missing")
+        elif path.stat().st_size != size:
+            found.append(f"{name} has {path.stat().st_size:,} bytes, {size:,} when saved")
+    return found
+
+
 def checkpoint_step(checkpoint: str | Path) -> int | None:
     """The optimizer step a checkpoint was saved at, from the Trainer's state (None: none recorded)."""
     path = Path(checkpoint) / TRAINER_STATE

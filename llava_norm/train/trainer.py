@@ -32,8 +32,9 @@ from llava_norm.data.packing import PackedDataset, PackSampler
 from llava_norm.data.sampler import EpochSampler, ModalityLengthGroupedSampler, ShuffledSampler
 from llava_norm.files import remove_tree, write_atomically
 from llava_norm.train.params import make_optimizer
-from llava_norm.train.rundir import (COMPLETE_MARKER, DATA_STATE, NO_DATA_STATE, complete_checkpoints, data_state,
-                                     global_batch_problem, processes, stale_checkpoints)
+from llava_norm.train.rundir import (COMPLETE_MARKER, DATA_STATE, NO_DATA_STATE, checkpoint_manifest,
+                                     complete_checkpoints, data_state, global_batch_problem, processes,
+                                     stale_checkpoints)
 from llava_norm.train.runlog import RunLog
 from llava_norm.train.universal import remove_universal_copies
 
@@ -333,7 +334,8 @@ class LlavaNormTrainer(Trainer):
             for name, text in files.items():
                 (folder / name).write_text(text)
             # sole writer: no other process writes the marker (a killed save's folder is gone by now)
-            write_atomically(folder / COMPLETE_MARKER, str(self.state.global_step), sole_writer=True)
+            write_atomically(folder / COMPLETE_MARKER, checkpoint_manifest(folder, self.state.global_step),
+                             sole_writer=True)
             complete = complete_checkpoints(self._get_output_dir(trial=trial))
             for old in complete[: max(len(complete) - self.keep_checkpoints, 0)]:
                 remove_tree(old)  # renamed aside first: a kill mid-deletion leaves no half checkpoint
