@@ -45,6 +45,7 @@ def _train(args) -> None:
 
         # lazy: start-up; a subcommand loads only the stages it runs
         from llava_norm.data.dataset import BadSampleError
+        from llava_norm.provenance import RELAUNCH_PAST_A_DAMAGED_RECORD, DamagedRecordError
         from llava_norm.train.preflight import preflight
         from llava_norm.train.relaunch import RelaunchError
         from llava_norm.train.run import LaunchCheckError, run_training
@@ -67,6 +68,8 @@ def _train(args) -> None:
         sys.exit(f"relaunch refused{'' if rank == '0' else f' (rank {rank})'}: {error}")
     except (RelaunchError, ResumeError) as error:  # every rank meets it alike: one says it
         sys.exit(f"relaunch refused: {error}" if os.environ.get("RANK", "0") == "0" else 1)
+    except DamagedRecordError as error:  # a finished run's record, which its relaunch completes (no check first)
+        sys.exit(f"relaunch refused: {error}; {RELAUNCH_PAST_A_DAMAGED_RECORD}")
     except DivergedError as error:  # every rank at the same step: one says it
         sys.exit(str(error) if os.environ.get("RANK", "0") == "0" else 1)
     except ConfigError as error:  # what only the backbones' own configs can tell (data.packing's LLM family)
@@ -77,28 +80,31 @@ def _train(args) -> None:
         word, status = how_stopped(stop)
         if os.environ.get("RANK", "0") == "0":
             # on a line of its own: a progress bar may hold the current one
-            print("\n" + interrupted(config.train, word), file=sys.stderr, flush=True)
+            print("\n" + interrupted(config, word), file=sys.stderr, flush=True)
         sys.exit(status)  # as the shell reports a signal: not a failure of the run
 
 
-def interrupted(train, word: str = "interrupted") -> str:
+def interrupted(config, word: str = "interrupted") -> str:
     """The line an interrupted training run leaves (starting with ``word``, ``how_stopped``'s): its
     last complete checkpoint and what the same command does next (``train.restart`` and
     ``train.resume`` decide, as train/relaunch.py)."""
     # lazy: only once interrupted
     from llava_norm.layout import CHAIN_LAUNCH
-    from llava_norm.train.relaunch import finished_step
+    from llava_norm.train.relaunch import RelaunchError, finished_step, plan_launch
     from llava_norm.train.rundir import SUMMARY, complete_checkpoints
 
+    train = config.train
     out = Path(train.output_dir)
-    if out.is_dir() and finished_step(out) is not None:  # stopped after its summary
+    if out.is_dir() and finished_step(out) is not None:  # stopped after its summary (or extending past it)
         done = f"{word}: the run had finished ({out / SUMMARY})"
-        if train.restart:
+        try:  # what the relaunch will do, by its own rules (train.restart, train.resume, train.extend)
+            then = plan_launch(config)
+        except RelaunchError as error:
+            return f"{done}; the same command is refused: {error}"
+        if then.action == "fresh":
             return f"{done}; the same command deletes it and trains again (train.restart=true)"
-        if train.resume == "none":
-            return f"{done}; the same command is refused (train.resume=none); with train.resume=auto it exits at once"
-        if train.resume != "auto":
-            return f"{done}; the same command resumes from {train.resume} again (train.resume)"
+        if then.action == "resume":
+            return f"{done}; the same command resumes from {then.checkpoint}"
         return f"{done}; the same command exits at once"
     found = complete_checkpoints(out) if out.is_dir() else []
     if not found:

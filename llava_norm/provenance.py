@@ -296,6 +296,12 @@ class DamagedRecordError(ValueError):
     written whole); the message names the file."""
 
 
+# What a training launch that met one says to do (llava-norm train and check)
+RELAUNCH_PAST_A_DAMAGED_RECORD = ("move it aside and relaunch with llava-norm train, which writes it anew (without the "
+                                  "changes earlier launches made); a pipeline or sweep would find the stage without "
+                                  "its record and train it again")
+
+
 def read_record(directory: str | Path, name: str = RECORD) -> Record | None:
     path = Path(directory) / name
     if not path.is_file():

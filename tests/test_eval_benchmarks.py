@@ -450,6 +450,10 @@ def test_vlmevalkit_sibling_sets_in_one_folder_are_never_read_as_one_benchmark(t
     ocr(tmp_path / "lmu" / "OCRBench_MINI.tsv", 3)
     assert len(get_benchmark("ocrbench").load(tmp_path / "lmu")) == 2
     (tmp_path / "lmu" / "OCRBench.tsv").unlink()
+    with pytest.raises(ValueError, match=r"lmu: OCRBench_MINI\.tsv is another VLMEvalKit set than OCRBench\.tsv, not "
+                                         r"read as OCRBench by a folder's globs; give the file's own path"):
+        get_benchmark("ocrbench").load(tmp_path / "lmu")
+    assert len(get_benchmark("ocrbench").load(tmp_path / "lmu" / "OCRBench_MINI.tsv")) == 3  # given, it is read
     ocr(tmp_path / "lmu" / "OCRBench_X.tsv", 1)
     with pytest.raises(ValueError, match=r"lmu: 2 TSV files match '\*\.tsv' \(OCRBench_MINI\.tsv, OCRBench_X\.tsv\)"):
         get_benchmark("ocrbench").load(tmp_path / "lmu")

@@ -128,12 +128,13 @@ def test_a_checkpoint_changed_after_its_save_is_refused_naming_its_files(run, tm
     (out / "train_summary.json").unlink()  # as if killed after its last checkpoint
     *_, before, last = complete_checkpoints(out)
     (last / "optimizer.pt").unlink()
+    (last / "training_args.bin").unlink()  # never read by a resume: its loss is not a change
     state = last / "trainer_state.json"
     saved = state.stat().st_size
     state.write_text(state.read_text()[:50])
     said = (f"{last}: it holds a checkpoint to resume, but it changed after its save: optimizer.pt is missing; "
             f"trainer_state.json has 50 bytes, {saved:,} when saved. train.resume={before.resolve()} resumes from the "
-            "complete checkpoint before it")
+            "last complete checkpoint before it as saved")
     with pytest.raises(RelaunchError) as refused:
         plan_launch(load_config(path))
     assert str(refused.value) == said
@@ -145,27 +146,44 @@ def test_a_checkpoint_changed_after_its_save_is_refused_naming_its_files(run, tm
     (before / "run_config.yaml").write_bytes(b"garbage: [" + b" " * (len(kept) - 10))
     with pytest.raises(RelaunchError, match=re.escape(f"{before / 'run_config.yaml'}: not a readable config (")):
         plan_launch(load_config(path, [f"train.resume={before}"]))
+    (before / "run_config.yaml").write_bytes(kept)
+    # a named checkpoint under train.extend may take a larger train.max_steps, as the extension asks
+    with pytest.raises(RelaunchError, match=r"train\.max_steps: 3 -> 5"):
+        plan_launch(load_config(path, [f"train.resume={before}", "train.max_steps=5"]))
+    assert plan_launch(load_config(path, [f"train.resume={before}", "train.max_steps=5", "train.extend=true"])).checkpoint \
+        == before
+    # the advice skips an earlier checkpoint that changed too
+    (before / "rng_state.pth").unlink()
+    earlier = [p for p in complete_checkpoints(out) if p not in (before, last)]
+    with pytest.raises(RelaunchError) as refused:
+        plan_launch(load_config(path))
+    assert str(refused.value).endswith(f"train.resume={earlier[-1].resolve()} resumes from the last complete checkpoint "
+                                       "before it as saved" if earlier else "train.restart=true starts over")
 
 
 def test_a_damaged_run_record_is_named_in_one_line_by_check_and_the_relaunch(run, monkeypatch):
-    """The resume reads the run's provenance record to carry its earlier launches' changes: one
-    that no longer reads as a record was a traceback at the relaunch, and `check` said OK."""
+    """A relaunch reads the run's provenance record: a resume to carry its earlier launches'
+    changes, a finished run's to complete it. One that no longer reads as a record was a traceback
+    at the relaunch, and `check` said OK; both now name it in one line, for either."""
     from llava_norm.cli import main
-    from llava_norm.provenance import RECORD
+    from llava_norm.provenance import RECORD, RELAUNCH_PAST_A_DAMAGED_RECORD
     from llava_norm.train.preflight import preflight
 
     launch, out, path = run
     launch()
-    (out / "train_summary.json").unlink()  # as if killed after its last checkpoint
     (out / RECORD).write_text("{")
     said = f"{path}: relaunch refused: {out / RECORD}: not a provenance record ("
-    advice = "move it aside and relaunch, and the run's record is written anew (without the changes earlier launches made)"
-    assert [p for p in preflight(path, [], 1, plan=False).problems if p.startswith(said) and p.endswith(advice)]
     monkeypatch.delenv("RANK", raising=False)
-    with pytest.raises(SystemExit) as refused:  # the launch's own check says it, before anything loads
-        main(["train", str(path)])
-    told = str(refused.value.code)
-    assert told.startswith(f"launch check: {said}") and told.endswith(advice) and "\n" not in told, told
+    for then in ("finished", "resume"):
+        if then == "resume":
+            (out / "train_summary.json").unlink()  # as if killed after its last checkpoint
+        assert [p for p in preflight(path, [], 1, plan=False).problems
+                if p.startswith(said) and p.endswith(RELAUNCH_PAST_A_DAMAGED_RECORD)], then
+        with pytest.raises(SystemExit) as refused:  # a resume's launch check says it, before anything loads
+            main(["train", str(path)])
+        told = str(refused.value.code)
+        assert told.startswith(f"launch check: {said}" if then == "resume" else said.split(": ", 1)[1]), (then, told)
+        assert told.endswith(RELAUNCH_PAST_A_DAMAGED_RECORD) and "\n" not in told, told
 
 
 def test_changes_that_regroup_a_lora_runs_optimizer_are_named():

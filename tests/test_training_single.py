@@ -242,14 +242,23 @@ def test_ctrl_c_leaves_one_line_naming_the_checkpoint_to_resume_from(tmp_path, m
     assert said(["train.resume=none"]) == (f"{last}; relaunch with train.resume=auto to resume from it (this "
                                            "command has train.resume=none)")
     (tmp_path / "train_summary.json").write_text('{"complete": true, "global_step": 4}')  # stopped after its end
+    saved = to_yaml(load_config(args.config, [f"train.output_dir={tmp_path}"], check_paths=False))
+    (tmp_path / "config.yaml").write_text(saved)  # the finished run's own config, and its checkpoint's
+    (tmp_path / "checkpoint-2" / RUN_CONFIG).write_text(saved)
     done = f"interrupted: the run had finished ({tmp_path / 'train_summary.json'})"
     assert said() == f"{done}; the same command exits at once"
-    # what the same command does with a finished run is its flags' (train/relaunch.py)
+    # what the same command then does is the relaunch's own rules' (train/relaunch.py plan_launch)
     assert said(["train.restart=true"]) == f"{done}; the same command deletes it and trains again (train.restart=true)"
-    assert said(["train.resume=none"]) == (f"{done}; the same command is refused (train.resume=none); with "
-                                           "train.resume=auto it exits at once")
+    assert said(["train.resume=none"]) == (f"{done}; the same command is refused: {tmp_path}: holds a run already "
+                                           "and train.resume is none; use train.restart=true to delete it and start "
+                                           "over, or train.resume=auto to continue it")
     assert said([f"train.resume={tmp_path / 'checkpoint-2'}"]) == (
-        f"{done}; the same command resumes from {tmp_path / 'checkpoint-2'} again (train.resume)")
+        f"{done}; the same command resumes from {tmp_path / 'checkpoint-2'}")
+    assert said([f"train.resume={tmp_path / 'checkpoint-9'}"]).startswith(  # rotated away, say
+        f"{done}; the same command is refused: {tmp_path / 'checkpoint-9'}: train.resume=")
+    # extending a finished run, stopped before its new summary: the relaunch resumes the extension
+    assert said(["train.extend=true", "train.max_steps=1000"]) == (
+        f"{done}; the same command resumes from {tmp_path / 'checkpoint-2'}")
     (tmp_path / "train_summary.json").unlink()
     # a stage the pipeline launched (it restarts a stale one): rerunning the chain resumes it
     from llava_norm import chain_launch

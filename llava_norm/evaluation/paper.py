@@ -67,8 +67,9 @@ CAVEATS = {
     "pope": "the paper does not say which POPE metric it reports; ours is F1 ('yes' positive), "
             "the mean over the adversarial, popular and random splits",
     "seedbench2_plus": "the paper's header reads SEED-Bench-2, its appendix lists SEED-Bench-2-Plus; values of "
-                       "43-59 fit SEED-Bench-2-Plus, which is what we evaluate, but two of its four (45.56, 58.27) "
-                       "are no count out of its 2,277 items, so not the accuracy over all items, our headline",
+                       "43-59 fit SEED-Bench-2-Plus, which is what we evaluate, but 45.56 is no count out of its 2,277 "
+                       "items, rounded or cut to two decimals (58.27 is one only cut: 1,327), so not the accuracy over "
+                       "all items, our headline",
     "ocrbench": "the paper's number is the final score out of 1,000 divided by 10; ours is the share of items "
                 "right in percent: the same number on the full 1,000 items, so nothing is converted",
 }

@@ -25,7 +25,7 @@ from llava_norm.config_checks import output_dir_problem, path_problems
 from llava_norm.config_schema import (NORM_ARMS, ConfigError, ModelConfig, RunConfig, effective_grad_accum, is_hub_id,
                                       world_sizes_that_split)
 from llava_norm.data.templates import template_kwargs_problems
-from llava_norm.provenance import DamagedRecordError, read_record
+from llava_norm.provenance import RELAUNCH_PAST_A_DAMAGED_RECORD, DamagedRecordError, read_record
 from llava_norm.train.rundir import (NO_DATA_STATE, SUMMARY, complete_checkpoints, data_state, global_batch_problem,
                                      processes)
 from llava_norm.train.source_checks import NOTE, SKIPPABLE, source_problems
@@ -232,13 +232,13 @@ def _resume_shape(report: Report, path, config: RunConfig, world: int, accum: in
             f"a run's checkpoints up to {found[-1].name}" if found else None
         if kept:
             report.warnings.append(f"{path}: train.restart=true deletes what {out} holds, {kept}, before training")
-    if checkpoint is None:
-        return
-    try:  # the resume reads it to carry the earlier launches' changes into the run's record
-        read_record(out)
+    try:  # a resume reads it to carry the earlier launches' changes; a finished run's, to complete it
+        if relaunch.action != "fresh":
+            read_record(out)
     except DamagedRecordError as error:
-        report.problems.append(f"{path}: relaunch refused: {error}; move it aside and relaunch, and the run's record "
-                               "is written anew (without the changes earlier launches made)")
+        report.problems.append(f"{path}: relaunch refused: {error}; {RELAUNCH_PAST_A_DAMAGED_RECORD}")
+        return
+    if checkpoint is None:
         return
     saved = data_state(checkpoint)
     if saved is None:  # the trainer refuses to resume it: said here first

@@ -150,10 +150,11 @@ def _checked_resume(checkpoint: Path, config: RunConfig, allowed: frozenset, why
     damage = checkpoint_damage(checkpoint)
     if damage:  # deleted or cut short since its save: the Trainer would start a missing optimizer afresh
         found = [p.resolve() for p in complete_checkpoints(checkpoint.parent)]
-        before = found[:found.index(checkpoint.resolve())] if checkpoint.resolve() in found else []
+        before = [p for p in (found[:found.index(checkpoint.resolve())] if checkpoint.resolve() in found else [])
+                  if not checkpoint_damage(p)]
         raise RelaunchError(f"{checkpoint}: {why}, but it changed after its save: {'; '.join(damage)}. "
-                            + (f"train.resume={before[-1]} resumes from the complete checkpoint before it"
-                               if before else "train.restart=true starts over"))
+                            + (f"train.resume={before[-1]} resumes from the last complete checkpoint before it as "
+                               "saved" if before else "train.restart=true starts over"))
     saved = checkpoint / RUN_CONFIG
     if not saved.is_file():
         differences = [f"{checkpoint} has no {RUN_CONFIG} (saved by an older version)"]
@@ -188,8 +189,9 @@ def plan_launch(config: RunConfig) -> LaunchPlan:
     if t.restart:
         _check_restart(config)
         return LaunchPlan("fresh", message="train.restart: starting over")
-    if t.resume not in ("auto", "none"):
-        return _checked_resume(Path(t.resume).expanduser(), config, frozenset(), f"train.resume={t.resume} was asked for")
+    if t.resume not in ("auto", "none"):  # (with train.extend, a larger train.max_steps is what is asked for)
+        return _checked_resume(Path(t.resume).expanduser(), config, SCHEDULE_KEYS if t.extend else frozenset(),
+                               f"train.resume={t.resume} was asked for")
     finished = finished_step(out)
     checkpoints = complete_checkpoints(out)
     if t.resume == "none":

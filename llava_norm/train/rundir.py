@@ -49,12 +49,18 @@ def stale_checkpoints(output_dir: str | Path, step: int, resumed_from: Path | No
             (at == step or (at < step and not (p / COMPLETE_MARKER).is_file()))]
 
 
+# Written into a checkpoint for a reader, never read by a resume (transformers' pickled arguments,
+# DeepSpeed's conversion script): deleting one leaves the checkpoint as good as saved.
+NOT_READ_ON_RESUME = ("training_args.bin", "zero_to_fp32.py")
+
+
 def checkpoint_manifest(checkpoint: str | Path, step: int) -> str:
     """What the marker of ``checkpoint`` records: its step and every file's size then (the marker's
-    own aside), so that a resume can tell a file deleted or cut short since (``checkpoint_damage``)."""
+    own aside, and those of NOT_READ_ON_RESUME), so that a resume can tell a file deleted or cut
+    short since (``checkpoint_damage``)."""
     folder = Path(checkpoint)
     files = {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*"))
-             if p.is_file() and p.name != COMPLETE_MARKER}
+             if p.is_file() and p.name not in (COMPLETE_MARKER, *NOT_READ_ON_RESUME)}
     return json.dumps({"step": step, "files": files})
 
 

@@ -137,12 +137,17 @@ def resolve_files(path: str | Path, patterns: Sequence[str], what: str) -> list[
         return [path]
     if not path.is_dir():
         raise ValueError(f"{path}: no such file or directory (expected {what} data)")
+    named = [p for p in patterns if p.lower().endswith(".tsv") and not set(p) & set("*?[")]  # VLMEvalKit's names
     for pattern in patterns:
         found = sorted(p for p in path.glob(pattern) if p.is_file() and p.suffix.lower() in TABLE_SUFFIXES)
         tsvs = [p.name for p in found if p.suffix.lower() == ".tsv"]
         if len(tsvs) > 1:  # VLMEvalKit keeps one file per benchmark; siblings (_MINI, _V11, ...) are other sets
             raise ValueError(f"{path}: {len(tsvs)} TSV files match {pattern!r} ({', '.join(tsvs)}), each a benchmark "
                              f"file of its own: give the path of the {what} one")
+        siblings = [n for n in tsvs if pattern not in named and any(n.startswith(e[:-4] + "_") for e in named)]
+        if siblings:  # found by a catch-all glob, named as another set of the same benchmark
+            raise ValueError(f"{path}: {siblings[0]} is another VLMEvalKit set than {' or '.join(named)}, not read "
+                             f"as {what} by a folder's globs; give the file's own path to read it as {what}")
         if found:
             return found
     raise ValueError(f"{path}: no {what} data file found; looked for {list(patterns)}")
