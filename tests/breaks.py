@@ -1160,7 +1160,9 @@ BREAKS = [
     Break("SIGTERM at training's last barrier ending in a traceback", "llava_norm/cli.py",
           "        if dist.is_available() and dist.is_initialized():  # (a SIGTERM while one waits here is said as below)\n"
           "            dist.barrier()",
-          "        if False:\n            dist.barrier()",
+          "        if dist.is_available() and dist.is_initialized():  # (a SIGTERM while one waits here escapes)\n"
+          "            try:\n                dist.barrier()\n            except KeyboardInterrupt as stop:\n"
+          "                raise RuntimeError(\"stopped at the barrier\") from stop",
           "tests/test_training_single.py::test_sigterm_leaves_the_same_line_as_ctrl_c_and_the_status_a_shell_gives_it"),
     Break("a run's seed read from where its checkpoint was, not where it is now", "llava_norm/analysis/ablation.py",
           "    seeds = seed_notes(runs, benchmarks, checkpoints)", "    seeds = seed_notes(runs, benchmarks)",
@@ -1665,6 +1667,10 @@ BREAKS = [
           '        if siblings:  # found by a catch-all glob, named as another set of the same benchmark',
           '        if False:',
           'tests/test_eval_benchmarks.py::test_vlmevalkit_sibling_sets_in_one_folder_are_never_read_as_one_benchmark'),
+    Break('a ScienceQA file without its image column read as text-only rows', 'llava_norm/evaluation/benchmarks/scienceqa.py',
+          '        if "image" not in row.values:  # a file without the column: not text-only rows, another layout',
+          '        if False:',
+          'tests/test_eval_benchmarks.py::test_scienceqa_img_prompt_skips_text_only_rows_and_scores_letter_dot'),
 ]
 
 

@@ -435,6 +435,11 @@ def test_scienceqa_img_prompt_skips_text_only_rows_and_scores_letter_dot(tmp_pat
     # "B." form right, lone lowercase letter right, "A." right; prose and "B)" wrong
     assert score("scienceqa_img", items, replies)["accuracy"] == pytest.approx(3 / 5)
     assert len(get_benchmark("scienceqa_img").load(tmp_path, limit=2)) == 2
+    # a file without the image column at all is another layout, named, not "holds no items"
+    no_column = write_parquet(tmp_path / "other" / "test-00000-of-00001.parquet",
+                              [{k: v for k, v in row("Q?", "", 0, None).items() if k != "image"}])
+    with pytest.raises(ValueError, match=r"row 0: no column 'image' \(its columns: 'question', 'choices'"):
+        get_benchmark("scienceqa_img").load(no_column)
 
 
 def test_vlmevalkit_sibling_sets_in_one_folder_are_never_read_as_one_benchmark(tmp_path):

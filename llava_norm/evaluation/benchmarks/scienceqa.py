@@ -40,8 +40,10 @@ class ScienceQAImg(RowBenchmark):
     )
 
     def item(self, row: Row, item_id: str, by_index: Mapping[str, Any]) -> GenerationItem | None:
+        if "image" not in row.values:  # a file without the column: not text-only rows, another layout
+            raise ValueError(row.missing("image"))
         image = encoded_image(row, "image", by_index)
-        if image is None:
+        if image is None:  # a text-only question: ScienceQA-IMG keeps those with an image
             return None
         options = options_from_row(row, list_columns=("choices",), max_letters=5)
         prompt = build_prompt(row.text("question"), row.optional_text("hint"), options)
