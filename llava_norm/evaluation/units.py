@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from llava_norm.evaluation.benchmarks import get_benchmark
-from llava_norm.evaluation.benchmarks.base import Benchmark, Item
+from llava_norm.evaluation.benchmarks.base import Benchmark, Item, listed
 from llava_norm.evaluation.predictions import PredictionStore, read_json_output
 from llava_norm.provenance import fingerprint
 from llava_norm.stats import Statistic
@@ -97,9 +97,8 @@ def read_units(result_path: str | Path, options: dict | None = None, data: str |
     items = bench.load(data, settings["limit"])
     missing = [item.item_id for item in items if item.item_id not in predictions]
     if missing:  # named here, whole: each unit's scoring would name its own first
-        shown = ", ".join(repr(m) for m in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise ValueError(f"{path}: {bench.name}: no stored prediction for {len(missing)} of its {len(items)} item(s) "
-                         f"({shown}) in {store.dir}")
+                         f"({listed(missing)}) in {store.dir}")
     units = units_of(bench, items, predictions)
     recorded = bench.declaration.headline.value(result["metrics"])
     if not np.isclose(units.headline, recorded, atol=1e-9):

@@ -78,10 +78,11 @@ def checkpoint_damage(checkpoint: str | Path) -> list[str]:
     found = []
     for name, size in files.items():
         path = folder / name
-        if not path.is_file():
+        now = path.stat().st_size if path.is_file() else None
+        if now is None:
             found.append(f"{name} is missing")
-        elif path.stat().st_size != size:
-            found.append(f"{name} has {path.stat().st_size:,} bytes, {size:,} when saved")
+        elif now != size:
+            found.append(f"{name} has {now:,} bytes, {size:,} when saved")
     return found
 
 

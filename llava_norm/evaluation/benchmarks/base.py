@@ -287,6 +287,11 @@ def check_limit(limit: int | None) -> None:
 # predictions
 
 
+def listed(ids: Sequence[str], first: int = 5) -> str:
+    """Item ids as a message names them: the first few quoted, then how many more."""
+    return ", ".join(repr(i) for i in ids[:first]) + (f" and {len(ids) - first} more" if len(ids) > first else "")
+
+
 def _in_item_order(benchmark: str, items: Sequence[Item], predictions: Mapping[str, Any],
                    read: Callable[[Item, Any], tuple[Any, str | None]]) -> list[Any]:
     """``read(item, prediction)`` for each item in order; it returns (value, None) or
@@ -294,9 +299,7 @@ def _in_item_order(benchmark: str, items: Sequence[Item], predictions: Mapping[s
     (silently scoring it wrong would hide a runner bug)."""
     missing = [item.item_id for item in items if item.item_id not in predictions]
     if missing:
-        shown = ", ".join(repr(m) for m in missing[:5])
-        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise ValueError(f"{benchmark}: no prediction for {len(missing)} item(s): {shown}{more}")
+        raise ValueError(f"{benchmark}: no prediction for {len(missing)} item(s): {listed(missing)}")
     values = []
     for item in items:
         value, expected = read(item, predictions[item.item_id])
